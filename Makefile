@@ -1,0 +1,39 @@
+# delayq: `make demo` runs the main job, `make test` runs the whole suite. Nothing else is needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install up down status test test-fast demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+up: install
+	$(BIN)/delayq dev up
+
+down:
+	@if [ -x $(BIN)/delayq ]; then $(BIN)/delayq dev down; else echo "nothing installed, nothing running"; fi
+
+status: install
+	$(BIN)/delayq dev status
+
+# The test session starts the embedded stack if it is not running and stops what it started.
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Everything but the slow fault-injection tests.
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/delayq demo
+
+clean: down
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The ``delayq`` sub-commands, one module per part; each module has ``register(subparsers)``."""

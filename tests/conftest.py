@@ -1,0 +1,63 @@
+"""Session fixtures: a real Kafka and ZooKeeper from `delayq dev`, and unique names per test."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from delayq import Settings
+from delayq.dev import DevStack, StackError
+
+
+@pytest.fixture(scope="session")
+def dev_stack() -> DevStack:
+    """The embedded stack, started if it is not running; stopped at the end only if this session started it."""
+    stack = DevStack()
+    try:
+        started = stack.up(say=lambda text: print(text))
+    except StackError as err:
+        pytest.fail(f"the embedded Kafka + ZooKeeper stack could not start: {err}", pytrace=False)
+    yield stack
+    if started and not os.environ.get("DELAYQ_TEST_KEEP_STACK"):
+        stack.down(tuple(started))
+
+
+@dataclass
+class Names:
+    """Unique names for one test, so tests never collide on topics or ZooKeeper paths."""
+
+    prefix: str
+
+    @property
+    def cluster(self) -> str:
+        return self.prefix
+
+    def topic(self, role: str = "topic") -> str:
+        return f"{self.prefix}-{role}"
+
+    @property
+    def zk_root(self) -> str:
+        return f"/delayq-test/{self.prefix}"
+
+
+@pytest.fixture
+def names(request) -> Names:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+    return Names(f"t-{slug}-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def settings(dev_stack: DevStack, names: Names, tmp_path) -> Settings:
+    """Settings for one test: the dev stack's addresses, a cluster (and so topics and ZK root) of its own."""
+    return Settings(
+        bootstrap_servers=dev_stack.bootstrap_servers,
+        zk_connect=dev_stack.zk_connect,
+        cluster=names.cluster,
+        data_dir=tmp_path / "data",
+        buffer_partitions=3,
+        zk_session_timeout_ms=3000,
+    )

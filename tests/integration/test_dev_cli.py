@@ -1,0 +1,76 @@
+"""`delayq dev` as a person runs it: status, env, a second up that downloads nothing, a second stack."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from delayq.dev import DevStack
+
+pytestmark = pytest.mark.integration
+
+
+def delayq(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=180)
+
+
+def test_status_shows_both_services_healthy(dev_stack):
+    result = delayq("dev", "status", "--state-dir", str(dev_stack.state_dir))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("healthy") == 2
+    assert "127.0.0.1:9092" in result.stdout and "127.0.0.1:2181" in result.stdout
+
+
+def test_env_prints_export_lines(dev_stack):
+    result = delayq("dev", "env", "--state-dir", str(dev_stack.state_dir))
+
+    assert result.stdout.splitlines() == [
+        f"export DELAYQ_BOOTSTRAP_SERVERS={dev_stack.bootstrap_servers}",
+        f"export DELAYQ_ZK_CONNECT={dev_stack.zk_connect}",
+    ]
+
+
+def test_second_up_downloads_nothing_and_starts_nothing(dev_stack):
+    result = delayq("dev", "up", "--state-dir", str(dev_stack.state_dir))
+
+    assert result.returncode == 0, result.stderr
+    assert "downloading" not in result.stdout
+    assert "started nothing" in result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_second_stack_on_other_ports_comes_up_and_goes_down_twice(tmp_path, dev_stack):
+    stack = DevStack(tmp_path / "stack", kafka_port=free_port(), zk_port=free_port())
+    try:
+        assert stack.up(say=lambda _: None) == ["zookeeper", "kafka"]
+        assert all(s.healthy for s in stack.status())
+        assert list((tmp_path / "stack").iterdir()) and (tmp_path / "stack" / "kafka" / "data" / "meta.properties").exists()
+    finally:
+        first = stack.down()
+        second = stack.down()
+    assert first == ["kafka", "zookeeper"]
+    assert second == []
+    assert not any(s.running for s in stack.status())
+
+
+def test_up_fails_clearly_when_a_port_is_taken_by_a_stranger(tmp_path):
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        result = delayq("dev", "up", "--state-dir", str(tmp_path / "s"), "--zk-port", str(port),
+                        "--kafka-port", str(free_port()))
+    assert result.returncode == 2
+    assert f"port {port}" in result.stderr and "taken" in result.stderr
