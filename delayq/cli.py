@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
 from rich.console import Console
 
-# Order is the order of `delayq --help`.
-COMMAND_MODULES = ("dev", "demo")
+# Every module in delayq.commands registers its own sub-commands; these come first in --help.
+FIRST_COMMANDS = ("dev", "init", "node", "status", "produce", "reconcile", "demo", "bench")
 
 err_console = Console(stderr=True)
 
@@ -21,7 +22,11 @@ class CommandError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="delayq", description="Arbitrary-time delayed delivery for Apache Kafka.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    import delayq.commands
+
+    found = {m.name for m in pkgutil.iter_modules(delayq.commands.__path__)}
+    order = [n for n in FIRST_COMMANDS if n in found] + sorted(found - set(FIRST_COMMANDS))
+    for name in order:
         importlib.import_module(f"delayq.commands.{name}").register(subparsers)
     return parser
 
