@@ -1,0 +1,288 @@
+"""ZooKeeper recipes of a delayq cluster, each owning one concern (kazoo's recipe style).
+
+Paths under ``/delayq/<cluster>/`` (docs/DESIGN.md):
+
+- ``shards/0/election``: :class:`Leadership`, the kazoo lock every node contends for;
+- ``shards/0/epoch``: :class:`Epoch`, bumped by each new master;
+- ``shards/0/cursor``: :class:`Cursor`, the master's progress, written with the znode version;
+- ``nodes/<node-id>``: :class:`Membership`, one ephemeral JSON per live node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+
+log = logging.getLogger("delayq.election")
+
+SHARD = "shards/0"
+
+
+class FencedError(RuntimeError):
+    """A newer master exists: this node's epoch or cursor version is stale. Stop delivering."""
+
+
+def connect(hosts: str, *, session_timeout_ms: int, auth: str | None = None, timeout_s: float = 15.0) -> KazooClient:
+    """A started kazoo client with the session timeout delayq wants.
+
+    Raises:
+        RuntimeError: ZooKeeper did not answer within ``timeout_s``; the message names the hosts.
+    """
+    client = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout_ms / 1000,
+        auth_data=[("digest", auth)] if auth else None,
+        # Retry forever in the background: a node outlives ZooKeeper outages as a standby.
+        connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2},
+    )
+    try:
+        client.start(timeout=timeout_s)
+    except Exception as err:
+        client.close()
+        raise RuntimeError(f"ZooKeeper at {hosts} did not answer within {timeout_s:.0f}s: is it running "
+                           f"and is DELAYQ_ZK_CONNECT right? ({err})") from err
+    return client
+
+
+class Epoch:
+    """The cluster's leadership epoch: a counter znode each new master increments.
+
+    Example:
+        >>> epoch = Epoch(client, "/delayq/orders")
+        >>> mine = epoch.bump()          # as the new master
+        >>> epoch.watch(lambda newest: newest > mine and step_down())
+    """
+
+    def __init__(self, client: KazooClient, root: str):
+        self.client = client
+        self.path = f"{root}/{SHARD}/epoch"
+
+    def current(self) -> int:
+        try:
+            data, _ = self.client.get(self.path)
+        except NoNodeError:
+            return 0
+        return int(data or b"0")
+
+    def bump(self) -> int:
+        """Increment atomically (compare-and-set on the znode version) and return the new epoch."""
+        self.client.ensure_path(self.path)
+        while True:
+            data, stat = self.client.get(self.path)
+            new = int(data or b"0") + 1
+            try:
+                self.client.set(self.path, str(new).encode(), version=stat.version)
+                return new
+            except BadVersionError:
+                continue
+
+    def watch(self, on_change: Callable[[int], None]) -> None:
+        """Call ``on_change(epoch)`` now and whenever the epoch changes (from kazoo's event thread: do not block)."""
+        self.client.ensure_path(self.path)
+
+        def _changed(data, _stat):
+            on_change(int(data or b"0"))
+
+        self.client.DataWatch(self.path, _changed)
+
+
+class Cursor:
+    """The master's progress, JSON in one znode, written only with the version it last saw.
+
+    A master that was paused and resumed holds an old version, so its write fails
+    with :class:`FencedError` instead of overwriting a newer master's cursor.
+    """
+
+    def __init__(self, client: KazooClient, root: str):
+        self.client = client
+        self.path = f"{root}/{SHARD}/cursor"
+        self._version: int | None = None
+
+    def read(self) -> dict[str, Any] | None:
+        """Read the cursor and remember its version for the next :meth:`write`."""
+        self.client.ensure_path(self.path)
+        data, stat = self.client.get(self.path)
+        self._version = stat.version
+        return json.loads(data) if data else None
+
+    def write(self, cursor: dict[str, Any]) -> None:
+        """Raises: FencedError: another master wrote since this one read."""
+        if self._version is None:
+            self.read()
+        try:
+            stat = self.client.set(self.path, json.dumps(cursor, sort_keys=True).encode(), version=self._version)
+        except BadVersionError:
+            raise FencedError(f"the cursor at {self.path} was written by a newer master") from None
+        self._version = stat.version
+
+
+class Membership:
+    """This node's ephemeral registration under ``nodes/``, re-created after a session loss."""
+
+    def __init__(self, client: KazooClient, root: str, node_id: str):
+        self.client = client
+        self.root = f"{root}/nodes"
+        self.path = f"{self.root}/{node_id}"
+        self._lock = threading.Lock()
+
+    def publish(self, info: dict[str, Any]) -> None:
+        data = json.dumps(info, sort_keys=True).encode()
+        with self._lock:
+            try:
+                self.client.set(self.path, data)
+            except NoNodeError:
+                try:
+                    self.client.create(self.path, data, ephemeral=True, makepath=True)
+                except NodeExistsError:
+                    # The previous session's node lingers until that session expires.
+                    self.client.set(self.path, data)
+
+    def withdraw(self) -> None:
+        with self._lock:
+            try:
+                self.client.delete(self.path)
+            except (NoNodeError, KazooException):
+                pass
+
+    @staticmethod
+    def members(client: KazooClient, root: str) -> list[dict[str, Any]]:
+        """The registrations of every live node of the cluster at ``root``."""
+        folder = f"{root}/nodes"
+        try:
+            children = client.get_children(folder)
+        except NoNodeError:
+            return []
+        found = []
+        for child in sorted(children):
+            try:
+                data, _ = client.get(f"{folder}/{child}")
+                found.append(json.loads(data))
+            except (NoNodeError, ValueError):
+                continue
+        return found
+
+
+class Leadership:
+    """Contend for mastership; while master, ``lead(term)`` runs until the term ends.
+
+    A term ends at once, and ``term.active`` turns false, when the ZooKeeper session is
+    SUSPENDED or LOST, when a newer epoch appears, or when :meth:`stop` is called. The
+    leader function must check ``term.active`` between steps and return promptly; it
+    gives up the lock when it returns, and the node contends again.
+
+    Example:
+        >>> leadership = Leadership(client, "/delayq/orders", "node-a")
+        >>> threading.Thread(target=leadership.run, args=(deliver_while,)).start()
+    """
+
+    def __init__(self, client: KazooClient, root: str, identifier: str):
+        self.client = client
+        self.root = root
+        self.identifier = identifier
+        self.lock = client.Lock(f"{root}/{SHARD}/election", identifier)
+        self.epoch = Epoch(client, root)
+        self.elections = 0
+        self._stopping = threading.Event()
+        self._term: Term | None = None
+        client.add_listener(self._session_changed)
+
+    @staticmethod
+    def master(client: KazooClient, root: str) -> str | None:
+        """The identifier of the current master, or None."""
+        try:
+            contenders = client.Lock(f"{root}/{SHARD}/election").contenders()
+        except KazooException:
+            return None
+        return contenders[0] if contenders else None
+
+    @property
+    def term(self) -> Term | None:
+        return self._term
+
+    def run(self, lead: Callable[[Term], None]) -> None:
+        """Contend, lead, give up, contend again, until :meth:`stop`. Blocks; run it in a thread."""
+        self.epoch.watch(self._saw_epoch)
+        while not self._stopping.is_set():
+            try:
+                # Blocks until this node's lock node is first in line, or stop() cancels it.
+                won = self.lock.acquire()
+            except KazooException as err:
+                if not self._stopping.is_set():
+                    log.warning("election: %s; contending again", err)
+                    time.sleep(0.5)
+                continue
+            if not won:
+                continue
+            try:
+                if self._stopping.is_set() or self.client.state != KazooState.CONNECTED:
+                    continue
+                self.elections += 1
+                term = Term(self.epoch.bump())
+                self._term = term
+                log.info("%s is master, epoch %d", self.identifier, term.epoch)
+                lead(term)
+            except KazooException as err:
+                log.warning("leadership ended by ZooKeeper: %s", err)
+            finally:
+                if self._term is not None:
+                    self._term.end("leadership given up")
+                self._term = None
+                self._release()
+
+    def stop(self) -> None:
+        """End the current term at once and stop contending (the lock is released by :meth:`run`)."""
+        self._stopping.set()
+        if self._term is not None:
+            self._term.end("node stopping")
+        self.lock.cancel()
+
+    def _release(self) -> None:
+        try:
+            self.lock.release()
+        except KazooException as err:
+            # The session is gone, and with it the ephemeral lock node.
+            log.info("releasing the election lock: %s", err)
+
+    def _saw_epoch(self, epoch: int) -> None:
+        term = self._term
+        if term is not None:
+            term.saw_epoch(epoch)
+
+    def _session_changed(self, state: str) -> None:
+        # Runs on kazoo's event thread: flag only, never block. A suspended session may
+        # already be expired at the server, so the master stops acting right now.
+        if state in (KazooState.SUSPENDED, KazooState.LOST) and self._term is not None:
+            self._term.end(f"ZooKeeper session {state}")
+
+
+class Term:
+    """One master's time in office, under one epoch."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+        self.ended_because: str | None = None
+        self._ended = threading.Event()
+
+    @property
+    def active(self) -> bool:
+        return not self._ended.is_set()
+
+    def end(self, reason: str) -> None:
+        if not self._ended.is_set():
+            self.ended_because = reason
+            self._ended.set()
+
+    def saw_epoch(self, epoch: int) -> None:
+        if epoch > self.epoch:
+            self.end(f"a newer master holds epoch {epoch}")
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``; return True early if the term ended."""
+        return self._ended.wait(timeout_s)

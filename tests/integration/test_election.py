@@ -1,0 +1,146 @@
+"""election/ against the real ZooKeeper: epoch, cursor fencing, membership, leadership and session loss."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from delayq.election import Cursor, Epoch, FencedError, Leadership, Membership, connect
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def zk(dev_stack, names):
+    clients: list[KazooClient] = []
+
+    def new_client(session_timeout_ms: int = 3000) -> KazooClient:
+        client = connect(dev_stack.zk_connect, session_timeout_ms=session_timeout_ms)
+        clients.append(client)
+        return client
+
+    yield new_client
+    cleaner = new_client()
+    cleaner.delete(names.zk_root, recursive=True)
+    for client in clients:
+        client.stop()
+        client.close()
+
+
+def expire_session(dev_stack, client: KazooClient) -> None:
+    """Make ZooKeeper expire ``client``'s session: a second client joins it, then closes it."""
+    session_id, password = client.client_id
+    twin = KazooClient(hosts=dev_stack.zk_connect, client_id=(session_id, password))
+    twin.start(timeout=10)
+    twin.stop()
+    twin.close()
+
+
+def wait_until(condition, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_epoch_bumps_are_atomic_across_clients(zk, names):
+    epochs = [Epoch(zk(), names.zk_root) for _ in range(4)]
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda e=e: results.extend(e.bump() for _ in range(5))) for e in epochs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(results) == list(range(1, 21))
+    assert epochs[0].current() == 20
+
+
+def test_cursor_write_from_a_stale_reader_is_fenced(zk, names):
+    old, new = Cursor(zk(), names.zk_root), Cursor(zk(), names.zk_root)
+    old.read()
+    new.read()
+    new.write({"epoch": 2, "delivered": 10})
+
+    with pytest.raises(FencedError):
+        old.write({"epoch": 1, "delivered": 5})
+    assert Cursor(zk(), names.zk_root).read() == {"epoch": 2, "delivered": 10}
+
+
+def test_membership_is_ephemeral_and_updates_in_place(zk, names):
+    member_client, observer = zk(), zk()
+    membership = Membership(member_client, names.zk_root, "node-a")
+    membership.publish({"node_id": "node-a", "role": "standby"})
+    membership.publish({"node_id": "node-a", "role": "master"})
+
+    assert Membership.members(observer, names.zk_root) == [{"node_id": "node-a", "role": "master"}]
+    member_client.stop()
+    assert Membership.members(observer, names.zk_root) == []
+
+
+def run_contender(client, root, name, log):
+    leadership = Leadership(client, root, name)
+
+    def lead(term):
+        log.append((name, term.epoch))
+        while term.active:
+            term.wait(0.05)
+
+    thread = threading.Thread(target=leadership.run, args=(lead,), daemon=True)
+    thread.start()
+    return leadership, thread
+
+
+def test_one_master_and_a_stopped_master_hands_over_at_once(zk, names):
+    log: list[tuple[str, int]] = []
+    a, thread_a = run_contender(zk(), names.zk_root, "node-a", log)
+    assert wait_until(lambda: len(log) == 1)
+    b, thread_b = run_contender(zk(), names.zk_root, "node-b", log)
+    time.sleep(0.5)
+    assert log == [("node-a", 1)]
+    assert Leadership.master(zk(), names.zk_root) == "node-a"
+
+    started = time.monotonic()
+    a.stop()
+    assert wait_until(lambda: len(log) == 2, timeout_s=5)
+    assert log[1] == ("node-b", 2)
+    assert time.monotonic() - started < 2.0  # no session timeout to wait for
+    b.stop()
+    thread_a.join(5)
+    thread_b.join(5)
+    assert not thread_a.is_alive() and not thread_b.is_alive()
+
+
+def test_master_whose_session_expires_stops_and_another_takes_over(dev_stack, zk, names):
+    log: list[tuple[str, int]] = []
+    client_a = zk()
+    a, _ = run_contender(client_a, names.zk_root, "node-a", log)
+    assert wait_until(lambda: len(log) == 1)
+    term_a = a.term
+    b, _ = run_contender(zk(), names.zk_root, "node-b", log)
+
+    expire_session(dev_stack, client_a)
+
+    assert wait_until(lambda: not term_a.active, timeout_s=10)
+    assert "ZooKeeper session" in term_a.ended_because
+    assert wait_until(lambda: ("node-b", 2) in log, timeout_s=10)
+    a.stop()
+    b.stop()
+
+
+def test_a_newer_epoch_ends_the_current_term(zk, names):
+    log: list[tuple[str, int]] = []
+    a, _ = run_contender(zk(), names.zk_root, "node-a", log)
+    assert wait_until(lambda: len(log) == 1)
+    term = a.term
+
+    Epoch(zk(), names.zk_root).bump()  # what a master elected elsewhere would do
+
+    assert wait_until(lambda: not term.active, timeout_s=5)
+    assert "newer master" in term.ended_because
+    a.stop()
