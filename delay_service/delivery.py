@@ -1,0 +1,290 @@
+"""Delivery, on the master only: due messages out, in Kafka transactions, exactly once.
+
+Each batch is one transaction holding the deliveries to their target topics and a
+``done`` tombstone per message on the buffer partition its put came from. The
+producer uses the cluster's one ``transactional.id``, so a new master's
+``init_transactions`` fences the old one at the broker. The master removes nothing
+from its store itself: ingest does that when it reads the ``done`` back, so the
+store stays a pure view of the buffer; until then, ids already delivered are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from delayq.election import Cursor, FencedError, Term
+from delayq.proxy import envelope
+from delayq.settings import Settings
+from delayq.store import StoredEntry, TimeIndex
+
+from .ingest import Ingest, now_ms, unpack_payload
+from .metrics import NodeMetrics
+from .partitioners import partition_for
+from .topics import committed_end_offsets
+
+log = logging.getLogger("delayq.delivery")
+
+TOPIC_CACHE_S = 30.0
+MAX_IDLE_WAIT_S = 1.0
+
+
+class LeadershipLost(Exception):
+    """The term ended or the producer was fenced: stop delivering now."""
+
+
+@dataclass
+class Retry:
+    attempts: int
+    next_try_ms: int
+    reason: str
+
+
+@dataclass
+class Outgoing:
+    entry: StoredEntry
+    buffer_partition: int
+    message: envelope.Envelope
+    target_partition: int
+
+
+class Wakeup:
+    """Lets ingest wake the sleeping master when it stores a message due sooner than it planned."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._planned_ms: int | None = None
+        self._woken = False
+
+    def sleep_until(self, due_ms: int | None, term: Term) -> None:
+        with self._cond:
+            self._planned_ms = due_ms
+            self._woken = False
+            timeout = MAX_IDLE_WAIT_S if due_ms is None else min(MAX_IDLE_WAIT_S, max(0, due_ms - now_ms()) / 1000)
+            if timeout > 0 and term.active:
+                self._cond.wait_for(lambda: self._woken or not term.active, timeout)
+            self._planned_ms = None
+
+    def earlier_due(self, due_ms: int) -> None:
+        with self._cond:
+            if self._planned_ms is None or due_ms < self._planned_ms:
+                self._woken = True
+                self._cond.notify_all()
+
+    def poke(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+
+class Delivery:
+    """The master's loop for one term; build a new one per term."""
+
+    def __init__(self, settings: Settings, store: TimeIndex, ingest: Ingest, metrics: NodeMetrics,
+                 cursor: Cursor, wakeup: Wakeup, delivered_not_done: set[str], lock: threading.Lock):
+        self.settings = settings
+        self.store = store
+        self.ingest = ingest
+        self.metrics = metrics
+        self.cursor = cursor
+        self.wakeup = wakeup
+        # Ids committed in a transaction whose `done` ingest has not read back yet.
+        self.delivered_not_done = delivered_not_done
+        self.lock = lock
+        self.retries: dict[str, Retry] = {}
+        self._topics: dict[str, tuple[float, int | None]] = {}
+        self.delivered_total = 0
+        self.producer: Producer | None = None
+
+    # -- the term --------------------------------------------------------
+
+    def run(self, term: Term) -> None:
+        self.metrics.epoch.set(term.epoch)
+        self.producer = Producer(self.settings.kafka_conf(**{
+            "transactional.id": self.settings.transactional_id,
+            "client.id": f"delayq-master-{self.settings.node_id}",
+            "linger.ms": 1,
+            "transaction.timeout.ms": 60_000,
+            "message.timeout.ms": 30_000,
+        }))
+        try:
+            # Fences the previous master and aborts its open transaction.
+            self.producer.init_transactions(30)
+            if not self._read_buffer_to_end(term):
+                return
+            self.cursor.read()
+            log.info("epoch %d: buffer read to its end; delivering", term.epoch)
+            while term.active:
+                self.deliver_due(term)
+        except (LeadershipLost, FencedError) as err:
+            log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
+        except KafkaException as err:
+            log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err)
+        finally:
+            self._close_producer()
+
+    def _read_buffer_to_end(self, term: Term) -> bool:
+        # After init_transactions no older master can commit, so once ingest reaches the
+        # last stable offset every `done` of every committed delivery is in the store.
+        ends = committed_end_offsets(self.ingest.admin, self.settings.buffer_topic, self.ingest.partitions)
+        while term.active:
+            if self.ingest.wait_until_read(ends, 1.0, abandon=lambda: not term.active):
+                return True
+        return False
+
+    # -- one batch -------------------------------------------------------
+
+    def deliver_due(self, term: Term) -> int:
+        now = now_ms()
+        with self.lock:
+            skip = self.delivered_not_done | {i for i, r in self.retries.items() if r.next_try_ms > now}
+        entries = self.store.due(now, self.settings.delivery_batch_size, skip=skip)
+        if not entries:
+            self.wakeup.sleep_until(self._next_wake(skip), term)
+            return 0
+        outgoing, dead = self._route(entries, now)
+        self._commit(term, outgoing, dead)
+        return len(outgoing)
+
+    def _next_wake(self, skip: set[str]) -> int | None:
+        upcoming = self.store.due(2**62, 1, skip=skip)
+        retry_at = min((r.next_try_ms for r in self.retries.values()), default=None)
+        candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
+        return min(candidates, default=None)
+
+    def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[tuple[Outgoing, str]]]:
+        outgoing, dead = [], []
+        for entry in entries:
+            buffer_partition, message = unpack_payload(entry.payload)
+            count = self._partition_count(message.topic)
+            problem = None
+            if count is None:
+                problem = f"target topic {message.topic} does not exist"
+            elif message.partition is not None and message.partition >= count:
+                problem = f"partition {message.partition} of {message.topic} does not exist (it has {count})"
+            if message.partition is not None:
+                target = message.partition
+            else:
+                target = partition_for(message.key, count or 1, message.partitioner)
+            item = Outgoing(entry, buffer_partition, message, target)
+            if problem is None:
+                outgoing.append(item)
+            elif self._give_up(entry.delay_id, problem, now):
+                dead.append((item, problem))
+        return outgoing, dead
+
+    def _give_up(self, delay_id: str, reason: str, now: int) -> bool:
+        """Count one failed attempt; True when the message has had all its attempts."""
+        retry = self.retries.get(delay_id)
+        attempts = 1 if retry is None else retry.attempts + 1
+        if attempts >= self.settings.delivery_max_attempts:
+            return True
+        backoff = self.settings.delivery_retry_backoff_ms * 2 ** (attempts - 1)
+        self.retries[delay_id] = Retry(attempts, now + backoff, reason)
+        log.info("message %s: %s; attempt %d, retrying in %d ms", delay_id, reason, attempts, backoff)
+        return False
+
+    def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
+        if not outgoing and not dead:
+            self.wakeup.sleep_until(self._next_wake(set()), term)
+            return
+        try:
+            self._transaction(term, outgoing, dead)
+        except KafkaException as err:
+            error: KafkaError = err.args[0]
+            if error.fatal() or not term.active:
+                raise LeadershipLost(f"transaction failed: {error.str()}") from err
+            if not error.txn_requires_abort() and not error.retriable():
+                raise
+            self._abort(term)
+            if len(outgoing) + len(dead) > 1:
+                # Find the record the broker rejects: deliver one per transaction.
+                for item in outgoing:
+                    self._commit(term, [item], [])
+                for pair in dead:
+                    self._commit(term, [], [pair])
+                return
+            now = now_ms()
+            for item in outgoing:
+                if self._give_up(item.entry.delay_id, f"rejected: {error.str()}", now):
+                    self._commit(term, [], [(item, f"rejected by Kafka: {error.str()}")])
+
+    def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
+        producer = self.producer
+        epoch = term.epoch
+        producer.begin_transaction()
+        for item in outgoing:
+            m = item.message
+            producer.produce(m.topic, value=m.value, key=m.key, partition=item.target_partition,
+                             headers=m.delivery_headers(epoch))
+            self._done(item)
+        for item, reason in dead:
+            self._dead_letter(item, reason, epoch)
+            self._done(item)
+        if not term.active:
+            raise LeadershipLost(term.ended_because or "term ended")
+        ids = [i.entry.delay_id for i in outgoing] + [i.entry.delay_id for i, _ in dead]
+        # Marked before the commit: ingest may read a `done` back before commit returns.
+        with self.lock:
+            self.delivered_not_done.update(ids)
+        try:
+            producer.commit_transaction(30)
+        except BaseException:
+            with self.lock:
+                self.delivered_not_done.difference_update(ids)
+            raise
+        committed_at = now_ms()
+        for delay_id in ids:
+            self.retries.pop(delay_id, None)
+        for item in outgoing:
+            self.metrics.lateness.observe(max(0, committed_at - item.entry.deliver_at_ms) / 1000)
+        self.metrics.delivered.inc(len(outgoing))
+        for _, reason in dead:
+            self.metrics.dead_lettered.labels("undeliverable").inc()
+        self.delivered_total += len(outgoing)
+        last = (outgoing or [d for d, _ in dead])[-1].entry
+        self.cursor.write({
+            "epoch": epoch, "node_id": self.settings.node_id, "watermark_deliver_at_ms": last.deliver_at_ms,
+            "last_id": last.delay_id, "delivered": self.delivered_total, "committed_at_ms": committed_at,
+        })
+
+    def _done(self, item: Outgoing) -> None:
+        delay_id = item.entry.delay_id
+        self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None,
+                              partition=item.buffer_partition,
+                              headers=envelope.control_headers(envelope.OP_DONE, delay_id))
+
+    def _dead_letter(self, item: Outgoing, reason: str, epoch: int) -> None:
+        m = item.message
+        self.producer.produce(
+            self.settings.dead_letter_topic, key=m.delay_id.encode(), value=m.buffer_value(),
+            headers=[*m.buffer_headers(), (envelope.EPOCH, str(epoch).encode()),
+                     (envelope.DEAD_LETTER_REASON, reason.encode())],
+        )
+        log.warning("message %s dead-lettered: %s", m.delay_id, reason)
+
+    def _abort(self, term: Term) -> None:
+        try:
+            self.producer.abort_transaction(30)
+        except KafkaException as err:
+            raise LeadershipLost(f"abort failed: {err.args[0].str()}") from err
+
+    def _partition_count(self, topic: str) -> int | None:
+        cached = self._topics.get(topic)
+        if cached is not None and time.monotonic() - cached[0] < TOPIC_CACHE_S and cached[1] is not None:
+            return cached[1]
+        metadata = self.producer.list_topics(topic, timeout=10).topics.get(topic)
+        count = None
+        if metadata is not None and metadata.error is None and metadata.partitions:
+            count = len(metadata.partitions)
+        self._topics[topic] = (time.monotonic(), count)
+        return count
+
+    def _close_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.flush(5)
+            self.producer = None

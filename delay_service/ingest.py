@@ -1,0 +1,208 @@
+"""Ingest, on every node: the buffer topic, all partitions, into the local store.
+
+The store is a view of the buffer (a compacted changelog): it is filled only from
+records consumed with ``read_committed``, and each polled batch, with the offsets it
+reached, goes into RocksDB as one WriteBatch, so a restart resumes exactly where the
+store is. Malformed records are copied to the dead-letter topic with the reason,
+before their offsets are stored, so nothing is lost and nothing crashes the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+
+from delayq.proxy import MalformedRecord, envelope, parse_buffer_record
+from delayq.settings import Settings
+from delayq.store import Put, Remove, TimeIndex
+
+from .metrics import NodeMetrics
+from .topics import committed_end_offsets
+
+log = logging.getLogger("delayq.ingest")
+
+_PARTITION = struct.Struct(">i")
+
+
+def pack_payload(partition: int, env: envelope.Envelope) -> bytes:
+    """Store payload: the buffer partition the put came from (where its `done` goes), then the envelope."""
+    return _PARTITION.pack(partition) + env.to_bytes()
+
+
+def unpack_payload(payload: bytes) -> tuple[int, envelope.Envelope]:
+    return _PARTITION.unpack_from(payload)[0], envelope.Envelope.from_bytes(payload[_PARTITION.size:])
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Ingest:
+    """Reads the buffer into ``store``; tells the delivery loop about earlier due times and removals."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: TimeIndex,
+        metrics: NodeMetrics,
+        admin,
+        partitions: list[int],
+        *,
+        on_earlier_due: Callable[[int], None] = lambda _ms: None,
+        on_removed: Callable[[list[str]], None] = lambda _ids: None,
+        batch_size: int = 10_000,
+    ):
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.admin = admin
+        self.partitions = partitions
+        self.on_earlier_due = on_earlier_due
+        self.on_removed = on_removed
+        self.batch_size = batch_size
+        self.lag: int | None = None
+        self._positions: dict[int, int] = {}
+        self._end_offsets: dict[int, int] = {}
+        self._progress = threading.Condition()
+        self.consumer = Consumer(settings.kafka_conf(**{
+            "group.id": f"delayq-{settings.cluster}-ingest-{settings.node_id}",
+            "client.id": f"delayq-ingest-{settings.node_id}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            # Low fetch wait: a put due in 50 ms must reach the master's store well before then.
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+        }))
+        self.dead_letters = Producer(settings.kafka_conf(**{
+            "client.id": f"delayq-dead-letter-{settings.node_id}",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+        }))
+        stored = store.offsets()
+        self.consumer.assign([
+            TopicPartition(settings.buffer_topic, p, stored.get(p, OFFSET_BEGINNING)) for p in partitions
+        ])
+        self._positions = {p: stored.get(p, 0) for p in partitions}
+
+    # -- the loop --------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        next_lag_check = 0.0
+        while not stop.is_set():
+            self.poll_once(timeout_s=0.05)
+            if time.monotonic() >= next_lag_check:
+                next_lag_check = time.monotonic() + 0.5
+                self.refresh_lag()
+
+    def poll_once(self, timeout_s: float = 0.05) -> int:
+        """Consume one batch and apply it as one WriteBatch; return the number of records read."""
+        messages = self.consumer.consume(self.batch_size, timeout_s)
+        if not messages:
+            self._update_positions()
+            return 0
+        ops: list[Put | Remove] = []
+        offsets: dict[int, int] = {}
+        removed: list[str] = []
+        earliest_put: int | None = None
+        counts = {b"put": 0, b"cancel": 0, b"done": 0}
+        dead = 0
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("buffer consumer: %s", error.str())
+                continue
+            offsets[message.partition()] = message.offset() + 1
+            try:
+                record = parse_buffer_record(message.key(), message.value(), message.headers())
+            except MalformedRecord as bad:
+                self._dead_letter(message, bad.reason)
+                dead += 1
+                continue
+            counts[record.op] += 1
+            if record.op == envelope.OP_PUT:
+                env = record.envelope
+                ops.append(Put(record.delay_id, env.deliver_at_ms, pack_payload(message.partition(), env)))
+                if earliest_put is None or env.deliver_at_ms < earliest_put:
+                    earliest_put = env.deliver_at_ms
+            else:
+                ops.append(Remove(record.delay_id))
+                removed.append(record.delay_id)
+        if dead:
+            # The copies must be durable before the offsets that skip their originals are stored.
+            remaining = self.dead_letters.flush(30)
+            if remaining:
+                raise RuntimeError(f"{remaining} malformed buffer records could not be written to the dead-letter "
+                                   f"topic {self.settings.dead_letter_topic}; not advancing past them")
+        if offsets:
+            self.store.apply(ops, offsets, ingested_at_ms=now_ms())
+        for op, count in counts.items():
+            if count:
+                self.metrics.ingested.labels(op.decode()).inc(count)
+        self.metrics.pending.set(self.store.pending_count())
+        if removed:
+            self.on_removed(removed)
+        if earliest_put is not None:
+            self.on_earlier_due(earliest_put)
+        self._update_positions()
+        return len(messages)
+
+    def _dead_letter(self, message: Message, reason: str) -> None:
+        headers = list(message.headers() or [])
+        headers += [
+            (envelope.DEAD_LETTER_REASON, reason.encode()),
+            (envelope.DEAD_LETTER_SOURCE,
+             f"{message.topic()}/{message.partition()}/{message.offset()}".encode()),
+        ]
+        self.dead_letters.produce(self.settings.dead_letter_topic, key=message.key(), value=message.value(),
+                                  headers=headers)
+        self.metrics.dead_lettered.labels("malformed").inc()
+        log.warning("buffer record %s/%d/%d is malformed (%s): dead-lettered", message.topic(),
+                    message.partition(), message.offset(), reason)
+
+    # -- where ingest stands ---------------------------------------------
+
+    def _update_positions(self) -> None:
+        topic = self.settings.buffer_topic
+        # position() moves past transaction markers; the last message's offset + 1 would not.
+        for tp in self.consumer.position([TopicPartition(topic, p) for p in self.partitions]):
+            if tp.offset >= 0:
+                self._positions[tp.partition] = tp.offset
+        with self._progress:
+            self._progress.notify_all()
+
+    def refresh_lag(self) -> int | None:
+        try:
+            self._end_offsets = committed_end_offsets(self.admin, self.settings.buffer_topic, self.partitions)
+        except Exception as err:
+            log.warning("cannot read the buffer's end offsets: %s", err)
+            return self.lag
+        self.lag = sum(max(0, end - self._positions.get(p, 0)) for p, end in self._end_offsets.items())
+        self.metrics.buffer_lag.set(self.lag)
+        return self.lag
+
+    @property
+    def caught_up(self) -> bool:
+        return self.lag == 0
+
+    def wait_until_read(self, targets: dict[int, int], timeout_s: float, abandon: Callable[[], bool]) -> bool:
+        """Block until ingest has read every partition up to ``targets`` (or ``abandon()``); True if it did."""
+        deadline = time.monotonic() + timeout_s
+        with self._progress:
+            while not all(self._positions.get(p, 0) >= end for p, end in targets.items()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or abandon():
+                    return False
+                self._progress.wait(min(remaining, 0.1))
+        return True
+
+    def close(self) -> None:
+        self.dead_letters.flush(10)
+        self.consumer.close()

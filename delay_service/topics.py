@@ -1,0 +1,112 @@
+"""The buffer and dead-letter topics: create them right, check existing ones, read their identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+
+from delayq.settings import Settings
+
+DEAD_LETTER_RETENTION_MS = 30 * 24 * 3600 * 1000
+
+
+def buffer_config(settings: Settings) -> dict[str, str]:
+    return {
+        "cleanup.policy": "compact",
+        # Puts stay uncompacted at least this long, so reconciliation can see them.
+        "min.compaction.lag.ms": str(settings.min_compaction_lag_ms),
+        # How long a done/cancel tombstone survives compaction; nodes away longer rebuild.
+        "delete.retention.ms": str(settings.delete_retention_ms),
+    }
+
+
+def dead_letter_config() -> dict[str, str]:
+    return {"cleanup.policy": "delete", "retention.ms": str(DEAD_LETTER_RETENTION_MS)}
+
+
+@dataclass
+class TopicCheck:
+    topic: str
+    created: bool
+    differences: list[str]
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient(settings.kafka_conf())
+
+
+def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[TopicCheck]:
+    """Create the buffer and dead-letter topics, or check existing ones; return what differs.
+
+    Raises:
+        KafkaException: the cluster refused to create or describe a topic.
+    """
+    admin = admin or admin_client(settings)
+    wanted = [
+        (settings.buffer_topic, settings.buffer_partitions, buffer_config(settings)),
+        (settings.dead_letter_topic, 1, dead_letter_config()),
+    ]
+    existing = admin.list_topics(timeout=15).topics
+    results = []
+    for topic, partitions, config in wanted:
+        if topic not in existing:
+            futures = admin.create_topics([NewTopic(topic, partitions, settings.buffer_replication_factor,
+                                                    config=config)])
+            try:
+                futures[topic].result(30)
+                results.append(TopicCheck(topic, True, []))
+                continue
+            except KafkaException as err:
+                if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise
+                existing = admin.list_topics(timeout=15).topics
+        results.append(TopicCheck(topic, False, _differences(admin, topic, partitions, config, existing[topic])))
+    return results
+
+
+def _differences(admin: AdminClient, topic: str, partitions: int, config: dict[str, str], metadata) -> list[str]:
+    found = []
+    if len(metadata.partitions) != partitions:
+        found.append(f"partitions: {len(metadata.partitions)}, configured {partitions} "
+                     "(delayq keeps working; DELAYQ_BUFFER_PARTITIONS only applies at creation)")
+    actual = describe_config(admin, topic)
+    for key, value in config.items():
+        if actual.get(key) != value:
+            found.append(f"{key}: {actual.get(key)}, configured {value}")
+    return found
+
+
+def describe_config(admin: AdminClient, topic: str) -> dict[str, str]:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(30)
+    return {name: entry.value for name, entry in entries.items()}
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """What a node must know about the buffer topic before trusting its store."""
+
+    topic_id: str
+    partitions: list[int]
+    delete_retention_ms: int
+
+
+def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
+    """Raises: RuntimeError: the buffer topic does not exist (run `delayq init`)."""
+    topic = settings.buffer_topic
+    try:
+        description = admin.describe_topics(TopicCollection([topic]))[topic].result(30)
+    except KafkaException as err:
+        raise RuntimeError(f"buffer topic {topic} cannot be described ({err.args[0].str()}): "
+                           "create it with `delayq init`") from err
+    retention = int(describe_config(admin, topic).get("delete.retention.ms", "86400000"))
+    return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions), retention)
+
+
+def committed_end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+    """The last stable offset of each partition: where a read_committed reader is caught up."""
+    requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+    futures = admin.list_offsets(requests, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=15)
+    return {tp.partition: future.result().offset for tp, future in futures.items()}

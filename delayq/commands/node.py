@@ -1,0 +1,27 @@
+"""``delayq node``: run one delay-service node until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from delayq.settings import Settings
+
+
+def register(subparsers) -> None:
+    node = subparsers.add_parser("node", help="run one delay-service node (settings from DELAYQ_* or --config)")
+    node.add_argument("--config", help="a YAML or TOML settings file (same as DELAYQ_CONFIG)")
+    node.add_argument("--log-level", default=os.environ.get("DELAYQ_LOG_LEVEL", "INFO"))
+    node.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.config:
+        os.environ["DELAYQ_CONFIG"] = args.config
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    from delayq.delay_service import Node
+
+    return Node(Settings()).run()

@@ -1,0 +1,137 @@
+"""One node on the real stack: order, never early, cancel, reschedule, HTTP, dead letters."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kafka_testing import create_topics, read_topic
+from service_testing import Cluster, Feeder, now_ms
+
+from delayq.proxy import envelope as env
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(settings, tmp_path):
+    cluster = Cluster(settings, tmp_path)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def feeder(settings):
+    return Feeder(settings)
+
+
+def header(record, name: str) -> bytes | None:
+    return dict(record.headers() or []).get(name)
+
+
+def test_messages_arrive_in_due_order_never_early_with_key_value_headers_kept(cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    base = now_ms() + 1500
+    # Produced in reverse order of due time, with ties on the same millisecond.
+    sent = {}
+    for i in reversed(range(30)):
+        due = base + (i // 3) * 100
+        delay_id = feeder.put(target, f"v{i}".encode(), due, key=f"k{i}".encode(), headers=[("trace", f"t{i}".encode())])
+        sent[delay_id] = (due, i)
+    feeder.flush()
+
+    records = read_topic(settings.bootstrap_servers, target, expect=30, timeout_s=30)
+
+    assert len(records) == 30
+    ids = [header(r, env.ID).decode() for r in records]
+    assert sorted(ids) == sorted(sent)
+    assert ids == sorted(ids, key=lambda d: (sent[d][0], d)), "delivered out of (deliver_at, id) order"
+    for record in records:
+        due, i = sent[header(record, env.ID).decode()]
+        assert record.timestamp()[1] >= due, f"message {i} delivered {due - record.timestamp()[1]} ms early"
+        assert (record.key(), record.value()) == (f"k{i}".encode(), f"v{i}".encode())
+        assert record.headers()[0] == ("trace", f"t{i}".encode())
+        assert header(record, env.DELIVER_AT) == str(due).encode()
+        assert header(record, env.EPOCH) == b"1"
+
+
+def test_cancel_before_due_stops_delivery_and_cancel_after_changes_nothing(cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    cancelled = feeder.put(target, b"cancelled", now_ms() + 2000)
+    kept = feeder.put(target, b"kept", now_ms() + 500)
+    feeder.flush()
+    feeder.cancel(cancelled)
+    feeder.flush()
+
+    delivered = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=3, timeout_s=15)
+    assert [r.value() for r in delivered] == [b"kept"]
+    feeder.cancel(kept)  # too late: it was delivered
+    feeder.flush()
+    time.sleep(1)
+
+    assert [r.value() for r in read_topic(settings.bootstrap_servers, target, idle_s=2)] == [b"kept"]
+    assert node.get_json(f"/v1/messages/{cancelled}")[0] == 404
+    assert node.metric("delayq_pending") == 0
+
+
+def test_reschedule_moves_the_due_time_and_delivers_once(cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    delay_id = feeder.put(target, b"first", now_ms() + 1500)
+    feeder.flush()
+    later = now_ms() + 3000
+    feeder.put(target, b"second", later, delay_id=delay_id)
+    feeder.flush()
+    time.sleep(0.5)
+
+    status, body = node.get_json(f"/v1/messages/{delay_id}")
+    assert status == 200 and body["deliver_at_ms"] == later and body["status"] == "pending"
+    records = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=2, timeout_s=15)
+    assert [r.value() for r in records] == [b"second"]
+    assert records[0].timestamp()[1] >= later
+
+
+def test_http_endpoints_report_health_metrics_and_messages(cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    delay_id = feeder.put(target, b"later", now_ms() + 60_000)
+    feeder.flush()
+    time.sleep(0.5)
+
+    assert node.get("/livez") == (200, b"ok\n")
+    assert node.get_json("/readyz")[0] == 200
+    assert node.get_json(f"/v1/messages/{delay_id}")[1]["topic"] == target
+    assert node.get_json("/v1/messages/not-an-id")[0] == 400
+    metrics = node.get("/metrics")[1].decode()
+    for name in ("delayq_ingested_total", "delayq_delivered_total", "delayq_pending", "delayq_buffer_lag",
+                 "delayq_delivery_lateness_seconds_bucket", "delayq_is_master", "delayq_epoch",
+                 "delayq_elections_total"):
+        assert name in metrics
+    assert node.metric("delayq_pending") == 1
+    assert node.metric("delayq_is_master") == 1
+
+
+def test_malformed_records_and_missing_topic_are_dead_lettered_while_the_rest_flows(cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    feeder.raw(b"no-op-header", b"x", [])
+    feeder.raw(b"bad-time", b"x", [(env.OP, b"put"), (env.TOPIC, target.encode()), (env.DELIVER_AT, b"soon")])
+    lost = feeder.put(names.topic("does-not-exist"), b"nowhere", now_ms() + 200)
+    good = feeder.put(target, b"fine", now_ms() + 500)
+    feeder.flush()
+
+    assert [r.value() for r in read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=15)] == [b"fine"]
+    dead = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=3, timeout_s=30, idle_s=2)
+    reasons = {r.key(): header(r, env.DEAD_LETTER_REASON).decode() for r in dead}
+    assert set(reasons) == {b"no-op-header", b"bad-time", lost.encode()}
+    assert "delayq-op is missing" in reasons[b"no-op-header"]
+    assert "expected ASCII digits" in reasons[b"bad-time"]
+    assert "does not exist" in reasons[lost.encode()]
+    assert good != lost
