@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
+from delayq.errors import ConfigurationError
 from delayq.settings import Settings
 
 DEAD_LETTER_RETENTION_MS = 30 * 24 * 3600 * 1000
@@ -94,12 +95,12 @@ class BufferInfo:
 
 
 def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
-    """Raises: RuntimeError: the buffer topic does not exist (run `delayq init`)."""
+    """Raises: ConfigurationError: the buffer topic does not exist (run `delayq init`)."""
     topic = settings.buffer_topic
     try:
         description = admin.describe_topics(TopicCollection([topic]))[topic].result(30)
     except KafkaException as err:
-        raise RuntimeError(f"buffer topic {topic} cannot be described ({err.args[0].str()}): "
+        raise ConfigurationError(f"buffer topic {topic} cannot be described ({err.args[0].str()}): "
                            "create it with `delayq init`") from err
     retention = int(describe_config(admin, topic).get("delete.retention.ms", "86400000"))
     return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions), retention)

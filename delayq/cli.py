@@ -9,13 +9,15 @@ import sys
 
 from rich.console import Console
 
+from delayq.errors import DelayqError
+
 # Every module in delayq.commands registers its own sub-commands; these come first in --help.
 FIRST_COMMANDS = ("dev", "init", "node", "status", "produce", "reconcile", "demo", "bench")
 
 err_console = Console(stderr=True)
 
 
-class CommandError(Exception):
+class CommandError(DelayqError):
     """A command failed for a reason the user can act on; printed as one line, exit code 2."""
 
 
@@ -33,11 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from delayq.dev import StackError
-
     try:
         return int(args.func(args) or 0)
-    except (CommandError, StackError, ValueError) as err:
+    except (DelayqError, ValueError) as err:
         err_console.print(f"[bold red]delayq {args.command}:[/] {err}", highlight=False)
         return 2
     except KeyboardInterrupt:

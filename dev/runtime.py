@@ -16,12 +16,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayq.errors import DelayqError
+
 KAFKA_VERSION = "4.3.1"
 ZOOKEEPER_VERSION = "3.9.4"
 LOG4J_VERSION = "2.24.3"
 
 
-class StackError(RuntimeError):
+class StackError(DelayqError):
     """The embedded stack cannot be installed, started or reached. The message says why and what to do."""
 
 

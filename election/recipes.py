@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
+
+from delayq.errors import UnavailableError
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 log = logging.getLogger("delayq.election")
@@ -33,7 +35,7 @@ def connect(hosts: str, *, session_timeout_ms: int, auth: str | None = None, tim
     """A started kazoo client with the session timeout delayq wants.
 
     Raises:
-        RuntimeError: ZooKeeper did not answer within ``timeout_s``; the message names the hosts.
+        UnavailableError: ZooKeeper did not answer within ``timeout_s``; the message names the hosts.
     """
     client = KazooClient(
         hosts=hosts,
@@ -46,7 +48,7 @@ def connect(hosts: str, *, session_timeout_ms: int, auth: str | None = None, tim
         client.start(timeout=timeout_s)
     except Exception as err:
         client.close()
-        raise RuntimeError(f"ZooKeeper at {hosts} did not answer within {timeout_s:.0f}s: is it running "
+        raise UnavailableError(f"ZooKeeper at {hosts} did not answer within {timeout_s:.0f}s: is it running "
                            f"and is DELAYQ_ZK_CONNECT right? ({err})") from err
     return client
 

@@ -1,0 +1,74 @@
+"""`delayq init`, `delayq status` and `delayq node` as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from service_testing import Cluster, settings_env
+
+from delayq import Settings
+from delayq.delay_service.topics import describe_config
+
+pytestmark = pytest.mark.integration
+
+
+def delayq(settings: Settings, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **settings_env(settings), "COLUMNS": "200", **extra_env}
+    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_init_creates_compacted_buffer_and_dead_letter_topics_then_finds_them_right(settings):
+    first = delayq(settings, "init", DELAYQ_MIN_COMPACTION_LAG_MS="3600000")
+    assert first.returncode == 0, first.stderr
+    assert f"created {settings.buffer_topic}" in first.stdout
+    assert f"created {settings.dead_letter_topic}" in first.stdout
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    config = describe_config(admin, settings.buffer_topic)
+    assert config["cleanup.policy"] == "compact"
+    assert config["min.compaction.lag.ms"] == "3600000"
+    assert len(admin.list_topics(settings.buffer_topic, timeout=10).topics[settings.buffer_topic].partitions) == 3
+
+    again = delayq(settings, "init", DELAYQ_MIN_COMPACTION_LAG_MS="3600000")
+    assert "exists with the right configuration" in again.stdout
+
+    differs = delayq(settings, "init", "--strict", DELAYQ_MIN_COMPACTION_LAG_MS="60000")
+    assert differs.returncode == 1
+    assert "min.compaction.lag.ms: 3600000, configured 60000" in differs.stdout
+
+
+def test_status_json_names_the_master_and_every_node(settings, tmp_path):
+    cluster = Cluster(settings, tmp_path)
+    try:
+        cluster.start("node-a")
+        cluster.master()
+        cluster.start("node-b")
+        import time
+        time.sleep(1.5)  # membership is republished every second
+
+        result = delayq(settings, "status", "--json")
+
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        assert status["cluster"] == settings.cluster
+        assert status["master"] == "node-a"
+        assert status["epoch"] == 1
+        roles = {n["node_id"]: n["role"] for n in status["nodes"]}
+        assert roles == {"node-a": "master", "node-b": "standby"}
+        assert all(n["lag"] == 0 and n["pending"] == 0 and n["http"].startswith("http://") for n in status["nodes"])
+        table = delayq(settings, "status")
+        assert "master node-a" in table.stdout and "node-b" in table.stdout
+    finally:
+        cluster.close()
+
+
+def test_node_without_a_buffer_topic_says_to_run_init(settings, tmp_path):
+    result = delayq(settings, "node", DELAYQ_DATA_DIR=str(tmp_path), DELAYQ_HTTP_PORT="0")
+    assert result.returncode == 2
+    assert "delayq init" in result.stderr
