@@ -14,8 +14,8 @@ buffer before it falls due.
 
 from __future__ import annotations
 
+import marshal
 import os
-import struct
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -129,59 +129,22 @@ class Envelope:
             (EPOCH, str(epoch).encode()),
         ]
 
-    # A compact, versioned binary form for the node's store (not the wire format).
+    # The node's store form (not the wire format): marshal is C-fast for tuples of
+    # bytes/str/int, and the store is a rebuildable view, so a format change only costs
+    # a rebuild (the leading version says which).
     def to_bytes(self) -> bytes:
-        parts = [
-            self.delay_id.encode(), self.topic.encode(), _opt(self.key), _opt(self.value),
-            (self.partitioner or "").encode(),
-        ]
-        out = [struct.pack(">BqqiH", 1, self.deliver_at_ms, self.created_at_ms,
-                           -1 if self.partition is None else self.partition, len(self.headers))]
-        for part in parts:
-            out.append(part if part is _NONE else struct.pack(">i", len(part)) + part)
-        for name, value in self.headers:
-            raw_name = name.encode()
-            raw_value = _opt(value)
-            out.append(struct.pack(">H", len(raw_name)) + raw_name)
-            out.append(raw_value if raw_value is _NONE else struct.pack(">i", len(raw_value)) + raw_value)
-        return b"".join(out)
+        return marshal.dumps((_STORE_FORM, self.delay_id, self.topic, self.deliver_at_ms, self.value, self.key,
+                              self.partition, self.headers, self.created_at_ms, self.partitioner))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Envelope:
-        version, deliver_at, created_at, partition, n_headers = struct.unpack_from(">BqqiH", data)
-        if version != 1:
-            raise ValueError(f"stored envelope version {version} is unknown to this delayq")
-        pos = struct.calcsize(">BqqiH")
-        fields = []
-        for _ in range(5):
-            value, pos = _read_opt(data, pos)
-            fields.append(value)
-        headers = []
-        for _ in range(n_headers):
-            (name_len,) = struct.unpack_from(">H", data, pos)
-            pos += 2
-            name = data[pos:pos + name_len].decode()
-            pos += name_len
-            value, pos = _read_opt(data, pos)
-            headers.append((name, value))
-        delay_id, topic, key, value, partitioner = fields
-        return cls(delay_id.decode(), topic.decode(), deliver_at, value, key,
-                   None if partition < 0 else partition, headers, created_at, partitioner.decode() or None)
+        fields = marshal.loads(data)
+        if fields[0] != _STORE_FORM:
+            raise ValueError(f"stored envelope form {fields[0]} is unknown to this delayq: rebuild the store")
+        return cls(*fields[1:])
 
 
-_NONE = struct.pack(">i", -1)
-
-
-def _opt(value: bytes | None) -> bytes:
-    return _NONE if value is None else value
-
-
-def _read_opt(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    (length,) = struct.unpack_from(">i", data, pos)
-    pos += 4
-    if length < 0:
-        return None, pos
-    return data[pos:pos + length], pos + length
+_STORE_FORM = 2
 
 
 # -- reading buffer records --------------------------------------------------
@@ -207,8 +170,9 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
     Raises:
         MalformedRecord: missing or contradictory headers, bad numbers, unknown op.
     """
-    if key is None:
+    if not key:
         raise MalformedRecord("record has no key (the delay id)")
+    # The hot path of every node's ingest: plain locals, positional calls.
     found: dict[str, bytes | None] = {}
     user_headers: list[tuple[str, bytes]] = []
     for name, header_value in headers or ():
@@ -218,48 +182,47 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
             found[name] = header_value
         else:
             user_headers.append((name, header_value))
-    op = found.get(OP)
+    get = found.get
+    op = get(OP)
     if op is None:
         raise MalformedRecord(f"header {OP} is missing")
     if op not in OPS:
         raise MalformedRecord(f"header {OP} is {op[:40]!r}; expected one of put, cancel, done")
-    try:
-        delay_id = key.decode("ascii")
-    except UnicodeDecodeError:
-        raise MalformedRecord("record key is not ASCII text") from None
-    header_id = found.get(ID)
+    if not key.isascii():
+        raise MalformedRecord("record key is not ASCII text")
+    delay_id = key.decode()
+    header_id = get(ID)
     if header_id is not None and header_id != key:
         raise MalformedRecord(f"header {ID} {header_id[:40]!r} differs from the record key {key[:40]!r}")
     if op != OP_PUT:
         if value:
             raise MalformedRecord(f"a {op.decode()} record must have a null value")
         return BufferRecord(op, delay_id)
-    topic = found.get(TOPIC)
+    topic = get(TOPIC)
     if not topic:
         raise MalformedRecord(f"put without header {TOPIC}")
     try:
         topic_name = topic.decode()
     except UnicodeDecodeError:
         raise MalformedRecord(f"header {TOPIC} is not UTF-8") from None
-    deliver_at = _int_header(found, DELIVER_AT, required=True)
-    partition = _int_header(found, PARTITION, required=False)
-    partitioner = found.get(PARTITIONER)
+    deliver_at = _int_header(get(DELIVER_AT), DELIVER_AT, True)
+    partition = _int_header(get(PARTITION), PARTITION, False)
+    partitioner = get(PARTITIONER)
     envelope = Envelope(
-        delay_id=delay_id,
-        topic=topic_name,
-        deliver_at_ms=deliver_at,
-        value=None if found.get(VALUE_NULL) is not None else (value or b""),
-        key=found.get(KEY),
-        partition=partition,
-        headers=user_headers,
-        created_at_ms=_int_header(found, CREATED_AT, required=False) or 0,
-        partitioner=partitioner.decode(errors="replace") if partitioner else None,
+        delay_id,
+        topic_name,
+        deliver_at,
+        None if get(VALUE_NULL) is not None else (value or b""),
+        get(KEY),
+        partition,
+        user_headers,
+        _int_header(get(CREATED_AT), CREATED_AT, False) or 0,
+        partitioner.decode(errors="replace") if partitioner else None,
     )
     return BufferRecord(op, delay_id, envelope)
 
 
-def _int_header(found: dict[str, bytes | None], name: str, *, required: bool) -> int | None:
-    raw = found.get(name)
+def _int_header(raw: bytes | None, name: str, required: bool) -> int | None:
     if raw is None:
         if required:
             raise MalformedRecord(f"put without header {name}")

@@ -52,6 +52,8 @@ def test_cancel_and_done_parse_as_tombstones():
 
 @pytest.mark.parametrize("key,value,headers,reason", [
     (None, b"x", [(env.OP, b"put")], "no key"),
+    (b"", b"x", [(env.OP, b"put")], "no key"),
+    (b"\xff", None, [(env.OP, b"cancel")], "not ASCII"),
     (b"id", b"x", [], "delayq-op is missing"),
     (b"id", b"x", [(env.OP, b"launch")], "expected one of put, cancel, done"),
     (b"id", b"x", [(env.OP, b"put"), (env.DELIVER_AT, b"1")], "without header delayq-topic"),
