@@ -1,0 +1,20 @@
+"""delayq.store: the RocksDB time index every delay-service node keeps.
+
+Public surface::
+
+    from delayq.store import TimeIndex, StoreOptions, Put, Remove, StoredEntry, ApplyResult, StoreError
+"""
+
+from .options import StoreOptions
+from .time_index import ApplyResult, Put, Remove, StoredEntry, StoreError, StoreOp, TimeIndex
+
+__all__ = [
+    "ApplyResult",
+    "Put",
+    "Remove",
+    "StoreError",
+    "StoreOp",
+    "StoreOptions",
+    "StoredEntry",
+    "TimeIndex",
+]

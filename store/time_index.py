@@ -1,0 +1,706 @@
+"""The RocksDB time index every delay-service node keeps (docs/DESIGN.md, "Store").
+
+Layout, one column family each:
+
+- ``time``: ``deliver_at_ms`` (8 bytes big-endian) + delay id (ASCII) -> payload.
+  Byte order is (time, id) order, so iterating from the front yields what is due next.
+- ``ids``: delay id -> ``deliver_at_ms`` (8 bytes big-endian): cancel, reschedule,
+  lookup, and recognising a re-read `put`.
+- ``offsets``: buffer partition (4 bytes big-endian) -> next offset to read (8 bytes).
+- ``meta``: ``sys/...`` for the store's own bookkeeping (format, pending count, last
+  ingest time) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
+
+The store is a view of the buffer topic: every change arrives through :meth:`TimeIndex.apply`
+together with the buffer offsets that produced it, in one WriteBatch.
+
+Example:
+    >>> with TimeIndex(tmp / "store") as store:                      # doctest: +SKIP
+    ...     store.apply([Put("id-1", 1_700_000_000_000, b"...")], {0: 1})
+    ...     store.due(up_to_ms=now_ms, limit=1000)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import threading
+from collections.abc import Container, Iterable, Iterator, Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import rocksdict
+
+from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, StoreOptions
+
+MAX_DELIVER_AT_MS = 2**63 - 1
+_MAX_PARTITION = 2**31 - 1
+
+_FORMAT = b"delayq-time-index-1"
+_META_FORMAT = b"sys/format"
+_META_PENDING = b"sys/pending"
+_META_LAST_INGEST = b"sys/last_ingest_ms"
+_USER_META = b"user/"
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened, read or written; the message says why and what to do."""
+
+
+def _check_ms(value: object, argument: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{argument} must be an int (Unix epoch milliseconds), not {type(value).__name__}")
+    if not 0 <= value <= MAX_DELIVER_AT_MS:
+        raise ValueError(f"{argument} must be between 0 and 2**63-1 milliseconds, got {value}")
+    return value
+
+
+def _check_id(value: object, argument: str = "delay_id") -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, not {type(value).__name__}")
+    if not value or not value.isascii():
+        raise ValueError(f"{argument} {value!r} must be a non-empty ASCII string (the buffer record key)")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A buffer `put`: add ``delay_id``, or move it if it is stored at another time (reschedule).
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: ``delay_id`` is empty or not ASCII, or ``deliver_at_ms`` is outside [0, 2**63).
+    """
+
+    delay_id: str
+    deliver_at_ms: int
+    payload: bytes
+
+    def __post_init__(self) -> None:
+        _check_id(self.delay_id)
+        _check_ms(self.deliver_at_ms, "deliver_at_ms")
+        if not isinstance(self.payload, bytes):
+            raise TypeError(f"payload must be bytes (e.g. Envelope.to_bytes()), not {type(self.payload).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """A buffer `cancel` or `done`: drop ``delay_id`` if it is stored.
+
+    Raises:
+        TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str.
+    """
+
+    delay_id: str
+
+    def __post_init__(self) -> None:
+        _check_id(self.delay_id)
+
+
+StoreOp = Put | Remove
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """One pending message as stored."""
+
+    delay_id: str
+    deliver_at_ms: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one :meth:`TimeIndex.apply` did, op by op.
+
+    ``moved`` counts puts of a stored id with another time or another payload (a
+    reschedule); ``unchanged`` counts a put identical to what is stored (a re-read
+    record) and a remove of an id that is not stored (e.g. a `done` after a `cancel`).
+    """
+
+    added: int
+    moved: int
+    removed: int
+    unchanged: int
+
+
+# The deliver_at_ms of a time key, as a 1-tuple (twice as fast as int.from_bytes(key[:8])).
+_key_time = struct.Struct(">Q").unpack_from
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+def _time_key(deliver_at_ms: int, id_bytes: bytes) -> bytes:
+    return deliver_at_ms.to_bytes(8, "big") + id_bytes
+
+
+class TimeIndex:
+    """The time index of one node, in a RocksDB directory of its own.
+
+    One writer: :meth:`apply` and :meth:`set_meta` must not be called from two threads at
+    once (they are serialised by a lock anyway); reads (:meth:`due`, :meth:`get`, ...) may
+    run in other threads meanwhile and see each batch whole or not at all.
+
+    Args:
+        path: The store's directory. Created if missing; if it exists it must be empty or
+            hold a delayq store.
+        options: RocksDB tuning; :class:`StoreOptions` defaults when None.
+
+    Raises:
+        TypeError: ``path`` or ``options`` has the wrong type.
+        StoreError: the path is not a delayq store, is locked by another process (another
+            node using the same data directory), or RocksDB fails to open it.
+    """
+
+    def __init__(self, path: Path | str, options: StoreOptions | None = None):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or Path, not {type(path).__name__}")
+        if options is None:
+            options = StoreOptions()
+        elif not isinstance(options, StoreOptions):
+            raise TypeError(f"options must be a StoreOptions, not {type(options).__name__}")
+        self.path = Path(path)
+        self.options = options
+        self._check_is_store_or_new()
+        try:
+            self._db = rocksdict.Rdict(str(self.path), options.db_options(), column_families=options.column_families())
+        except Exception as err:  # rocksdict raises bare Exception for every RocksDB status
+            raise self._open_error(err) from err
+        self._closed = False
+        self._cfs = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
+        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._time, self._ids = self._cfs[TIME_CF], self._cfs[IDS_CF]
+        self._meta, self._offsets_cf = self._cfs[META_CF], self._cfs[OFFSETS_CF]
+        self._write_opts = rocksdict.WriteOptions()
+        self._write_opts.sync = options.sync_writes
+
+        # apply()/set_meta() hold _write_lock from their first read to their write. _view_lock
+        # makes "write a batch + lower the scan start" and "read the scan start + open an
+        # iterator" exclusive, so a scan never starts after a key that the iterator can see.
+        self._write_lock = threading.Lock()
+        self._view_lock = threading.Lock()
+        # Scan state, guarded by _view_lock; _version counts applied batches, so a scan only
+        # records what it learnt if no batch landed while it ran.
+        # - Every time key below _scan_from is deleted: scans seek there instead of stepping
+        #   over the tombstones that delivered-and-done entries leave at the front.
+        # - _skipped (id -> time key, in key order) is the run of live keys at the front that
+        #   the last scans found all in `skip`, up to _skipped_end. If the next `skip` still
+        #   holds every one of them, the scan seeks past the run instead of reading it
+        #   again: the master's skip set is exactly such a run, thousands long.
+        self._version = 0
+        self._scan_from = b""
+        self._skipped: dict[str, bytes] = {}
+        self._skipped_end: bytes | None = None
+        try:
+            self._load_meta()
+        except BaseException:
+            self._db.close()
+            raise
+
+    # -- opening -------------------------------------------------------------
+
+    def _check_is_store_or_new(self) -> None:
+        path = self.path
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"store path {path} is a file, not a directory: set another data directory")
+        if TimeIndex.exists(path):
+            try:
+                families = set(rocksdict.Rdict.list_cf(str(path), rocksdict.Options(raw_mode=True)))
+            except Exception as err:
+                raise StoreError(f"{path} looks like a RocksDB directory but cannot be read ({err}); "
+                                 "if it is a delayq store, delete it (TimeIndex.destroy) and let the node "
+                                 "rebuild it from the buffer topic") from err
+            expected = set(COLUMN_FAMILIES) | {"default"}
+            if families != expected:
+                raise StoreError(f"{path} is a RocksDB database but not a delayq store (column families "
+                                 f"{sorted(families)}, expected {sorted(expected)}): point the node at another "
+                                 "data directory")
+        elif path.is_dir() and any(path.iterdir()):
+            raise StoreError(f"{path} is not empty and holds no delayq store: point the node at an empty or "
+                             "new directory")
+
+    def _open_error(self, err: Exception) -> StoreError:
+        text = str(err)
+        # RocksDB reports every failure as a Status string; a lock conflict is the one the
+        # operator can act on, and "LOCK" is in both its forms ("While lock file: .../LOCK:
+        # Resource temporarily unavailable" and "lock hold by current process").
+        if "LOCK" in text or "lock hold" in text:
+            return StoreError(f"the store {self.path} is locked by another process or another TimeIndex in this "
+                              f"one (two nodes share a data directory?): stop it, or give each node its own "
+                              f"data directory ({text})")
+        return StoreError(f"cannot open the store {self.path}: {text}; if it is damaged, delete it "
+                          "(TimeIndex.destroy) and let the node rebuild it from the buffer topic")
+
+    def _load_meta(self) -> None:
+        fmt = self._meta.get(_META_FORMAT)
+        if fmt is None:
+            # A new store, or one whose creation stopped before this first write.
+            if next(iter(self._time.keys()), None) is not None:
+                raise StoreError(f"{self.path} has delayq column families and data but no format marker: "
+                                 "delete it (TimeIndex.destroy) and rebuild it from the buffer topic")
+            self._meta[_META_FORMAT] = _FORMAT
+        elif fmt != _FORMAT:
+            raise StoreError(f"{self.path} has store format {fmt!r}, this delayq reads {_FORMAT!r}: run the "
+                             "delayq version that wrote it, or delete it and rebuild from the buffer topic")
+        pending = self._meta.get(_META_PENDING)
+        self._pending = int.from_bytes(pending, "big") if pending is not None else 0
+        last = self._meta.get(_META_LAST_INGEST)
+        self._last_ingest = int.from_bytes(last, "big") if last is not None else None
+        self._offsets = {int.from_bytes(k, "big"): int.from_bytes(v, "big") for k, v in self._offsets_cf.items()}
+
+    # -- writing -------------------------------------------------------------
+
+    def apply(self, ops: Iterable[StoreOp], offsets: Mapping[int, int], *,
+              ingested_at_ms: int | None = None) -> ApplyResult:
+        """Apply buffer records and advance the buffer offsets, atomically.
+
+        Ops take effect in order: a later op sees the earlier ones (a put then a remove
+        of one id leaves nothing; two puts leave the second). Everything, including the
+        id index, the pending count, the offsets and ``ingested_at_ms``, goes into one
+        RocksDB WriteBatch: after a crash the store holds all of it or none of it, so the
+        stored offsets always say exactly which records the store reflects.
+
+        Args:
+            ops: Puts and removes, in buffer order.
+            offsets: Buffer partition -> next offset to read. Merged with the stored
+                offsets; an offset lower than the stored one is ignored (offsets only rise).
+            ingested_at_ms: Wall-clock time of this ingest, kept for :meth:`last_ingest_ms`.
+
+        Returns:
+            Counts of what the ops did.
+
+        Raises:
+            TypeError: an op is not a Put or Remove, or an argument has the wrong type.
+            ValueError: a partition or offset is out of range. Nothing is written then.
+            StoreError: the store is closed or RocksDB failed to write (nothing was written).
+        """
+        ops = self._check_ops(ops)
+        new_offsets = self._check_offsets(offsets)
+        if ingested_at_ms is not None:
+            _check_ms(ingested_at_ms, "ingested_at_ms")
+        with self._write_lock:
+            self._check_open()
+            batch, result, pending, lowest_put, moved_away = self._plan(ops)
+            merged = dict(self._offsets)
+            offsets_cf = self._handles[OFFSETS_CF]
+            for partition, offset in new_offsets.items():
+                if offset > merged.get(partition, -1):
+                    merged[partition] = offset
+                    batch.put(partition.to_bytes(4, "big"), _u64(offset), offsets_cf)
+            meta_cf = self._handles[META_CF]
+            if pending != self._pending:
+                batch.put(_META_PENDING, _u64(pending), meta_cf)
+            if ingested_at_ms is not None:
+                batch.put(_META_LAST_INGEST, _u64(ingested_at_ms), meta_cf)
+            if batch.is_empty():
+                return result
+            with self._view_lock:
+                self._before_write(lowest_put, moved_away)
+                try:
+                    self._db.write(batch, self._write_opts)
+                except Exception as err:
+                    raise StoreError(f"writing a batch of {len(ops)} ops to {self.path} failed, nothing was "
+                                     f"applied: {err}") from err
+                self._pending = pending
+                self._offsets = merged
+                if ingested_at_ms is not None:
+                    self._last_ingest = ingested_at_ms
+        return result
+
+    @staticmethod
+    def _check_ops(ops: Iterable[StoreOp]) -> list[StoreOp]:
+        if isinstance(ops, (str, bytes)) or not isinstance(ops, Iterable):
+            raise TypeError(f"ops must be an iterable of Put/Remove, not {type(ops).__name__}")
+        ops = list(ops)
+        for index, op in enumerate(ops):
+            if type(op) is not Put and type(op) is not Remove:
+                raise TypeError(f"ops[{index}] must be a Put or Remove, not {type(op).__name__}")
+        return ops
+
+    @staticmethod
+    def _check_offsets(offsets: Mapping[int, int]) -> dict[int, int]:
+        if not isinstance(offsets, Mapping):
+            raise TypeError(f"offsets must be a mapping partition -> next offset, not {type(offsets).__name__}")
+        for partition, offset in offsets.items():
+            if not isinstance(partition, int) or isinstance(partition, bool):
+                raise TypeError(f"offsets: partition {partition!r} must be an int")
+            if not 0 <= partition <= _MAX_PARTITION:
+                raise ValueError(f"offsets: partition {partition} is outside [0, 2**31)")
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise TypeError(f"offsets[{partition}] must be an int, not {type(offset).__name__}")
+            if not 0 <= offset <= MAX_DELIVER_AT_MS:
+                raise ValueError(f"offsets[{partition}] = {offset} is outside [0, 2**63)")
+        return dict(offsets)
+
+    def _before_write(self, lowest_put: bytes | None, moved_away: list[str]) -> None:
+        """Keep the scan state true for the batch about to be written (under _view_lock).
+
+        Args:
+            lowest_put: The lowest time key the batch writes, if any.
+            moved_away: Ids whose time key the batch deletes (removed or rescheduled).
+        """
+        self._version += 1
+        if lowest_put is not None:
+            if lowest_put < self._scan_from:
+                self._scan_from = lowest_put
+            if self._skipped_end is not None and lowest_put <= self._skipped_end:
+                # A new entry inside the run (e.g. a short delay already due): the run now
+                # ends before it, the rest of the old run is read again by the next scan.
+                kept = {}
+                for delay_id, key in self._skipped.items():
+                    if key >= lowest_put:
+                        break
+                    kept[delay_id] = key
+                self._skipped = kept
+                self._skipped_end = next(reversed(kept.values())) if kept else None
+        if self._skipped:
+            for delay_id in moved_away:
+                self._skipped.pop(delay_id, None)
+
+    def _plan(self, ops: list[StoreOp]) -> tuple[rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str]]:
+        """The WriteBatch that takes the store from its state to the state after ``ops``.
+
+        The ops are replayed on an in-memory view of the ids they touch, so later ops see
+        earlier ones; only the net difference per id is written.
+        """
+        touched = list(dict.fromkeys(op.delay_id for op in ops))
+        id_keys = [delay_id.encode("ascii") for delay_id in touched]
+        stored = self._multi_get(IDS_CF, id_keys)
+        before: dict[str, int | None] = {
+            delay_id: None if raw is None else int.from_bytes(raw, "big") for delay_id, raw in zip(touched, stored)
+        }
+        # A put at the stored time is a no-op only if its payload matches too.
+        same_time = {op.delay_id for op in ops if type(op) is Put and before[op.delay_id] == op.deliver_at_ms}
+        stored_payload: dict[str, bytes] = {}
+        if same_time:
+            names = list(same_time)
+            keys = [_time_key(before[name], name.encode("ascii")) for name in names]
+            stored_payload = dict(zip(names, self._multi_get(TIME_CF, keys)))
+
+        # now[id] = (deliver_at_ms, payload) or None; payload None = as stored.
+        now: dict[str, tuple[int, bytes | None] | None] = {
+            delay_id: None if at is None else (at, stored_payload.get(delay_id)) for delay_id, at in before.items()
+        }
+        added = moved = removed = unchanged = 0
+        for op in ops:
+            current = now[op.delay_id]
+            if type(op) is Put:
+                if current is None:
+                    added += 1
+                elif current[0] != op.deliver_at_ms or current[1] != op.payload:
+                    moved += 1
+                else:
+                    unchanged += 1
+                    continue
+                now[op.delay_id] = (op.deliver_at_ms, op.payload)
+            elif current is None:
+                unchanged += 1
+            else:
+                removed += 1
+                now[op.delay_id] = None
+
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        time_cf, ids_cf = self._handles[TIME_CF], self._handles[IDS_CF]
+        pending = self._pending
+        lowest_put: bytes | None = None
+        moved_away: list[str] = []
+        for delay_id, id_key in zip(touched, id_keys):
+            old_at, new = before[delay_id], now[delay_id]
+            if new is None:
+                if old_at is not None:
+                    batch.delete(_time_key(old_at, id_key), time_cf)
+                    batch.delete(id_key, ids_cf)
+                    moved_away.append(delay_id)
+                    pending -= 1
+                continue
+            new_at, payload = new
+            if old_at == new_at and payload == stored_payload.get(delay_id):
+                continue
+            if old_at is None:
+                pending += 1
+            elif old_at != new_at:
+                batch.delete(_time_key(old_at, id_key), time_cf)
+                moved_away.append(delay_id)
+            key = _time_key(new_at, id_key)
+            batch.put(key, payload, time_cf)
+            if old_at != new_at:
+                batch.put(id_key, _u64(new_at), ids_cf)
+            if lowest_put is None or key < lowest_put:
+                lowest_put = key
+        return batch, ApplyResult(added, moved, removed, unchanged), pending, lowest_put, moved_away
+
+    def _multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        try:
+            return self._cfs[family][keys]
+        except Exception as err:
+            raise StoreError(f"reading the {family} column family of {self.path} failed: {err}") from err
+
+    def set_meta(self, name: str, value: bytes) -> None:
+        """Store ``value`` under ``name`` (e.g. the identity of the buffer topic this store reflects).
+
+        Raises:
+            TypeError: ``name`` is not a str or ``value`` not bytes.
+            ValueError: ``name`` is empty.
+            StoreError: the store is closed or the write failed.
+        """
+        key = self._user_meta_key(name)
+        if not isinstance(value, bytes):
+            raise TypeError(f"value must be bytes, not {type(value).__name__}")
+        with self._write_lock:
+            self._check_open()
+            try:
+                self._meta.put(key, value, self._write_opts)
+            except Exception as err:
+                raise StoreError(f"writing meta {name!r} to {self.path} failed: {err}") from err
+
+    # -- reading -------------------------------------------------------------
+
+    def due(self, up_to_ms: int, limit: int, *, skip: Container[str] = ()) -> list[StoredEntry]:
+        """The earliest entries due at or before ``up_to_ms``, in (deliver_at_ms, delay_id) order.
+
+        Args:
+            up_to_ms: Include entries with ``deliver_at_ms <= up_to_ms``.
+            limit: At most this many entries.
+            skip: Ids to leave out, e.g. those delivered whose `done` has not been read
+                back yet. Use a set: it is probed once per scanned entry.
+
+        Raises:
+            TypeError, ValueError: ``up_to_ms`` is not a time in [0, 2**63) or ``limit`` not an int >= 0.
+            StoreError: the store is closed or RocksDB failed to read.
+        """
+        _check_ms(up_to_ms, "up_to_ms")
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if limit == 0:
+            self._check_open()
+            return []
+        entries = []
+        with closing(self._scan(up_to_ms, skip)) as scan:
+            for delay_id, key, payload in scan:
+                entries.append(StoredEntry(delay_id, _key_time(key)[0], payload))
+                if len(entries) == limit:
+                    break
+        return entries
+
+    def next_due_ms(self, *, skip: Container[str] = ()) -> int | None:
+        """The earliest ``deliver_at_ms`` stored (leaving out ids in ``skip``), or None when empty.
+
+        Raises:
+            StoreError: the store is closed or RocksDB failed to read.
+        """
+        with closing(self._scan(None, skip)) as scan:
+            for _, key, _ in scan:
+                return _key_time(key)[0]
+        return None
+
+    def _scan(self, up_to_ms: int | None, skip: Container[str]) -> Iterator[tuple[str, bytes, bytes]]:
+        """(delay id, time key, payload) from the front, up to ``up_to_ms`` if given, minus ``skip``."""
+        read_opts = rocksdict.ReadOptions()
+        upper = None
+        if up_to_ms is not None and up_to_ms < MAX_DELIVER_AT_MS:
+            upper = _u64(up_to_ms + 1)
+            # Only the upper bound: rocksdict 0.3.x's set_iterate_lower_bound sets the upper
+            # bound instead; the lower bound is the seek position (from_key) below.
+            read_opts.set_iterate_upper_bound(upper)
+        with self._view_lock:
+            self._check_open()
+            version = self._version
+            end = self._skipped_end
+            resumed = end is not None and all(delay_id in skip for delay_id in self._skipped)
+            run = dict(self._skipped) if resumed else {}
+            seek = end + b"\x00" if resumed else self._scan_from
+            try:
+                items = self._time.items(from_key=seek, read_opt=read_opts)
+            except Exception as err:
+                raise StoreError(f"reading the time index of {self.path} failed: {err}") from err
+        first = last = None
+        in_run = True
+        try:
+            for key, payload in items:
+                if first is None:
+                    first = key
+                delay_id = key[8:].decode("ascii")
+                if delay_id in skip:
+                    if in_run:
+                        run[delay_id] = last = key
+                    continue
+                in_run = False
+                yield delay_id, key, payload
+        finally:
+            with self._view_lock:
+                if self._version == version and not self._closed:
+                    self._learn(seek if resumed else None, first, upper, run, last)
+
+    def _learn(self, resumed_at: bytes | None, first: bytes | None, upper: bytes | None,
+               run: dict[str, bytes], last: bytes | None) -> None:
+        """Record what a scan found at the front (under _view_lock, no batch written since).
+
+        Args:
+            resumed_at: Where the scan sought past the cached skipped run, or None if it
+                started at _scan_from.
+            first: The first key the scan saw, if any.
+            upper: The scan's exclusive upper bound, if any.
+            run: The skipped run at the front: the cached one, extended by this scan.
+            last: The last key this scan added to the run, if any.
+        """
+        # Keys that are not live: everything before the run, or before the first key seen,
+        # or (nothing seen) everything below the bound.
+        lowest = next(iter(run.values())) if run else first if first is not None else upper
+        if lowest is not None and lowest > self._scan_from:
+            self._scan_from = lowest
+        self._skipped = run
+        if last is not None:
+            self._skipped_end = last
+        elif resumed_at is not None:
+            self._skipped_end = resumed_at[:-1]
+        else:
+            self._skipped_end = None
+
+    def get(self, delay_id: str) -> StoredEntry | None:
+        """The stored entry of ``delay_id``, or None if it is not pending.
+
+        Raises:
+            TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str.
+            StoreError: the store is closed or RocksDB failed to read.
+        """
+        id_key = _check_id(delay_id).encode("ascii")
+        self._check_open()
+        # The two reads are not one snapshot: an apply() may move the entry in between,
+        # so look again at its new time (a move always rewrites the id index).
+        for _ in range(3):
+            raw = self._ids.get(id_key)
+            if raw is None:
+                return None
+            deliver_at_ms = int.from_bytes(raw, "big")
+            payload = self._time.get(_time_key(deliver_at_ms, id_key))
+            if payload is not None:
+                return StoredEntry(delay_id, deliver_at_ms, payload)
+        raise StoreError(f"{delay_id} kept moving while being read from {self.path}; the id index and the "
+                         "time index may disagree: rebuild the store from the buffer topic")
+
+    def pending_count(self) -> int:
+        """How many entries are stored (kept as a counter, not counted)."""
+        self._check_open()
+        return self._pending
+
+    def offsets(self) -> dict[int, int]:
+        """Buffer partition -> next offset to read, as of the last applied batch."""
+        self._check_open()
+        return dict(self._offsets)
+
+    def last_ingest_ms(self) -> int | None:
+        """The ``ingested_at_ms`` of the last batch that gave one, or None if none did."""
+        self._check_open()
+        return self._last_ingest
+
+    def get_meta(self, name: str) -> bytes | None:
+        """The value :meth:`set_meta` stored under ``name``, or None.
+
+        Raises:
+            TypeError, ValueError: ``name`` is not a non-empty str.
+        """
+        key = self._user_meta_key(name)
+        self._check_open()
+        return self._meta.get(key)
+
+    @staticmethod
+    def _user_meta_key(name: str) -> bytes:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if not name:
+            raise ValueError("name must not be empty")
+        return _USER_META + name.encode("utf-8")
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def checkpoint(self, dest: Path | str) -> Path:
+        """A consistent copy of the store at ``dest`` (hard links where the filesystem allows).
+
+        The copy opens as a :class:`TimeIndex` with the same entries, offsets and meta.
+
+        Raises:
+            TypeError: ``dest`` is not a str or Path.
+            FileExistsError: ``dest`` exists already.
+            StoreError: the store is closed or RocksDB failed to make the checkpoint.
+        """
+        if not isinstance(dest, (str, os.PathLike)):
+            raise TypeError(f"dest must be a str or Path, not {type(dest).__name__}")
+        dest = Path(dest)
+        if dest.exists():
+            raise FileExistsError(f"checkpoint destination {dest} exists already: give a new path")
+        self._check_open()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            rocksdict.Checkpoint(self._db).create_checkpoint(str(dest))
+        except Exception as err:
+            raise StoreError(f"checkpoint of {self.path} into {dest} failed: {err}") from err
+        return dest
+
+    def close(self) -> None:
+        """Flush nothing extra (the WAL has every batch) and release the directory lock. Idempotent."""
+        with self._write_lock, self._view_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cfs.clear()
+            self._handles.clear()
+            self._time = self._ids = self._meta = self._offsets_cf = None
+            self._db.close()
+
+    def __enter__(self) -> TimeIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pending={self._pending}"
+        return f"TimeIndex({str(self.path)!r}, {state})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store {self.path} is closed")
+
+    @staticmethod
+    def exists(path: Path | str) -> bool:
+        """Whether a RocksDB store was ever created at ``path`` (its CURRENT file is there)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or Path, not {type(path).__name__}")
+        return (Path(path) / "CURRENT").is_file()
+
+    @staticmethod
+    def destroy(path: Path | str) -> None:
+        """Delete the store at ``path`` (the node then rebuilds it from the buffer topic).
+
+        Does nothing if ``path`` does not exist.
+
+        Raises:
+            TypeError: ``path`` is not a str or Path.
+            StoreError: ``path`` holds files but no store (refusing to delete them), or the
+                store is open (in this or another process).
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or Path, not {type(path).__name__}")
+        path = Path(path)
+        if not path.exists():
+            return
+        if not TimeIndex.exists(path):
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+                return
+            raise StoreError(f"refusing to delete {path}: it is not a delayq store")
+        try:
+            rocksdict.Rdict.destroy(str(path), rocksdict.Options(raw_mode=True))
+        except Exception as err:
+            raise StoreError(f"cannot delete the store {path} (is a node still running on it? close it "
+                             f"first): {err}") from err
+        # DestroyDB may leave files RocksDB does not own (e.g. an older rocksdict's config).
+        if path.exists():
+            shutil.rmtree(path)

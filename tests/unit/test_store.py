@@ -1,0 +1,477 @@
+"""The RocksDB time index (delayq.store): real RocksDB in tmp_path, no Kafka needed."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import rocksdict
+
+from delayq.store import ApplyResult, Put, Remove, StoredEntry, StoreError, StoreOptions, TimeIndex
+
+T0 = 1_800_000_000_000
+
+
+@pytest.fixture
+def store(tmp_path):
+    with TimeIndex(tmp_path / "store") as index:
+        yield index
+
+
+def ids(entries: list[StoredEntry]) -> list[str]:
+    return [entry.delay_id for entry in entries]
+
+
+def everything(index: TimeIndex) -> list[StoredEntry]:
+    return index.due(2**63 - 1, 10**9)
+
+
+# -- order, due, limit, skip ---------------------------------------------------
+
+
+def test_due_orders_by_time_then_id_including_same_millisecond_ties(store):
+    store.apply([Put("c", T0 + 5, b"3"), Put("b", T0 + 5, b"2"), Put("z", T0 + 1, b"1"),
+                 Put("a", T0 + 9, b"4"), Put("bb", T0 + 5, b"x")], {})
+
+    assert [(e.deliver_at_ms, e.delay_id) for e in everything(store)] == [
+        (T0 + 1, "z"), (T0 + 5, "b"), (T0 + 5, "bb"), (T0 + 5, "c"), (T0 + 9, "a")]
+
+
+def test_due_stops_at_up_to_ms_inclusive_and_at_limit(store):
+    store.apply([Put(f"id{i}", T0 + i, b"p") for i in range(10)], {})
+
+    assert ids(store.due(T0 + 3, 100)) == ["id0", "id1", "id2", "id3"]
+    assert ids(store.due(T0 + 8, 2)) == ["id0", "id1"]
+    assert store.due(T0 - 1, 100) == []
+    assert store.due(T0 + 8, 0) == []
+    assert store.due(T0, 5) == [StoredEntry("id0", T0, b"p")]
+
+
+def test_due_leaves_out_skipped_ids(store):
+    store.apply([Put(f"id{i}", T0 + i, b"p") for i in range(10)], {})
+
+    assert ids(store.due(T0 + 100, 3, skip={"id0", "id1", "id3"})) == ["id2", "id4", "id5"]
+    assert store.next_due_ms(skip={"id0", "id1"}) == T0 + 2
+    assert store.next_due_ms() == T0
+
+
+def test_skipped_ids_reappear_when_no_longer_skipped(store):
+    store.apply([Put(f"id{i}", T0 + i, b"p") for i in range(10)], {})
+    skip = {f"id{i}" for i in range(6)}
+    assert ids(store.due(T0 + 100, 2, skip=skip)) == ["id6", "id7"]
+    assert ids(store.due(T0 + 100, 2, skip=skip)) == ["id6", "id7"]
+
+    skip.discard("id2")
+
+    assert ids(store.due(T0 + 100, 2, skip=skip)) == ["id2", "id6"]
+    assert ids(store.due(T0 + 100, 2)) == ["id0", "id1"]
+
+
+def test_new_entry_inside_a_skipped_run_is_found(store):
+    store.apply([Put(f"id{i}", T0 + 10 * i, b"p") for i in range(10)], {})
+    skip = {f"id{i}" for i in range(5)}
+    assert ids(store.due(T0 + 1000, 1, skip=skip)) == ["id5"]
+
+    store.apply([Put("early", T0 + 15, b"p")], {})
+
+    assert ids(store.due(T0 + 1000, 2, skip=skip)) == ["early", "id5"]
+
+
+def test_identical_reput_of_a_skipped_id_keeps_it_findable(store):
+    store.apply([Put(f"id{i}", T0 + i, b"p") for i in range(6)], {})
+    skip = {"id0", "id1", "id2"}
+    assert ids(store.due(T0 + 100, 1, skip=skip)) == ["id3"]
+
+    assert store.apply([Put("id1", T0 + 1, b"p")], {}) == ApplyResult(0, 0, 0, 1)
+
+    assert ids(store.due(T0 + 100, 2, skip={"id0", "id2"})) == ["id1", "id3"]
+
+
+def test_rescheduled_skipped_id_shows_once_at_its_new_time(store):
+    store.apply([Put(f"id{i}", T0 + i, b"p") for i in range(6)], {})
+    skip = {"id0", "id1"}
+    assert ids(store.due(T0 + 100, 1, skip=skip)) == ["id2"]
+
+    store.apply([Put("id0", T0 + 50, b"q")], {})
+
+    assert ids(store.due(T0 + 100, 10, skip={"id1"})) == ["id2", "id3", "id4", "id5", "id0"]
+
+
+def test_due_skips_the_front_after_removes_and_still_sees_earlier_puts(store):
+    store.apply([Put(f"id{i:03}", T0 + i, b"p") for i in range(100)], {})
+    store.apply([Remove(f"id{i:03}") for i in range(60)], {})
+    assert ids(store.due(T0 + 1000, 1)) == ["id060"]
+
+    store.apply([Put("earliest", T0 - 5, b"p")], {})
+
+    assert ids(store.due(T0 + 1000, 2)) == ["earliest", "id060"]
+    assert store.next_due_ms() == T0 - 5
+
+
+def test_due_and_apply_agree_with_a_model_under_random_ops(store):
+    rng = random.Random(2024)
+    model: dict[str, tuple[int, bytes]] = {}
+    pool = [f"id{i:02}" for i in range(40)]
+    for step in range(300):
+        ops = []
+        for _ in range(rng.randint(1, 6)):
+            delay_id = rng.choice(pool)
+            if rng.random() < 0.6:
+                op = Put(delay_id, T0 + rng.randint(0, 50), rng.choice([b"a", b"b"]))
+                model[delay_id] = (op.deliver_at_ms, op.payload)
+            else:
+                op = Remove(delay_id)
+                model.pop(delay_id, None)
+            ops.append(op)
+        store.apply(ops, {0: step + 1})
+        # The master's skip set: a prefix of what is due, sometimes reset.
+        ordered = sorted(model.items(), key=lambda item: (item[1][0], item[0]))
+        skip = {delay_id for delay_id, _ in ordered[:rng.randint(0, 8)]} if rng.random() < 0.8 else set()
+        up_to = T0 + rng.randint(0, 50)
+        limit = rng.randint(1, 10)
+        expected = [StoredEntry(i, at, p) for i, (at, p) in ordered if at <= up_to and i not in skip][:limit]
+
+        assert store.due(up_to, limit, skip=skip) == expected, f"step {step}"
+        assert store.pending_count() == len(model)
+    assert everything(store) == [StoredEntry(i, at, p) for i, (at, p) in
+                                 sorted(model.items(), key=lambda item: (item[1][0], item[0]))]
+
+
+def test_concurrent_puts_below_the_front_are_never_hidden_from_later_scans(store):
+    store.apply([Put(f"late{i}", T0 + 10_000 + i, b"p") for i in range(50)], {})
+    stop = threading.Event()
+
+    def scan():
+        while not stop.is_set():
+            store.due(T0 + 20_000, 5)
+            store.next_due_ms()
+
+    reader = threading.Thread(target=scan)
+    reader.start()
+    try:
+        for i in range(1000):
+            store.apply([Put(f"early{i:03}", T0 + 10_000 - i, b"p")], {})
+    finally:
+        stop.set()
+        reader.join()
+
+    assert len(everything(store)) == 1050
+    assert store.due(T0 + 20_000, 1)[0].delay_id == "early999"
+
+
+# -- apply: add, move, remove, idempotence -------------------------------------------------
+
+
+def test_put_of_a_stored_id_at_another_time_moves_it_and_the_id_index_follows(store):
+    store.apply([Put("a", T0 + 100, b"old"), Put("b", T0 + 50, b"p")], {})
+
+    result = store.apply([Put("a", T0 + 10, b"new")], {})
+
+    assert result == ApplyResult(added=0, moved=1, removed=0, unchanged=0)
+    assert store.get("a") == StoredEntry("a", T0 + 10, b"new")
+    assert ids(everything(store)) == ["a", "b"]
+    assert store.pending_count() == 2
+
+
+def test_put_at_the_same_time_with_another_payload_replaces_it(store):
+    store.apply([Put("a", T0, b"old")], {})
+
+    assert store.apply([Put("a", T0, b"new")], {}) == ApplyResult(0, 1, 0, 0)
+    assert everything(store) == [StoredEntry("a", T0, b"new")]
+
+
+def test_remove_drops_the_entry_and_remove_of_an_absent_id_is_unchanged(store):
+    store.apply([Put("a", T0, b"p"), Put("b", T0 + 1, b"p")], {})
+
+    assert store.apply([Remove("a"), Remove("never")], {}) == ApplyResult(0, 0, 1, 1)
+    assert store.get("a") is None
+    assert ids(everything(store)) == ["b"]
+    assert store.pending_count() == 1
+
+
+def test_reapplying_the_same_batch_changes_nothing(store):
+    batch = [Put("a", T0, b"1"), Put("b", T0 + 1, b"2"), Remove("c"), Put("d", T0 + 2, b"3"), Remove("d")]
+    first = store.apply(batch, {0: 5})
+    before = (everything(store), store.pending_count(), store.offsets())
+
+    second = store.apply(batch, {0: 5})
+
+    assert first == ApplyResult(added=3, moved=0, removed=1, unchanged=1)
+    assert second == ApplyResult(added=1, moved=0, removed=1, unchanged=3)
+    assert (everything(store), store.pending_count(), store.offsets()) == before
+
+
+def test_ops_in_one_apply_see_the_earlier_ones(store):
+    result = store.apply([Put("a", T0, b"1"), Remove("a"),
+                          Put("b", T0, b"1"), Put("b", T0 + 7, b"2"),
+                          Remove("c"), Put("c", T0 + 3, b"3"),
+                          Put("d", T0, b"1"), Put("d", T0, b"1")], {})
+
+    assert result == ApplyResult(added=4, moved=1, removed=1, unchanged=2)
+    assert everything(store) == [StoredEntry("d", T0, b"1"), StoredEntry("c", T0 + 3, b"3"),
+                                 StoredEntry("b", T0 + 7, b"2")]
+    assert store.pending_count() == 3
+    assert store.get("a") is None
+
+
+def test_move_away_and_back_in_one_apply_leaves_the_entry_as_it_was(store):
+    store.apply([Put("a", T0, b"1")], {})
+
+    result = store.apply([Put("a", T0 + 9, b"2"), Put("a", T0, b"1")], {})
+
+    assert result == ApplyResult(0, 2, 0, 0)
+    assert everything(store) == [StoredEntry("a", T0, b"1")]
+    assert store.pending_count() == 1
+
+
+# -- offsets, meta, reopen ---------------------------------------------------------------
+
+
+def test_offsets_only_rise_merge_with_stored_ones_and_persist_across_reopen(tmp_path):
+    path = tmp_path / "store"
+    with TimeIndex(path) as index:
+        index.apply([], {0: 10, 1: 4})
+        index.apply([Put("a", T0, b"p")], {1: 2, 2: 7})
+        assert index.offsets() == {0: 10, 1: 4, 2: 7}
+
+    with TimeIndex(path) as index:
+        assert index.offsets() == {0: 10, 1: 4, 2: 7}
+        index.apply([], {1: 9})
+        assert index.offsets() == {0: 10, 1: 9, 2: 7}
+
+
+def test_pending_count_next_due_and_last_ingest_survive_reopen(tmp_path):
+    path = tmp_path / "store"
+    with TimeIndex(path) as index:
+        assert (index.pending_count(), index.next_due_ms(), index.last_ingest_ms()) == (0, None, None)
+        index.apply([Put(f"id{i}", T0 + 100 - i, b"p") for i in range(20)], {0: 20}, ingested_at_ms=T0 - 1)
+        index.apply([Remove("id19"), Remove("id18")], {0: 22}, ingested_at_ms=T0)
+
+    with TimeIndex(path) as index:
+        assert index.pending_count() == 18
+        assert index.next_due_ms() == T0 + 100 - 17
+        assert index.last_ingest_ms() == T0
+        assert index.get("id3") == StoredEntry("id3", T0 + 97, b"p")
+
+
+def test_meta_round_trips_persists_and_is_apart_from_the_stores_own_bookkeeping(tmp_path):
+    path = tmp_path / "store"
+    with TimeIndex(path) as index:
+        assert index.get_meta("buffer_topic_id") is None
+        index.set_meta("buffer_topic_id", b"\x01topic")
+        index.set_meta("pending", b"not a count")
+        index.apply([Put("a", T0, b"p")], {})
+
+    with TimeIndex(path) as index:
+        assert index.get_meta("buffer_topic_id") == b"\x01topic"
+        assert index.get_meta("pending") == b"not a count"
+        assert index.pending_count() == 1
+
+
+# -- atomicity -------------------------------------------------------------------------
+
+
+def _state(index: TimeIndex):
+    return everything(index), index.pending_count(), index.offsets(), index.last_ingest_ms()
+
+
+def test_an_op_that_raises_mid_batch_leaves_nothing_written(store):
+    store.apply([Put("a", T0, b"p")], {0: 1}, ingested_at_ms=T0)
+    before = _state(store)
+
+    def ops_failing_halfway():
+        yield Put("b", T0 + 1, b"p")
+        yield Remove("a")
+        raise RuntimeError("decoding the next buffer record failed")
+
+    with pytest.raises(RuntimeError, match="decoding"):
+        store.apply(ops_failing_halfway(), {0: 3}, ingested_at_ms=T0 + 5)
+    with pytest.raises(TypeError, match=r"ops\[2\] must be a Put or Remove"):
+        store.apply([Put("b", T0 + 1, b"p"), Remove("a"), ("put", "c")], {0: 3})
+    with pytest.raises(ValueError, match="partition -1"):
+        store.apply([Put("b", T0 + 1, b"p")], {0: 3, -1: 4})
+    with pytest.raises(ValueError, match="ingested_at_ms"):
+        store.apply([Put("b", T0 + 1, b"p")], {0: 3}, ingested_at_ms=-1)
+
+    assert _state(store) == before
+
+
+def test_a_crash_after_apply_keeps_the_whole_batch(tmp_path):
+    path = tmp_path / "store"
+    script = textwrap.dedent(f"""
+        import os
+        from delayq.store import Put, TimeIndex
+        index = TimeIndex({str(path)!r})
+        index.apply([Put("id%d" % i, {T0} + i, b"p" * 100) for i in range(500)], {{0: 500, 3: 9}})
+        os._exit(0)  # no close(): the batch must come back from the WAL
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+    with TimeIndex(path) as index:
+        assert index.pending_count() == 500
+        assert len(everything(index)) == 500
+        assert index.offsets() == {0: 500, 3: 9}
+
+
+# -- checkpoint, destroy, exists, open errors --------------------------------------------
+
+
+def test_checkpoint_opens_as_a_store_with_the_same_contents(store, tmp_path):
+    store.apply([Put(f"id{i}", T0 + i, b"p%d" % i) for i in range(50)], {0: 50}, ingested_at_ms=T0)
+    store.set_meta("topic", b"t")
+
+    copy_path = store.checkpoint(tmp_path / "backups" / "cp1")
+    store.apply([Remove("id0")], {0: 51})
+
+    with TimeIndex(copy_path) as copy:
+        assert everything(copy) == [StoredEntry(f"id{i}", T0 + i, b"p%d" % i) for i in range(50)]
+        assert (copy.pending_count(), copy.offsets(), copy.last_ingest_ms()) == (50, {0: 50}, T0)
+        assert copy.get_meta("topic") == b"t"
+    with pytest.raises(FileExistsError, match="cp1"):
+        store.checkpoint(copy_path)
+
+
+def test_destroy_deletes_the_store_and_exists_tells_a_store_from_nothing(tmp_path):
+    path = tmp_path / "store"
+    assert not TimeIndex.exists(path)
+    with TimeIndex(path) as index:
+        index.apply([Put("a", T0, b"p")], {0: 1})
+    assert TimeIndex.exists(path)
+
+    TimeIndex.destroy(path)
+
+    assert not path.exists() and not TimeIndex.exists(path)
+    TimeIndex.destroy(path)  # nothing there: nothing to do
+    with TimeIndex(path) as index:
+        assert (index.pending_count(), index.offsets()) == (0, {})
+
+
+def test_destroy_refuses_an_open_store_and_a_directory_that_is_no_store(store, tmp_path):
+    with pytest.raises(StoreError, match="close it first"):
+        TimeIndex.destroy(store.path)
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"\xff")
+
+    with pytest.raises(StoreError, match="not a delayq store"):
+        TimeIndex.destroy(other)
+    assert (other / "cat.jpg").exists()
+
+
+def test_opening_a_store_twice_says_it_is_locked(store):
+    with pytest.raises(StoreError, match="locked by another process"):
+        TimeIndex(store.path)
+
+
+def test_opening_a_store_another_process_holds_says_it_is_locked(tmp_path):
+    path = tmp_path / "store"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from delayq.store import TimeIndex; index = TimeIndex({str(path)!r}); print('open', flush=True);"
+                               "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(StoreError, match="locked by another process"):
+            TimeIndex(path)
+    finally:
+        holder.communicate("", timeout=30)
+
+
+def test_opening_a_directory_that_is_not_a_store_says_so(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("hello")
+    foreign = tmp_path / "foreign"
+    db = rocksdict.Rdict(str(foreign))
+    db["k"] = "v"
+    db.close()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+
+    with pytest.raises(StoreError, match="not empty and holds no delayq store"):
+        TimeIndex(full)
+    with pytest.raises(StoreError, match="not a delayq store"):
+        TimeIndex(foreign)
+    with pytest.raises(StoreError, match="is a file"):
+        TimeIndex(a_file)
+
+
+def test_a_closed_store_says_it_is_closed(tmp_path):
+    index = TimeIndex(tmp_path / "store")
+    index.close()
+    index.close()
+
+    for call in (lambda: index.due(T0, 1), lambda: index.apply([], {0: 1}), lambda: index.get("a"),
+                 lambda: index.pending_count(), lambda: index.set_meta("x", b"")):
+        with pytest.raises(StoreError, match="closed"):
+            call()
+
+
+# -- bad arguments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deliver_at_ms", [-1, 2**63])
+def test_put_outside_the_time_range_names_deliver_at_ms(deliver_at_ms):
+    with pytest.raises(ValueError, match="deliver_at_ms"):
+        Put("a", deliver_at_ms, b"p")
+
+
+@pytest.mark.parametrize("args, error, field", [
+    (("a", "17", b"p"), TypeError, "deliver_at_ms"),
+    (("a", True, b"p"), TypeError, "deliver_at_ms"),
+    (("a", 1.5, b"p"), TypeError, "deliver_at_ms"),
+    (("a", T0, "p"), TypeError, "payload"),
+    ((b"a", T0, b"p"), TypeError, "delay_id"),
+    (("", T0, b"p"), ValueError, "delay_id"),
+    (("caf\u00e9", T0, b"p"), ValueError, "delay_id"),
+])
+def test_put_with_bad_fields_raises_naming_the_field(args, error, field):
+    with pytest.raises(error, match=field):
+        Put(*args)
+
+
+def test_bad_arguments_to_store_methods_raise_naming_them(store):
+    cases = [
+        (lambda: Remove(7), TypeError, "delay_id"),
+        (lambda: store.apply(Put("a", T0, b"p"), {}), TypeError, "ops must be an iterable"),
+        (lambda: store.apply([], [(0, 1)]), TypeError, "offsets must be a mapping"),
+        (lambda: store.apply([], {"0": 1}), TypeError, "partition '0'"),
+        (lambda: store.apply([], {0: -1}), ValueError, r"offsets\[0\]"),
+        (lambda: store.apply([], {0: "5"}), TypeError, r"offsets\[0\]"),
+        (lambda: store.due(T0, -1), ValueError, "limit"),
+        (lambda: store.due(T0, 1.0), TypeError, "limit"),
+        (lambda: store.due(-5, 1), ValueError, "up_to_ms"),
+        (lambda: store.get(""), ValueError, "delay_id"),
+        (lambda: store.set_meta("x", "text"), TypeError, "value"),
+        (lambda: store.get_meta(""), ValueError, "name"),
+        (lambda: store.checkpoint(17), TypeError, "dest"),
+        (lambda: TimeIndex(17), TypeError, "path"),
+        (lambda: TimeIndex(store.path.parent / "x", options={}), TypeError, "options"),
+    ]
+    for call, error, text in cases:
+        with pytest.raises(error, match=text):
+            call()
+
+
+@pytest.mark.parametrize("changes, error, field", [
+    ({"block_cache_mb": 0}, ValueError, "block_cache_mb"),
+    ({"write_buffer_mb": "32"}, TypeError, "write_buffer_mb"),
+    ({"bloom_bits_per_key": 0}, ValueError, "bloom_bits_per_key"),
+    ({"compression": "lzma"}, ValueError, "compression"),
+    ({"sync_writes": 1}, TypeError, "sync_writes"),
+])
+def test_store_options_check_their_fields(changes, error, field):
+    with pytest.raises(error, match=field):
+        StoreOptions(**changes)
+
+
+def test_store_opens_with_non_default_options(tmp_path):
+    options = StoreOptions(block_cache_mb=8, write_buffer_mb=4, compression="zstd", bottommost_compression="none",
+                           bloom_bits_per_key=12.5, sync_writes=True)
+    with TimeIndex(tmp_path / "store", options) as index:
+        index.apply([Put("a", T0, b"p" * 1000)], {0: 1})
+        assert index.get("a") == StoredEntry("a", T0, b"p" * 1000)
