@@ -118,6 +118,11 @@ class StoreOptions:
         opts.create_missing_column_families(True)
         opts.set_max_background_jobs(self.background_jobs)
         opts.set_keep_log_file_num(_KEEP_LOG_FILES)
+        # A WAL file is kept until every column family with data in it has flushed; the
+        # small offsets/meta families fill slowly, so without a cap the WAL would grow to
+        # RocksDB's default of 4x all memtables (~800 MiB) and slow every restart's replay.
+        # Past the cap RocksDB flushes the families pinning the oldest WAL (cheap: tiny).
+        opts.set_max_total_wal_size(4 * self.write_buffer_mb << 20)
         # The WAL stays on: it is what makes one WriteBatch across four column families
         # atomic on recovery (RocksDB's default point-in-time recovery replays a
         # consistent prefix of batches).
