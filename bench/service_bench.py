@@ -29,17 +29,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.progress import Progress
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from service_testing import Cluster  # noqa: E402
-
-from delayq import Settings  # noqa: E402
-from delayq.delay_service import Node, ensure_topics  # noqa: E402
-from delayq.delay_service.ingest import Ingest  # noqa: E402
-from delayq.delay_service.metrics import NodeMetrics  # noqa: E402
-from delayq.delay_service.topics import admin_client, buffer_info  # noqa: E402
-from delayq.dev import DevStack  # noqa: E402
-from delayq.proxy import Envelope, new_delay_id  # noqa: E402
-from delayq.store import TimeIndex  # noqa: E402
+from delayq import Settings
+from delayq.delay_service import LocalCluster, Node, ensure_topics
+from delayq.delay_service.ingest import Ingest
+from delayq.delay_service.metrics import NodeMetrics
+from delayq.delay_service.topics import admin_client, buffer_info
+from delayq.dev import DevStack
+from delayq.proxy import Envelope, new_delay_id
+from delayq.store import TimeIndex
 
 console = Console()
 PAYLOAD = b"x" * 200
@@ -175,7 +172,7 @@ def bench_failover(stack: DevStack, progress: Progress) -> dict:
     settings = fresh_settings(stack, zk_session_timeout_ms=6000)
     target = f"{settings.cluster}-target"
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(settings, Path(tmp))
+        cluster = LocalCluster(settings, Path(tmp))
         create_target(settings, target)
         try:
             for node_id in ("node-a", "node-b", "node-c"):

@@ -1,0 +1,158 @@
+"""Nodes as local child processes (``delayq node``), for the demo, the benchmarks and the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from delayq.settings import Settings
+
+from .topics import ensure_topics
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class NodeError(RuntimeError):
+    """A local node exited, did not get ready, or ignored SIGTERM; the message carries its log's tail."""
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    return {
+        "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "DELAYQ_ZK_CONNECT": settings.zk_connect,
+        "DELAYQ_CLUSTER": settings.cluster,
+        "DELAYQ_BUFFER_PARTITIONS": str(settings.buffer_partitions),
+        "DELAYQ_ZK_SESSION_TIMEOUT_MS": str(settings.zk_session_timeout_ms),
+        "DELAYQ_DELIVERY_MAX_ATTEMPTS": str(settings.delivery_max_attempts),
+        "DELAYQ_DELIVERY_RETRY_BACKOFF_MS": str(settings.delivery_retry_backoff_ms),
+    }
+
+
+@dataclass
+class NodeProcess:
+    """One ``delayq node`` child process with its own data folder and HTTP port."""
+
+    settings: Settings
+    node_id: str
+    data_dir: Path
+    http_port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    def start(self) -> NodeProcess:
+        env = {**os.environ, **settings_env(self.settings), "DELAYQ_NODE_ID": self.node_id,
+               "DELAYQ_DATA_DIR": str(self.data_dir), "DELAYQ_HTTP_PORT": str(self.http_port),
+               "DELAYQ_HTTP_HOST": "127.0.0.1"}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "delayq", "node"], env=env,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=2) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def get_json(self, path: str) -> tuple[int, dict]:
+        status, body = self.get(path)
+        return status, json.loads(body)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise NodeError(f"node {self.node_id} exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise NodeError(f"node {self.node_id} not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def metric(self, name: str) -> float:
+        _, body = self.get("/metrics")
+        total = 0.0
+        for line in body.decode().splitlines():
+            if line.startswith(name) and (line[len(name)] in " {"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise NodeError(f"node {self.node_id} ignored SIGTERM:\n{self.log_tail()}") from None
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        self.log.flush()
+        path = self.data_dir.parent / f"{self.node_id}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class LocalCluster:
+    """Nodes of one cluster on this machine; :meth:`close` kills whatever is still running."""
+
+    def __init__(self, settings: Settings, root: Path):
+        self.settings = settings
+        self.root = root
+        self.nodes: dict[str, NodeProcess] = {}
+        ensure_topics(settings)
+
+    def start(self, node_id: str, *, wait: bool = True) -> NodeProcess:
+        node = NodeProcess(self.settings, node_id, self.root / node_id / "data").start()
+        self.nodes[node_id] = node
+        if wait:
+            node.wait_ready()
+        return node
+
+    def master(self, timeout_s: float = 30.0, *, other_than: NodeProcess | None = None) -> NodeProcess:
+        """The node that says it is master (other than ``other_than``), waiting up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for node in self.nodes.values():
+                if node.process.poll() is None and node is not other_than:
+                    try:
+                        if node.metric("delayq_is_master") == 1:
+                            return node
+                    except OSError:
+                        pass
+            time.sleep(0.1)
+        raise NodeError("no master within %ss" % timeout_s)
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
