@@ -1,0 +1,360 @@
+"""The main job, end to end: unpaid orders time out through delayq while its master dies.
+
+Every order sends "cancel order N if unpaid" delayed 5-30 s to ``order-timeouts``;
+orders paid in time cancel that message. Three nodes run as child processes; midway
+the master is killed with SIGKILL, a standby takes over, the dead node comes back as
+a standby. A read_committed consumer of ``order-timeouts`` judges every delivery as
+it lands, and the Spark reconciliation proves the run at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import shutil
+import signal
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from delayq.delay_service import LocalCluster, cluster_status
+from delayq.dev import DevStack
+from delayq.proxy import Producer, envelope
+from delayq.settings import Settings
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class DemoOptions:
+    """How big a story to tell. The defaults take about two minutes on two cores."""
+
+    orders_per_second: float = 20.0
+    order_seconds: float = 45.0
+    min_delay_s: float = 5.0
+    max_delay_s: float = 30.0
+    pay_ratio: float = 0.4
+    nodes: int = 3
+    kill_master: bool = True
+    reconcile: bool = True
+    state_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "state" / "delayq" / "demo")
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.orders_per_second <= 0 or self.order_seconds <= 0:
+            raise ValueError("orders_per_second and order_seconds must be positive")
+        if not 0 < self.min_delay_s <= self.max_delay_s:
+            raise ValueError("min_delay_s must be positive and at most max_delay_s")
+        if not 0 <= self.pay_ratio <= 1:
+            raise ValueError("pay_ratio must be between 0 and 1")
+        if self.nodes < 1:
+            raise ValueError("nodes must be at least 1")
+
+
+@dataclass
+class Tally:
+    """What the story has done so far; written by the workload and the watcher, read by the view."""
+
+    orders: int = 0
+    paid: int = 0
+    expected_ids: set[str] = field(default_factory=set)
+    last_due_ms: int = 0
+    delivered: Counter = field(default_factory=Counter)
+    lateness_ms: deque = field(default_factory=lambda: deque(maxlen=50_000))
+    early: int = 0
+    by_epoch: Counter = field(default_factory=Counter)
+    events: deque = field(default_factory=lambda: deque(maxlen=8))
+    started: float = field(default_factory=time.monotonic)
+
+    def event(self, text: str) -> None:
+        self.events.append(f"[dim]{time.monotonic() - self.started:6.1f}s[/] {text}")
+
+    @property
+    def duplicates(self) -> int:
+        return sum(1 for n in self.delivered.values() if n > 1)
+
+
+class Orders(threading.Thread):
+    """The shop: orders come in, some are paid before their deadline (their timeout is cancelled)."""
+
+    def __init__(self, producer: Producer, target: str, options: DemoOptions, tally: Tally, rng: random.Random):
+        super().__init__(name="orders", daemon=True)
+        self.producer, self.target, self.options, self.tally, self.rng = producer, target, options, tally, rng
+        self.payments: list[tuple[float, str]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        o = self.options
+        interval = 1 / o.orders_per_second
+        end = time.monotonic() + o.order_seconds
+        next_order = time.monotonic()
+        while not self.stop.is_set() and (time.monotonic() < end or self.payments):
+            now = time.monotonic()
+            if now >= next_order and now < end:
+                self._place_order()
+                next_order += interval
+            while self.payments and self.payments[0][0] <= now:
+                _, delay_id = heapq.heappop(self.payments)
+                self.producer.cancel(delay_id)
+                self.tally.paid += 1
+                self.tally.expected_ids.discard(delay_id)
+            self.producer.poll(0)
+            wake = min([next_order if now < end else now + 0.05] + [p[0] for p in self.payments[:1]])
+            self.stop.wait(max(0.0, min(0.05, wake - time.monotonic())))
+        self.producer.flush(30)
+
+    def _place_order(self) -> None:
+        o = self.options
+        number = self.tally.orders + 1
+        delay = self.rng.uniform(o.min_delay_s, o.max_delay_s)
+        order = {"order": number, "action": "cancel-if-unpaid", "amount": round(self.rng.uniform(5, 500), 2)}
+        delay_id = self.producer.produce(self.target, json.dumps(order).encode(), key=f"order-{number}", delay=delay,
+                                         headers=[("source", b"delayq-demo")])
+        self.tally.orders = number
+        self.tally.last_due_ms = max(self.tally.last_due_ms, now_ms() + int(delay * 1000))
+        if self.rng.random() < o.pay_ratio:
+            # Paid at least a second before the deadline: a cancel that is not racing delivery.
+            heapq.heappush(self.payments, (time.monotonic() + self.rng.uniform(0.5, delay - 1.0), delay_id))
+        else:
+            self.tally.expected_ids.add(delay_id)
+
+
+class Watcher(threading.Thread):
+    """A user's read_committed consumer of the target topic, judging each delivery as it lands."""
+
+    def __init__(self, settings: Settings, target: str, tally: Tally):
+        super().__init__(name="watcher", daemon=True)
+        self.settings, self.target, self.tally = settings, target, tally
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        consumer = Consumer(self.settings.kafka_conf(**{
+            "group.id": f"delayq-demo-watcher-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed",
+            "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+        partitions = consumer.list_topics(self.target, timeout=10).topics[self.target].partitions
+        consumer.assign([TopicPartition(self.target, p, 0) for p in partitions])
+        try:
+            while not self.stop.is_set():
+                for record in consumer.consume(1000, 0.2):
+                    if record.error() is None:
+                        self._judge(record)
+        finally:
+            consumer.close()
+
+    def _judge(self, record) -> None:
+        headers = dict(record.headers() or [])
+        delay_id = headers[envelope.ID].decode()
+        lateness = record.timestamp()[1] - int(headers[envelope.DELIVER_AT])
+        self.tally.delivered[delay_id] += 1
+        self.tally.by_epoch[int(headers[envelope.EPOCH])] += 1
+        self.tally.lateness_ms.append(lateness)
+        if lateness < 0:
+            self.tally.early += 1
+
+
+class Story:
+    def __init__(self, options: DemoOptions, console: Console):
+        self.options = options
+        self.console = console
+        self.tally = Tally()
+        self.rng = random.Random(options.seed)
+        self.run_dir = options.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
+        self.settings: Settings | None = None
+        self.cluster: LocalCluster | None = None
+        self.status: dict = {}
+        self.stack_started: list[str] = []
+
+    # -- the story -------------------------------------------------------
+
+    def run(self) -> int:
+        stack = DevStack()
+        try:
+            with self.console.status("starting the embedded Kafka + ZooKeeper"):
+                self.stack_started = stack.up(say=self.console.print)
+            cluster = f"demo-{uuid.uuid4().hex[:6]}"
+            self.settings = Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect,
+                                     cluster=cluster, buffer_partitions=6, zk_session_timeout_ms=4000)
+            self.target = f"{cluster}-order-timeouts"
+            self._prepare_topics()
+            return self._tell()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+            if self.stack_started:
+                stack.down(tuple(self.stack_started))
+
+    def _prepare_topics(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers})
+        # LogAppendTime: lateness is measured against the broker's clock, as a consumer sees it.
+        futures = admin.create_topics([NewTopic(self.target, 3, 1,
+                                                config={"message.timestamp.type": "LogAppendTime"})])
+        futures[self.target].result(30)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster = LocalCluster(self.settings, self.run_dir)  # creates the buffer and dead-letter topics
+
+    def _tell(self) -> int:
+        o, tally = self.options, self.tally
+        with self.console.status(f"starting {o.nodes} delay-service nodes"):
+            for i in range(o.nodes):
+                self.cluster.start(f"node-{chr(ord('a') + i)}")
+            master = self.cluster.master()
+        tally.event(f"{o.nodes} nodes up; [bold]{master.node_id}[/] is master (epoch 1)")
+        producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers,
+                             "delayq.cluster": self.settings.cluster, "linger.ms": 5})
+        orders = Orders(producer, self.target, o, tally, self.rng)
+        watcher = Watcher(self.settings, self.target, tally)
+        watcher.start()
+        orders.start()
+        tally.event(f"orders arriving at {o.orders_per_second:g}/s for {o.order_seconds:g}s; "
+                    f"{o.pay_ratio:.0%} get paid in time")
+        kill_at = time.monotonic() + o.order_seconds / 2
+        killed = None
+        try:
+            with Live(self._view(), console=self.console, refresh_per_second=4, transient=False) as live:
+                while True:
+                    self._refresh_status()
+                    if o.kill_master and killed is None and time.monotonic() >= kill_at:
+                        killed = self._kill_master()
+                    if killed is not None:
+                        killed = self._watch_handover(*killed)
+                    live.update(self._view())
+                    if not orders.is_alive() and now_ms() > tally.last_due_ms + 2000 and self._all_delivered():
+                        break
+                    if now_ms() > tally.last_due_ms + 60_000 and not orders.is_alive():
+                        tally.event("[red]gave up waiting: some deliveries never came[/]")
+                        break
+                    time.sleep(0.25)
+                time.sleep(1.0)  # one more look for late duplicates
+                live.update(self._view())
+        finally:
+            orders.stop.set()
+            watcher.stop.set()
+            orders.join(10)
+            watcher.join(10)
+        ok = self._all_delivered() and tally.duplicates == 0 and tally.early == 0
+        self.console.print(("[green]" if ok else "[red]") +
+                           f"every unpaid order timed out exactly once: {ok}[/]")
+        if o.reconcile:
+            return self._reconcile(ok)
+        return 0 if ok else 1
+
+    def _kill_master(self):
+        master_id = self.status.get("master")
+        node = self.cluster.nodes.get(master_id) if master_id else None
+        if node is None:
+            return None
+        node.process.send_signal(signal.SIGKILL)
+        node.process.wait(10)
+        self.tally.event(f"[red]SIGKILL[/] to master [bold]{master_id}[/] with "
+                         f"{self.status.get('pending_total', '?')} messages pending")
+        return (node, time.monotonic(), False)
+
+    def _watch_handover(self, node, killed_at: float, restarted: bool):
+        master = self.status.get("master")
+        if master and master != node.node_id and not restarted:
+            self.tally.event(f"[green]{master}[/] took over as master, epoch {self.status.get('epoch')}, "
+                             f"{time.monotonic() - killed_at:.1f}s after the kill")
+            self.cluster.start(node.node_id, wait=False)
+            self.tally.event(f"{node.node_id} restarted from its own store; rejoins as standby")
+            return (node, killed_at, True)
+        return (node, killed_at, restarted)
+
+    def _refresh_status(self) -> None:
+        try:
+            self.status = cluster_status(self.settings)
+            self.status["pending_total"] = max((n.get("pending") or 0 for n in self.status["nodes"]), default=0)
+        except Exception as err:  # ZooKeeper hiccup: keep showing the last view
+            self.tally.event(f"[yellow]status unavailable: {err}[/]")
+
+    def _all_delivered(self) -> bool:
+        return self.tally.expected_ids <= set(self.tally.delivered)
+
+    # -- the view --------------------------------------------------------
+
+    def _view(self) -> Group:
+        tally, status = self.tally, self.status
+        nodes = Table(title=f"cluster {status.get('cluster', '')} · epoch {status.get('epoch', '-')}", expand=True)
+        for column in ("node", "role", "pending", "lag"):
+            nodes.add_column(column)
+        live_ids = {n["node_id"] for n in status.get("nodes", [])}
+        for node_id in sorted(self.cluster.nodes if self.cluster else []):
+            info = next((n for n in status.get("nodes", []) if n["node_id"] == node_id), None)
+            if info is None or node_id not in live_ids:
+                nodes.add_row(node_id, "[red]down[/]", "-", "-")
+            else:
+                role = "[bold green]master[/]" if info["role"] == "master" else info["role"]
+                nodes.add_row(node_id, role, str(info.get("pending")), str(info.get("lag")))
+        lateness = list(tally.lateness_ms)
+        p50 = statistics.median(lateness) if lateness else None
+        p99 = sorted(lateness)[int(0.99 * (len(lateness) - 1))] if lateness else None
+        numbers = Table.grid(padding=(0, 2))
+        numbers.add_column(justify="right")
+        numbers.add_column()
+        for label, value in (
+            ("orders placed", f"{tally.orders:,}"),
+            ("paid in time (cancelled)", f"{tally.paid:,}"),
+            ("timeouts expected so far", f"{len(tally.expected_ids):,}"),
+            ("timeouts delivered", f"{sum(tally.delivered.values()):,}"),
+            ("duplicates", f"{tally.duplicates}"),
+            ("early", f"{tally.early}"),
+            ("lateness p50 / p99 / max", "-" if p50 is None else f"{p50:.0f} / {p99:.0f} / {max(lateness):.0f} ms"),
+            ("delivered per epoch", ", ".join(f"{e}: {n}" for e, n in sorted(tally.by_epoch.items())) or "-"),
+        ):
+            numbers.add_row(label, value)
+        events = "\n".join(tally.events) or "-"
+        return Group(nodes, Panel(numbers, title="order timeouts"), Panel(events, title="what happened"))
+
+    # -- the proof -------------------------------------------------------
+
+    def _reconcile(self, live_ok: bool) -> int:
+        from delayq.spark import ReconcileOptions, reconcile
+
+        out = self.run_dir / "reconcile"
+        until = now_ms()
+        options = ReconcileOptions(since_ms=int((time.time() - 600) * 1000), until_ms=until, out=out,
+                                   grace_ms=1000, topics=(self.target,), master="local[2]")
+        with self.console.status("reconciling with Spark (buffer vs. deliveries)") as spinner:
+            report = reconcile(self.settings, options, progress=lambda text: spinner.update(f"reconcile: {text}"))
+        totals = report.totals
+        table = Table(title="reconciliation (Spark)")
+        for key in ("expected", "delivered", "duplicates", "missing", "unexpected", "early"):
+            table.add_column(key)
+        table.add_row(*(str(totals.get(k)) for k in ("expected", "delivered", "duplicates", "missing",
+                                                    "unexpected", "early")))
+        self.console.print(table)
+        self.console.print(f"lateness ms: {report.lateness_ms}")
+        self.console.print(f"report: [bold]{out / 'report.html'}[/]")
+        clean_runs(self.options.state_dir)
+        return 0 if live_ok and report.ok else 1
+
+
+def run_demo(options: DemoOptions, console: Console | None = None) -> int:
+    """Tell the story; return 0 when every unpaid order timed out exactly once, on time."""
+    console = console or Console()
+    story = Story(options, console)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        return story.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def clean_runs(state_dir: Path, keep: int = 3) -> None:
+    """Old runs' node data are only for looking at; keep the last few."""
+    runs = sorted(state_dir.glob("run-*"))
+    for old in runs[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
