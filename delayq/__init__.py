@@ -9,4 +9,7 @@ __version__ = "0.1.0"
 
 from .settings import Settings  # noqa: E402
 
-__all__ = ["Settings", "__version__"]
+# After Settings: the proxy imports it from here.
+from delayq.proxy import Producer, cancel, lookup  # noqa: E402
+
+__all__ = ["Producer", "Settings", "__version__", "cancel", "lookup"]

@@ -1,0 +1,144 @@
+"""``delayq.lookup(id)``: is this delayed message still pending, and when is it due?
+
+Asks a node's ``GET /v1/messages/{id}``. Nodes come from ``Settings.lookup_urls``
+(``DELAYQ_LOOKUP_URLS``) when set, else from the live registrations in ZooKeeper
+(``<zk_root>/nodes/*``), master first: a standby that lags behind the buffer may not
+know an id produced a moment ago.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from pydantic import BaseModel, ValidationError
+
+from delayq import Settings
+
+from .envelope import check_delay_id
+
+MESSAGES_PATH = "/v1/messages/"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class NodeUnreachable(RuntimeError):
+    """No delay-service node answered; the message lists who was asked and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What a node knows of one delay id.
+
+    ``pending`` False means the node holds no such message: delivered, cancelled, or
+    never produced (a node cannot tell these apart once compaction ran).
+    """
+
+    delay_id: str
+    pending: bool
+    deliver_at: datetime | None = None
+    deliver_at_ms: int | None = None
+    topic: str | None = None
+    node: str = ""
+
+
+class _Answer(BaseModel):
+    id: str
+    status: Literal["pending", "not_found"]
+    deliver_at_ms: int | None = None
+    topic: str | None = None
+
+
+def node_urls(settings: Settings, timeout: float = 3.0) -> list[str]:
+    """The HTTP base URLs of the cluster's nodes: ``lookup_urls``, else ZooKeeper's live nodes.
+
+    Raises:
+        NodeUnreachable: ZooKeeper did not answer, or no node is registered there.
+    """
+    if settings.lookup_urls:
+        return [url.rstrip("/") for url in settings.lookup_urls]
+    from delayq.election import Membership, connect
+
+    try:
+        client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms,
+                         auth=settings.zk_auth, timeout_s=timeout)
+    except RuntimeError as err:
+        raise NodeUnreachable(f"{err}; or name the nodes with DELAYQ_LOOKUP_URLS") from err
+    try:
+        members = Membership.members(client, settings.zk_root)
+    finally:
+        client.stop()
+        client.close()
+    # The master has ingested everything it delivers; among standbys, the least lag knows most.
+    members.sort(key=lambda m: (m.get("role") != "master", m.get("lag") if isinstance(m.get("lag"), int) else 1 << 62))
+    urls = [str(m["http"]).rstrip("/") for m in members if isinstance(m, dict) and m.get("http")]
+    if not urls:
+        raise NodeUnreachable(f"no live delayq node registered under {settings.zk_root}/nodes in ZooKeeper at "
+                              f"{settings.zk_connect}: start one with `delayq node` (cluster {settings.cluster!r}), "
+                              "or name the nodes with DELAYQ_LOOKUP_URLS")
+    return urls
+
+
+def lookup(delay_id: str, *, settings: Settings | None = None, timeout: float = 2.0) -> Lookup:
+    """Ask the delay service whether ``delay_id`` is pending, and when it is due.
+
+    Example:
+        >>> found = delayq.lookup(delay_id)
+        >>> found.pending, found.deliver_at
+        (True, datetime.datetime(2026, 11, 22, 10, 0, 30, 120000, tzinfo=datetime.timezone.utc))
+
+    Args:
+        delay_id: the id ``Producer.produce()`` returned.
+        settings: where the cluster is; default :class:`delayq.Settings` from ``DELAYQ_*``.
+        timeout: seconds to wait for each node (and for ZooKeeper).
+
+    Returns:
+        A :class:`Lookup`: ``pending`` with ``deliver_at`` (UTC) and ``topic``, or not pending.
+
+    Raises:
+        TypeError, ValueError: ``delay_id`` is not a delay id.
+        NodeUnreachable: no node answered; the message lists the nodes tried and why.
+    """
+    check_delay_id(delay_id)
+    settings = settings if settings is not None else Settings()
+    failures = []
+    for url in node_urls(settings, timeout):
+        try:
+            return _ask(url, delay_id, timeout)
+        except _NodeFailed as err:
+            failures.append(f"{url}: {err}")
+    raise NodeUnreachable("no delayq node answered the lookup (" + "; ".join(failures) + "): check that "
+                          "`delayq node` runs and that DELAYQ_LOOKUP_URLS or ZooKeeper name it")
+
+
+class _NodeFailed(Exception):
+    pass
+
+
+def _ask(url: str, delay_id: str, timeout: float) -> Lookup:
+    try:
+        with urllib.request.urlopen(f"{url}{MESSAGES_PATH}{delay_id}", timeout=timeout) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as err:
+        status, body = err.code, err.read()
+    except (OSError, ValueError) as err:
+        raise _NodeFailed(getattr(err, "reason", None) or err) from err
+    if status == 400:
+        raise ValueError(f"the node at {url} refused the id {delay_id!r}: {body[:300].decode(errors='replace')}")
+    if status not in (200, 404):
+        raise _NodeFailed(f"HTTP {status} {body[:200].decode(errors='replace')}")
+    try:
+        answer = _Answer.model_validate(json.loads(body))
+    except (ValueError, ValidationError) as err:
+        raise _NodeFailed(f"HTTP {status} that is not a delayq answer ({body[:100]!r}): is this a delayq node?") from err
+    if answer.id != delay_id:
+        raise _NodeFailed(f"answered for id {answer.id!r}, not {delay_id!r}")
+    if answer.status == "not_found":
+        return Lookup(delay_id, False, node=url)
+    if answer.deliver_at_ms is None:
+        raise _NodeFailed("answered pending without deliver_at_ms")
+    deliver_at = _EPOCH + timedelta(milliseconds=answer.deliver_at_ms)
+    return Lookup(delay_id, True, deliver_at, answer.deliver_at_ms, answer.topic, url)

@@ -1,0 +1,555 @@
+"""``delayq.Producer``: confluent-kafka's Producer, plus ``delay=`` / ``deliver_at=``.
+
+Change ``from confluent_kafka import Producer`` to ``from delayq import Producer``;
+nothing else changes for messages without a delay. A message with a delay goes to
+the buffer topic in the envelope (docs/DESIGN.md, "Envelope"), and the delay-service
+nodes deliver it to its topic when it falls due.
+
+Which buffer partition an id lives on: ``zlib.crc32(id) % partitions``, the hash of
+librdkafka's default ``consistent_random`` partitioner, so put, cancel and reschedule
+of one id land on one partition whatever ``partitioner`` the producing client uses.
+Never add partitions to the buffer topic: pending ids would move.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import itertools
+import threading
+import time
+import typing
+import zlib
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException
+from pydantic import ValidationError
+
+from delayq import Settings
+
+from . import envelope as env
+from .envelope import check_delay_id, control_headers
+
+DEFAULT_PARTITIONER = "consistent_random"
+# librdkafka partitioners that hash a non-empty key with CRC32, exactly like buffer_partition().
+_CRC32_PARTITIONERS = frozenset({"consistent", "consistent_random"})
+
+# Bound once: the hot path pays neither the global lookups nor super()'s frame walk.
+_base_produce = confluent_kafka.Producer.produce
+_time_ns = time.time_ns
+
+_PUT = (env.OP, env.OP_PUT)
+_ID, _TOPIC, _DELIVER_AT = env.ID, env.TOPIC, env.DELIVER_AT
+_KEY, _PARTITION = env.KEY, env.PARTITION
+_VALUE_NULL = (env.VALUE_NULL, b"1")
+_RESERVED = frozenset({env.RESERVED_PREFIX, env.RESERVED_PREFIX.encode()})
+_RESERVED_LEN = len(env.RESERVED_PREFIX)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_MS = timedelta(milliseconds=1)
+_HALF_MS = timedelta(microseconds=500)
+
+
+# -- delay ids ---------------------------------------------------------------
+
+
+class _DelayTicks:
+    """State for UUIDv7 delay ids (RFC 9562, method 1: a 12-bit counter in ``rand_a``).
+
+    ``envelope.new_delay_id`` formats 128 fresh random bits per id, which alone costs
+    about as much as a plain ``produce()``. Here the random tail (62 bits) is drawn once
+    per millisecond per process and a counter numbers the ids inside that millisecond
+    (:meth:`Producer._put` joins them), so ids stay unique across processes (the tail)
+    and sort in creation order inside one (the counter). ``next()`` on an
+    itertools.count is atomic, so threads need no lock.
+
+    A tick is ``(ms, id head, id tail, counter, delayq-created-at header)``.
+    """
+
+    COUNTER_HEX = tuple(f"{i:03x}" for i in range(4096))
+    _NONE = (-1, "", "", itertools.count(), None)
+
+    def __init__(self) -> None:
+        self.tick: tuple = self._NONE
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        # A forked child would otherwise share the parent's tail and counter for this millisecond.
+        self.tick = self._NONE
+
+    def new(self, ms: int) -> tuple:
+        tail = int.from_bytes(os.urandom(8), "big") & (1 << 62) - 1 | 1 << 63
+        tick = (ms, f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7",
+                f"-{tail >> 48:04x}-{tail & 0xFFFF_FFFF_FFFF:012x}", itertools.count(), (env.CREATED_AT, f"{ms}"))
+        self.tick = tick
+        return tick
+
+
+_ticks = _DelayTicks()
+_COUNTER_HEX = _DelayTicks.COUNTER_HEX
+
+
+def buffer_partition(delay_id: str, partitions: int) -> int:
+    """The buffer partition of ``delay_id``: librdkafka's ``consistent`` hash (CRC32) of the key."""
+    return zlib.crc32(delay_id.encode()) % partitions
+
+
+# -- settings from the conf dict ---------------------------------------------
+
+CONF_PREFIX = "delayq."
+
+
+def split_conf(conf: dict[str, typing.Any]) -> tuple[dict[str, typing.Any], dict[str, typing.Any]]:
+    """Split a producer conf into (delayq's keys without the prefix, the rest for librdkafka).
+
+    ``conf`` itself is left untouched.
+    """
+    own: dict[str, typing.Any] = {}
+    rest: dict[str, typing.Any] = {}
+    for key, value in conf.items():
+        if isinstance(key, str) and key.startswith(CONF_PREFIX):
+            own[key[len(CONF_PREFIX):]] = value
+        else:
+            rest[key] = value
+    return own, rest
+
+
+def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
+    """Settings from ``DELAYQ_*`` (and ``DELAYQ_CONFIG``), overridden by ``delayq.*`` conf keys.
+
+    ``"delayq.buffer.topic"`` sets ``buffer_topic``: dots (and dashes) become underscores.
+
+    Raises:
+        ValueError: a key names no setting, or its value is not valid for that setting.
+    """
+    fields = Settings.model_fields
+    overrides: dict[str, typing.Any] = {}
+    conf_keys: dict[str, str] = {}
+    for name, value in own.items():
+        field = name.replace(".", "_").replace("-", "_")
+        if field not in fields:
+            known = ", ".join(CONF_PREFIX + f.replace("_", ".") for f in fields)
+            raise ValueError(f"conf key {CONF_PREFIX + name!r} is not a delayq setting; known: {known}")
+        if typing.get_origin(fields[field].annotation) is list and isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        overrides[field] = value
+        conf_keys[field] = CONF_PREFIX + name
+    try:
+        return Settings(**overrides)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            where = f"conf key {conf_keys[field]!r}" if field in conf_keys else f"DELAYQ_{field.upper()}"
+            problems.append(f"{where} = {error.get('input')!r}: {error['msg']}")
+        raise ValueError("delayq settings are not valid: " + "; ".join(problems)) from None
+
+
+# -- due times ---------------------------------------------------------------
+
+
+def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) -> int:
+    """The due time in epoch ms for ``delay`` or ``deliver_at``, checked; the full rules.
+
+    Raises:
+        TypeError: ``delay`` is not an int, float or timedelta (a bool or str is refused);
+            ``deliver_at`` is not a datetime or int.
+        ValueError: both or neither given; negative, NaN or infinite delay; naive datetime;
+            negative epoch ms; due beyond ``max_delay_ms`` from now.
+    """
+    if delay is not None and deliver_at is not None:
+        raise ValueError("give delay or deliver_at, not both: delay is relative (seconds), deliver_at absolute")
+    if delay is not None:
+        if isinstance(delay, timedelta):
+            if delay < timedelta(0):
+                raise ValueError(f"delay must be >= 0; got {delay!r}")
+            ms = (delay + _HALF_MS) // _ONE_MS
+        else:
+            if isinstance(delay, bool) or not isinstance(delay, numbers.Real):
+                raise TypeError(f"delay must be seconds as an int or float, or a timedelta; "
+                                f"got {type(delay).__name__} {delay!r}")
+            seconds = float(delay)
+            if math.isnan(seconds) or math.isinf(seconds):
+                raise ValueError(f"delay must be a finite number of seconds; got {delay!r}")
+            if seconds < 0:
+                raise ValueError(f"delay must be >= 0 seconds; got {delay!r}")
+            ms = round(seconds * 1000)
+        due = now_ms + ms
+    elif deliver_at is not None:
+        if isinstance(deliver_at, datetime):
+            if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+                raise ValueError(f"deliver_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc) "
+                                 f"+ timedelta(...)); got naive {deliver_at.isoformat()}")
+            # Ceiling: a due time between two milliseconds is not reached before the later one.
+            due = -((deliver_at - _EPOCH) // -_ONE_MS)
+        elif isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
+            due = int(deliver_at)
+        else:
+            raise TypeError(f"deliver_at must be a timezone-aware datetime or epoch milliseconds as an int; "
+                            f"got {type(deliver_at).__name__} {deliver_at!r}")
+        if due < 0:
+            raise ValueError(f"deliver_at must be at or after 1970-01-01T00:00:00Z (epoch ms >= 0); got {deliver_at!r}")
+    else:
+        raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms)")
+    if due - now_ms > max_delay_ms:
+        given = f"delay {delay!r}" if delay is not None else f"deliver_at {deliver_at!r}"
+        raise ValueError(f"{given} is {_span(due - now_ms)} ahead, beyond the maximum delay of "
+                         f"{_span(max_delay_ms)} (setting max_delay_ms: DELAYQ_MAX_DELAY_MS or conf key "
+                         "delayq.max.delay.ms)")
+    return due
+
+
+
+def _span(ms: int) -> str:
+    if ms >= 86_400_000:
+        return f"{ms / 86_400_000:g} days ({ms} ms)"
+    return f"{ms / 1000:g} s ({ms} ms)"
+
+
+def _check_user_headers(headers: object) -> list:
+    """The user's headers as a list, in order; names starting ``delayq-`` are refused."""
+    if isinstance(headers, dict):
+        headers = list(headers.items())
+    elif not isinstance(headers, list):
+        raise TypeError(f"headers must be a dict or a list of (name, value) tuples; got {type(headers).__name__}")
+    try:
+        for header in headers:
+            if header[0][:_RESERVED_LEN] in _RESERVED:
+                raise ValueError(f"headers: name {header[0]!r} starts with {env.RESERVED_PREFIX!r}, "
+                                 "which delayq reserves for its envelope; rename the header")
+    except (TypeError, IndexError, KeyError):
+        raise TypeError(f"headers must be a dict or a list of (name, value) tuples; got {headers!r:.200}") from None
+    return headers
+
+
+# -- the producer ------------------------------------------------------------
+
+
+class Producer(confluent_kafka.Producer):
+    """confluent-kafka's Producer that can also hold a message back until a due time.
+
+    Configuration is the confluent-kafka one. delayq's own settings come from
+    :class:`delayq.Settings` (``DELAYQ_*`` environment variables, ``DELAYQ_CONFIG``
+    file), overridden by conf keys starting ``delayq.``: ``"delayq.cluster"``,
+    ``"delayq.buffer.topic"``, ``"delayq.max.delay.ms"``, ``"delayq.lookup.urls"``,
+    ``"delayq.zk.connect"``, ... Those keys are taken out of (a copy of) the conf
+    before it reaches librdkafka; ``bootstrap.servers`` and every librdkafka setting
+    come from the conf as usual.
+
+    Example::
+
+        from delayq import Producer
+
+        p = Producer({"bootstrap.servers": "kafka:9092", "delayq.cluster": "orders"})
+        p.produce("payments", b"now")                              # as before
+        delay_id = p.produce("reminders", b"pay?", key=b"o-17", delay=3600)
+        p.cancel(delay_id)
+        p.flush()
+
+    Delayed messages ride the producer's transaction when it has one: an aborted
+    transaction leaves no delayed message behind.
+
+    Args:
+        conf: the librdkafka configuration, with optional ``delayq.*`` keys.
+        **kwargs: more configuration, as confluent-kafka takes it (e.g. ``logger=``).
+
+    Raises:
+        ValueError: a ``delayq.*`` key names no setting or has a bad value.
+    """
+
+    __slots__ = ("_settings", "_buffer_topic", "_max_delay_ms", "_max_delay_s", "_partitioner",
+                 "_partitioner_header", "_crc_by_librdkafka", "_buffer_partitions", "_lock")
+
+    def __init__(self, conf: dict[str, typing.Any] | None = None, /, **kwargs: typing.Any) -> None:
+        if conf is not None and not isinstance(conf, dict):
+            raise TypeError(f"conf must be a configuration dict, not {type(conf).__name__}")
+        own, rest = split_conf(conf or {})
+        own_kw, rest_kw = split_conf(kwargs)
+        own.update(own_kw)
+        self._settings = settings_from_conf(own)
+        self._buffer_topic = self._settings.buffer_topic
+        self._max_delay_ms = self._settings.max_delay_ms
+        self._max_delay_s = self._max_delay_ms / 1000
+        topic_conf = {**rest, **rest_kw}.get("default.topic.config") or {}
+        self._partitioner = str({**topic_conf, **rest, **rest_kw}.get("partitioner", DEFAULT_PARTITIONER))
+        # Absent means librdkafka's default to the nodes (delay_service.partitioners): one header less per call.
+        self._partitioner_header = (
+            None if self._partitioner == DEFAULT_PARTITIONER else (env.PARTITIONER, self._partitioner))
+        # With a CRC32 partitioner librdkafka already puts key=id where buffer_partition() says.
+        self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
+        self._buffer_partitions: int | None = None
+        self._lock = threading.Lock()
+        if conf is None:
+            super().__init__(**rest_kw)
+        else:
+            super().__init__(rest, **rest_kw)
+
+    @property
+    def settings(self) -> Settings:
+        """delayq's settings for this producer (environment, then ``delayq.*`` conf keys)."""
+        return self._settings
+
+    def produce(  # type: ignore[override]
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        on_delivery: Callable | None = None,
+        timestamp: int = 0,
+        headers: dict | list | None = None,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | int | None = None,
+        callback: Callable | None = None,
+    ) -> str | None:
+        """Produce a message to ``topic``, now or, with ``delay``/``deliver_at``, when it falls due.
+
+        Without ``delay`` and ``deliver_at`` this is confluent-kafka's ``produce()``,
+        untouched, and returns None. With one of them the message goes to the buffer
+        topic and this returns its delay id (a UUIDv7 str) for :meth:`cancel`,
+        :meth:`reschedule` and :func:`delayq.lookup`. A due time already past is
+        delivered as soon as possible. The delivered record has the ``key``,
+        ``value``, ``headers`` and ``partition`` given here, bit for bit; when no
+        partition is given, the node picks it with this producer's ``partitioner``,
+        so it lands beside immediate messages with the same key.
+
+        ``on_delivery`` (alias ``callback``) for a delayed message reports the write to
+        the **buffer topic**, not the later delivery: ``msg.topic()`` is the buffer
+        topic, ``msg.key()`` is the delay id as ASCII bytes (match it with
+        ``msg.key().decode() == delay_id``), ``msg.value()`` the payload (``b""`` for
+        a None value). Success means delayq holds the message durably.
+
+        ``timestamp`` of a delayed message sets the buffer record's timestamp; the
+        delivered record is stamped when it is delivered.
+
+        Args:
+            topic: target topic.
+            value: payload (str or bytes), or None.
+            key: key (str or bytes), or None.
+            partition: target partition, or -1 for the configured partitioner.
+            on_delivery: delivery report callback ``(err, msg)``, served by poll()/flush().
+            timestamp: CreateTime in epoch ms, 0 for now.
+            headers: dict or list of (name, value); names starting ``delayq-`` are
+                refused for a delayed message.
+            delay: seconds (int or float, >= 0) or a timedelta.
+            deliver_at: due time, a timezone-aware datetime or epoch ms (int).
+            callback: alias of ``on_delivery``, as in confluent-kafka.
+
+        Returns:
+            The delay id for a delayed message, else None.
+
+        Raises:
+            TypeError: ``delay``/``deliver_at``/``headers``/``topic`` of the wrong type.
+            ValueError: negative, NaN or infinite delay; both ``delay`` and
+                ``deliver_at``; naive datetime; due beyond ``max_delay_ms``; a
+                ``delayq-`` header name. Nothing is sent.
+            BufferError: the local queue is full (``queue.buffering.max.messages``); poll and retry.
+            KafkaException: as confluent-kafka's ``produce()``; for a delayed message
+                also when the buffer topic does not exist (run ``delayq init``).
+        """
+        if on_delivery is None:
+            on_delivery = callback
+        # Positional arguments in the order of cimpl's produce(topic, value, key, partition,
+        # callback, on_delivery, timestamp, headers): keyword parsing costs measurably per call.
+        if delay is None and deliver_at is None:
+            return _base_produce(self, topic, value, key, partition, on_delivery, None, timestamp, headers)
+        now_ms = _time_ns() // 1_000_000
+        # Fast path for the common case, a plain int/float delay; everything else takes due_ms().
+        kind = type(delay)
+        if deliver_at is None and (kind is int or kind is float) and 0 <= delay <= self._max_delay_s:
+            due = now_ms + (delay * 1000 if kind is int else round(delay * 1000))
+        else:
+            due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
+        return self._put(None, now_ms, due, topic, value, key, partition, on_delivery, timestamp, headers)
+
+    def reschedule(
+        self,
+        delay_id: str,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        on_delivery: Callable | None = None,
+        timestamp: int = 0,
+        headers: dict | list | None = None,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | int | None = None,
+    ) -> str:
+        """Move a pending delayed message to a new due time, under the same id.
+
+        The buffer keeps no copy the producer could cheaply read back, so pass the
+        message again as you gave it to :meth:`produce` (or a changed one: the new
+        put replaces the old). The nodes replace the pending entry of ``delay_id``.
+        Like cancel, this races with delivery near the old due time: a message
+        delivered (or cancelled) before this put is read is delivered once more at
+        the new time, under the same id; check :func:`delayq.lookup` first if that
+        matters.
+
+        Args:
+            delay_id: the id :meth:`produce` returned.
+            topic, value, key, partition, on_delivery, timestamp, headers: as in :meth:`produce`.
+            delay: new delay from now, seconds or a timedelta.
+            deliver_at: new due time, a timezone-aware datetime or epoch ms.
+
+        Returns:
+            ``delay_id``.
+
+        Raises:
+            TypeError, ValueError: a malformed ``delay_id``, or any bad input :meth:`produce` refuses.
+        """
+        check_delay_id(delay_id)
+        now_ms = _time_ns() // 1_000_000
+        due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
+        return self._put(delay_id, now_ms, due, topic, value, key, partition, on_delivery, timestamp, headers)
+
+    def _put(self, delay_id: str | None, now_ms: int, due: int, topic, value, key, partition, on_delivery,
+             timestamp, headers) -> str:
+        """Write one ``put`` (a new id when ``delay_id`` is None) in Envelope.buffer_headers()'s order.
+
+        The hot path of produce(): id making is inlined here, not called, because every
+        call shows in the per-call cost (bench/produce_bench.py).
+        """
+        if type(topic) is not str or not topic:
+            raise TypeError(f"topic must be a non-empty str; got {topic!r:.100}")
+        tick = _ticks.tick
+        if tick[0] != now_ms:
+            tick = _ticks.new(now_ms)
+        if delay_id is None:
+            n = next(tick[3])
+            if n >= 4096:
+                # More than 4096 ids in one millisecond: a fresh tail keeps them unique.
+                tick = _ticks.new(now_ms)
+                n = next(tick[3])
+            delay_id = tick[1] + _COUNTER_HEX[n] + tick[2]
+        out = [_PUT, (_ID, delay_id), (_TOPIC, topic), (_DELIVER_AT, f"{due}"), tick[4]]
+        if partition == -1:
+            if key is not None:
+                out.append((_KEY, key))
+            if self._partitioner_header is not None:
+                out.append(self._partitioner_header)
+        elif type(partition) is int and partition >= 0:
+            out.append((_PARTITION, f"{partition}"))
+            if key is not None:
+                out.append((_KEY, key))
+        else:
+            error = ValueError if type(partition) is int else TypeError
+            raise error(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
+                        f"got {partition!r}")
+        if value is None:
+            out.append(_VALUE_NULL)
+            value = b""
+        if headers is not None:
+            out.extend(_check_user_headers(headers))
+        _base_produce(self, self._buffer_topic, value, delay_id,
+                      -1 if self._crc_by_librdkafka else self._partition_of(delay_id),
+                      on_delivery, None, timestamp, out)
+        return delay_id
+
+    def cancel(self, delay_id: str, on_delivery: Callable | None = None) -> None:
+        """Cancel a delayed message: a ``cancel`` tombstone for ``delay_id`` to the buffer topic.
+
+        Asynchronous like :meth:`produce`; ``on_delivery`` reports the tombstone's
+        write (``msg.key()`` is the id). A cancel that reaches the buffer after the
+        message was delivered has no effect; :func:`delayq.lookup` tells whether it
+        is still pending. Cancelling an unknown or finished id is harmless.
+
+        Args:
+            delay_id: the id :meth:`produce` returned.
+            on_delivery: delivery report callback ``(err, msg)`` for the tombstone.
+
+        Raises:
+            TypeError: ``delay_id`` is not a str.
+            ValueError: ``delay_id`` is not a delay id (a canonical UUID).
+        """
+        check_delay_id(delay_id)
+        target = -1 if self._crc_by_librdkafka else self._partition_of(delay_id)
+        _base_produce(self, self._buffer_topic, None, delay_id, target, on_delivery, None, 0,
+                      control_headers(env.OP_CANCEL, delay_id))
+
+    def lookup(self, delay_id: str, timeout: float = 2.0):
+        """Ask a node whether ``delay_id`` is pending: :func:`delayq.lookup` with this producer's settings."""
+        from .lookup import lookup
+
+        return lookup(delay_id, settings=self._settings, timeout=timeout)
+
+    def produce_batch(self, topic: str, messages: list, *args: typing.Any, **kwargs: typing.Any) -> int:  # type: ignore[override]
+        """confluent-kafka's ``produce_batch()``; it cannot delay (batches carry no headers).
+
+        Raises:
+            TypeError: a message dict has a ``delay`` or ``deliver_at`` key, which
+                confluent-kafka would silently ignore. Nothing is sent.
+        """
+        if isinstance(messages, list):
+            for message in messages:
+                if isinstance(message, dict) and ("delay" in message or "deliver_at" in message):
+                    raise TypeError("produce_batch() cannot delay messages (librdkafka batches carry no headers, "
+                                    "which the envelope needs); call produce(..., delay=...) for each instead")
+        return super().produce_batch(topic, messages, *args, **kwargs)
+
+    def _partition_of(self, delay_id: str) -> int:
+        partitions = self._buffer_partitions
+        if partitions is None:
+            partitions = self._load_buffer_partitions()
+        return zlib.crc32(delay_id.encode()) % partitions
+
+    def _load_buffer_partitions(self) -> int:
+        with self._lock:
+            if self._buffer_partitions is None:
+                # All topics, not just the buffer: a metadata request naming a missing topic may auto-create it.
+                topics = self.list_topics(timeout=10).topics
+                found = topics.get(self._buffer_topic)
+                if found is None or found.error is not None or not found.partitions:
+                    raise KafkaException(KafkaError(
+                        KafkaError.UNKNOWN_TOPIC_OR_PART,
+                        f"buffer topic {self._buffer_topic!r} does not exist: create it with `delayq init` "
+                        "(cluster from DELAYQ_CLUSTER or conf key delayq.cluster)"))
+                self._buffer_partitions = len(found.partitions)
+        return self._buffer_partitions
+
+
+# -- one-shot helpers (the command line uses them) ---------------------------
+
+
+def send_and_wait(producer: Producer, send: Callable[[Callable], typing.Any], timeout: float) -> confluent_kafka.Message:
+    """Call ``send(on_delivery)``, flush, and return the delivery report of that one message.
+
+    Raises:
+        KafkaException: the write failed, or was not confirmed within ``timeout`` seconds.
+    """
+    reports: list[tuple[KafkaError | None, confluent_kafka.Message]] = []
+    send(lambda err, msg: reports.append((err, msg)))
+    producer.flush(timeout)
+    if not reports:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                        f"no delivery report within {timeout:g} s: is Kafka reachable?"))
+    err, msg = reports[0]
+    if err is not None:
+        raise KafkaException(err)
+    return msg
+
+
+def cancel(delay_id: str, *, conf: dict[str, typing.Any] | None = None, timeout: float = 10.0) -> confluent_kafka.Message:
+    """Cancel one delayed message and wait until the buffer topic has the tombstone.
+
+    For many cancels, use :meth:`Producer.cancel` on a long-lived producer.
+
+    Args:
+        delay_id: the id ``Producer.produce()`` returned.
+        conf: producer conf (with optional ``delayq.*`` keys); default: from
+            :class:`delayq.Settings` (``DELAYQ_*``).
+        timeout: seconds to wait for the write.
+
+    Returns:
+        The delivery report of the tombstone (buffer topic, partition, offset).
+
+    Raises:
+        TypeError, ValueError: ``delay_id`` is malformed; nothing is sent.
+        KafkaException: the tombstone was not written.
+    """
+    check_delay_id(delay_id)
+    producer = Producer(conf if conf is not None else Settings().kafka_conf())
+    return send_and_wait(producer, lambda report: producer.cancel(delay_id, on_delivery=report), timeout)
