@@ -1,0 +1,897 @@
+"""The Helm chart in helm/delayq: lint, every rendered manifest validated offline, and what a cluster relies on.
+
+helm is in no Debian or PyPI package: the first test to run builds it once with ``go install`` from the Go
+module proxy, at a pinned version, into the delayq cache folder (``$DELAYQ_CACHE_DIR``, else
+``~/.cache/delayq``). A cold build takes a few minutes; afterwards every test here takes well under a second,
+except the one marked integration, which runs the chart's containers against the real Kafka and ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import confluent_kafka
+import kubernetes_validate
+import pytest
+import yaml
+
+from confluent_kafka.admin import AdminClient
+
+from delayq import Settings
+from delayq.dev import cache_dir
+
+# The first test to run may build helm (minutes, once per machine); the checks themselves take milliseconds.
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "delayq"
+RELEASE = "dq"
+NAMESPACE = "delayq-test"
+
+HELM_VERSION = "v3.22.0"
+HELM_PACKAGE = "helm.sh/helm/v3/cmd/helm"
+# Release builds stamp the version and the client-go Kubernetes version (k8s.io/client-go v0.37 in v3.22.0)
+# in at link time; without them `helm version` says "v3.22" and `helm template` assumes Kubernetes 1.20.
+HELM_LDFLAGS = " ".join((
+    "-s -w",
+    f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+    "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1",
+    "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37",
+))
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest kubernetes-validate bundles.
+KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+# Prometheus Operator kinds: no schema is bundled for them, their structure is asserted below.
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+REQUIRED = {"kafka": {"bootstrapServers": "kafka:9092"}, "zookeeper": {"connect": "zk:2181"}}
+# Every optional branch of the templates at once: chart-made Secret, mutual TLS, extra settings and librdkafka
+# settings (numbers from a values file arrive as floats), reconcile report, no PVC, existing ServiceAccount.
+EVERYTHING = {
+    "image": {"digest": "sha256:" + "ab" * 32, "pullSecrets": ["regcred"]},
+    "kafka": {
+        "bootstrapServers": "kafka-0:9093,kafka-1:9093",
+        "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": "SCRAM-SHA-256", "username": "delayq", "password": "s3cret"},
+        "tls": {"existingSecret": "kafka-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
+        "extraConfig": {"message.max.bytes": 2000000, "socket.keepalive.enable": True, "client.rack": "zone-a"},
+    },
+    "zookeeper": {"connect": "zk-0:2181,zk-1:2181", "auth": {"enabled": True, "credentials": "delayq:pw"}},
+    "config": {
+        "cluster": "orders", "bufferTopic": "orders-buffer", "deadLetterTopic": "orders-dead",
+        "extraSettings": {"max_delay_ms": 86400000, "lookup_urls": ["http://a:8080", "http://b:8080"]},
+    },
+    "extraEnvVars": [{"name": "TZ", "value": "UTC"}],
+    "persistence": {"enabled": False},
+    "persistentVolumeClaimRetentionPolicy": {"enabled": True, "whenScaled": "Delete"},
+    "serviceAccount": {"create": False, "name": "delayq-sa"},
+    "podAntiAffinityPreset": "none",
+    "commonAnnotations": {"team": "platform"},
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+    "reconcile": {"enabled": True, "reports": {"existingClaim": "delayq-reports"}, "extraArgs": ["--days", "7"]},
+}
+VALUE_SETS = ("default", "production", "everything")
+
+
+# --- helm, built once -------------------------------------------------------------------------------------
+
+
+def ensure_helm(say=print) -> Path:
+    """The helm binary at HELM_VERSION, built with ``go install`` from the Go module proxy on first use.
+
+    Args:
+        say: receives progress lines (a cold build takes minutes).
+
+    Raises:
+        RuntimeError: Go is not installed, or the build failed; the message says which and how to fix it.
+    """
+    helm = cache_dir() / f"helm-{HELM_VERSION}" / "helm"
+    if helm.is_file():
+        return helm
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError(
+            f"helm {HELM_VERSION} is built from the Go module proxy and Go was not found: install Go 1.24+ "
+            "(https://go.dev/dl/) or put an official helm binary at " + str(helm)
+        )
+    # A private GOBIN, moved into place at the end: an interrupted or concurrent build never leaves half a binary.
+    staging = helm.parent / f".build-{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    say(f"building helm {HELM_VERSION} with `go install {HELM_PACKAGE}@{HELM_VERSION}` into {helm.parent} "
+        "(once; a cold build takes a few minutes)")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [go, "install", "-trimpath", "-ldflags", HELM_LDFLAGS, f"{HELM_PACKAGE}@{HELM_VERSION}"],
+        env={**os.environ, "GOBIN": str(staging), "CGO_ENABLED": "0"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    while True:
+        try:
+            proc.wait(timeout=20)
+            break
+        except subprocess.TimeoutExpired:
+            downloaded = sum(line.startswith("go: downloading") for line in output)
+            say(f"  still building helm: {time.monotonic() - started:.0f} s, {downloaded} modules downloaded")
+    reader.join()
+    built = staging / "helm"
+    if proc.returncode != 0 or not built.is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "".join(output[-30:])
+        raise RuntimeError(f"`go install {HELM_PACKAGE}@{HELM_VERSION}` failed (exit {proc.returncode}):\n{tail}")
+    os.replace(built, helm)
+    shutil.rmtree(staging, ignore_errors=True)
+    say(f"helm {HELM_VERSION} built in {time.monotonic() - started:.0f} s: {helm}")
+    return helm
+
+
+@pytest.fixture(scope="session")
+def helm(request) -> Path:
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def say(text: str) -> None:
+        # Shown live even under output capture: a silent multi-minute build looks like a hang.
+        with capture.global_and_fixture_disabled():
+            print(text, flush=True)
+
+    try:
+        return ensure_helm(say)
+    except RuntimeError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120)
+
+
+def values_args(values: dict | None, tmp_path: Path, name: str) -> list[str]:
+    if values is None:
+        return []
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return ["-f", str(path)]
+
+
+def template(helm: Path, *args: str, kube_version: str = KUBE_VERSIONS[0]) -> list[dict]:
+    """Every manifest ``helm template`` renders (hooks and test pods included), parsed."""
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                      "--kube-version", kube_version, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="session")
+def value_args(tmp_path_factory) -> dict[str, list[str]]:
+    folder = tmp_path_factory.mktemp("values")
+    return {
+        "default": values_args(REQUIRED, folder, "default"),
+        "production": ["-f", str(CHART / "values-production.yaml")],
+        "everything": values_args(EVERYTHING, folder, "everything"),
+    }
+
+
+@pytest.fixture(scope="session")
+def rendered(helm, value_args) -> dict[str, list[dict]]:
+    return {name: template(helm, *args) for name, args in value_args.items()}
+
+
+# --- reading the rendered manifests ---------------------------------------------------------------------------
+
+
+def of_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def the(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [doc for doc in of_kind(docs, kind) if name is None or doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def hook(doc: dict) -> set[str]:
+    return set(filter(None, doc["metadata"].get("annotations", {}).get("helm.sh/hook", "").split(",")))
+
+
+def pod_specs(docs: list[dict]) -> dict[str, dict]:
+    """Pod spec of every workload, by "Kind/name"."""
+    specs = {}
+    for doc in docs:
+        spec = {
+            "StatefulSet": lambda d: d["spec"]["template"]["spec"],
+            "Job": lambda d: d["spec"]["template"]["spec"],
+            "CronJob": lambda d: d["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            "Pod": lambda d: d["spec"],
+        }.get(doc["kind"])
+        if spec:
+            specs[f"{doc['kind']}/{doc['metadata']['name']}"] = spec(doc)
+    return specs
+
+
+def node_container(docs: list[dict]) -> dict:
+    return the(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+
+
+def container_env(docs: list[dict], container: dict, pod_name: str) -> dict[str, str]:
+    """The environment Kubernetes gives ``container``: envFrom ConfigMaps, then env (fieldRef, Secret keys)."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(the(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
+        ref = var["valueFrom"]
+        if "fieldRef" in ref:
+            assert ref["fieldRef"]["fieldPath"] == "metadata.name", var
+            env[var["name"]] = pod_name
+        else:
+            key = ref["secretKeyRef"]
+            secrets = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == key["name"]]
+            # An existingSecret is not rendered: stand in a value so the variable is still checked.
+            env[var["name"]] = secrets[0]["stringData"][key["key"]] if secrets else f"<{key['name']}/{key['key']}>"
+    return env
+
+
+def delayq_containers(docs: list[dict]) -> list[tuple[str, dict, dict[str, str]]]:
+    """(workload, container, environment) of every container the chart runs."""
+    found = []
+    for owner, spec in pod_specs(docs).items():
+        pod_name = f"{owner.split('/', 1)[1]}-0"
+        for container in spec["containers"]:
+            found.append((owner, container, container_env(docs, container, pod_name)))
+    return found
+
+
+def dockerfile_instruction(name: str, stage: str | None = None) -> list[str]:
+    """The JSON-form argument of the last ``name`` instruction (ENTRYPOINT, CMD), in ``stage`` or its bases."""
+    stages: dict[str, tuple[str | None, list[str]]] = {}
+    current = None
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        match = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, re.IGNORECASE)
+        if match:
+            current = match.group(2)
+            stages[current] = (match.group(1), [])
+        elif current:
+            stages[current][1].append(line)
+    stage = stage or current
+    while stage in stages:
+        base, lines = stages[stage]
+        for line in reversed(lines):
+            if line.startswith(f"{name} "):
+                return json.loads(line[len(name) + 1:])
+        stage = base
+    raise AssertionError(f"no {name} in Dockerfile stage {stage}")
+
+
+def container_argv(container: dict) -> list[str]:
+    """What the container runs: command replaces the image's ENTRYPOINT, args its CMD (Kubernetes' rules)."""
+    if "command" in container:
+        return container["command"] + container.get("args", [])
+    return dockerfile_instruction("ENTRYPOINT") + container.get("args", dockerfile_instruction("CMD"))
+
+
+def librdkafka_refuses(name: str, value: str) -> str | None:
+    """librdkafka's complaint about one property, None when it knows the name and accepts the value."""
+    try:
+        # Creating a client checks the configuration without connecting (no bootstrap servers).
+        confluent_kafka.Producer({name: value, "log_level": 0})
+    except confluent_kafka.KafkaException as err:
+        text = str(err)
+        if "No such configuration property" in text or "Invalid value" in text:
+            return text
+    return None
+
+
+# --- lint and schema ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_helm_lint_passes(helm, value_args, values):
+    result = run_helm(helm, "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSIONS[0], *value_args[values])
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_helm_lint_of_the_bare_chart_passes_and_names_the_required_values(helm):
+    result = run_helm(helm, "lint", str(CHART), "--strict")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "kafka.bootstrapServers is required" in result.stderr
+    assert "zookeeper.connect is required" in result.stderr
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_rendered_manifest_is_valid_for_kubernetes(helm, value_args, values, kube_version):
+    docs = template(helm, *value_args[values], kube_version=kube_version)
+
+    checked = []
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} is invalid for Kubernetes {kube_version}: {err}")
+        checked.append(doc["kind"])
+    assert {"StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "Job", "Pod"} <= set(checked)
+
+
+def test_production_values_render_the_prometheus_operator_objects(rendered):
+    kinds = {doc["kind"] for doc in rendered["production"]}
+
+    assert CRD_KINDS <= kinds
+    assert not CRD_KINDS & {doc["kind"] for doc in rendered["default"]}
+
+
+@pytest.mark.parametrize("missing,sets", [
+    ("kafka.bootstrapServers", ["zookeeper.connect=zk:2181"]),
+    ("zookeeper.connect", ["kafka.bootstrapServers=kafka:9092"]),
+])
+def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets):
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSIONS[0],
+                      *[arg for value in sets for arg in ("--set", value)])
+
+    assert result.returncode != 0
+    assert f"{missing} is required" in result.stderr
+    assert f"--set {missing}=" in result.stderr
+
+
+@pytest.mark.parametrize("sets,message", [
+    (["kafka.securityProtocol=SASL_SSL"],
+     "kafka.sasl.username is required with kafka.securityProtocol=SASL_SSL: --set kafka.sasl.username="),
+    (["kafka.securityProtocol=SASL_SSL", "kafka.sasl.username=u"],
+     "--set kafka.sasl.password=PASSWORD, or name a Secret holding it with --set auth.existingSecret="),
+    (["zookeeper.auth.enabled=true"], "--set zookeeper.auth.credentials=USER:PASSWORD"),
+    (["zookeeper.connect=zk:2181/chroot"], "zookeeper.connect \"zk:2181/chroot\" must not carry a chroot"),
+    (["kafka.tls.existingSecret=ca"], "--set kafka.securityProtocol=SSL"),
+    (["kafka.extraConfig.client_rack=a"], "kafka.extraConfig key \"client_rack\": use librdkafka's dotted"),
+    (["kafka.extraConfig.sasl\\.password=pw"], "kafka.extraConfig.sasl.password is set through the chart's own values"),
+    (["kafka.extraConfig.security\\.protocol=SSL"], "kafka.extraConfig.security.protocol is set through"),
+    (["config.extraSettings.http_port=1"], "config.extraSettings.http_port is set by the chart itself"),
+    (["config.extraSettings.Max=1"], "config.extraSettings key \"Max\": use the settings field name in snake_case"),
+    (["podAntiAffinityPreset=medium"], "podAntiAffinityPreset"),
+    (["replicaCount=0"], "replicaCount"),
+    (["replicas=3"], "additional properties 'replicas' not allowed"),
+])
+def test_bad_values_are_refused_naming_the_key(helm, sets, message):
+    args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSIONS[0],
+                      *args, *[arg for value in sets for arg in ("--set", value)])
+
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+# --- what the nodes rely on -----------------------------------------------------------------------------------
+
+
+def test_statefulset_has_one_pvc_template_per_pod_mounted_at_the_data_dir(rendered):
+    docs = rendered["default"]
+    sts = the(docs, "StatefulSet")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    env = container_env(docs, container, "dq-delayq-0")
+
+    claims = sts["spec"]["volumeClaimTemplates"]
+    assert [claim["metadata"]["name"] for claim in claims] == ["data"]
+    assert claims[0]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claims[0]["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    assert mounts["data"] == env["DELAYQ_DATA_DIR"] == "/data"
+    assert "data" not in {volume["name"] for volume in sts["spec"]["template"]["spec"]["volumes"]}
+    assert sts["spec"]["replicas"] == 3
+
+
+def test_persistence_disabled_puts_the_store_on_an_empty_dir(rendered):
+    spec = the(rendered["everything"], "StatefulSet")["spec"]
+
+    assert "volumeClaimTemplates" not in spec
+    assert {"name": "data", "emptyDir": {}} in spec["template"]["spec"]["volumes"]
+
+
+def test_node_id_is_the_pod_name_and_http_listens_on_all_interfaces(rendered):
+    docs = rendered["default"]
+    container = node_container(docs)
+    env = container_env(docs, container, "dq-delayq-2")
+
+    assert env["DELAYQ_NODE_ID"] == "dq-delayq-2"
+    assert env["DELAYQ_HTTP_HOST"] == "0.0.0.0"
+    assert container_argv(container) == ["delayq", "node"]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_probes_point_at_the_paths_and_port_the_node_serves(rendered, values):
+    docs = rendered[values]
+    container = node_container(docs)
+    env = container_env(docs, container, "dq-delayq-0")
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+
+    paths = {}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert ports[get["port"]] == int(env["DELAYQ_HTTP_PORT"]), probe
+        paths[probe] = get["path"]
+    assert paths == {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/livez"}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_delayq_variable_the_chart_sets_is_a_settings_field(rendered, values):
+    names = {name for cm in of_kind(rendered[values], "ConfigMap") for name in cm["data"]}
+    names |= {var["name"] for _, container, _ in delayq_containers(rendered[values])
+              for var in container.get("env", [])}
+    names = {name for name in names if name.startswith("DELAYQ_")}
+
+    unknown = []
+    for name in sorted(names):
+        if name.startswith("DELAYQ_KAFKA__"):
+            continue  # librdkafka's own names: the next test asks librdkafka
+        # DELAYQ_CONFIG names a settings file (read by Settings itself) and is no field.
+        if name != "DELAYQ_CONFIG" and name.removeprefix("DELAYQ_").lower() not in Settings.model_fields:
+            unknown.append(name)
+    assert not unknown, f"the chart sets variables no Settings field reads: {unknown}"
+    assert {"DELAYQ_BOOTSTRAP_SERVERS", "DELAYQ_ZK_CONNECT", "DELAYQ_NODE_ID", "DELAYQ_DATA_DIR"} <= names
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_rendered_environment_loads_into_the_settings_model(rendered, values, monkeypatch):
+    for owner, container, env in delayq_containers(rendered[values]):
+        for name in [name for name in os.environ if name.startswith("DELAYQ_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+
+        loaded = Settings().model_dump(mode="json")
+
+        for name, value in env.items():
+            if name.startswith("DELAYQ_KAFKA__"):
+                key = name.removeprefix("DELAYQ_KAFKA__").lower().replace("_", ".")
+                assert loaded["kafka"][key] == value, (owner, name)
+                assert librdkafka_refuses(key, value) is None, (owner, name, librdkafka_refuses(key, value))
+            elif name.startswith("DELAYQ_"):
+                field = name.removeprefix("DELAYQ_").lower()
+                expected = json.loads(value) if value.startswith(("[", "{")) else value
+                assert str(loaded[field]) == str(expected), (owner, name)
+
+
+def test_librdkafka_check_catches_an_unknown_property():
+    assert librdkafka_refuses("no.such.property", "x") is not None
+    assert librdkafka_refuses("socket.keepalive.enable", "true") is None
+
+
+def test_credentials_come_from_the_secret_never_the_configmap(rendered):
+    docs = rendered["everything"]
+    env_vars = {var["name"]: var for var in node_container(docs)["env"]}
+    config = the(docs, "ConfigMap", "dq-delayq")["data"]
+
+    for name in ("DELAYQ_KAFKA__SASL_PASSWORD", "DELAYQ_ZK_AUTH"):
+        assert env_vars[name]["valueFrom"]["secretKeyRef"]["name"] == "dq-delayq"
+        assert name not in config
+    assert "s3cret" not in json.dumps(config) and "delayq:pw" not in json.dumps(config)
+    assert the(docs, "Secret", "dq-delayq")["stringData"] == {"kafka-sasl-password": "s3cret",
+                                                              "zookeeper-credentials": "delayq:pw"}
+
+
+def test_production_reads_credentials_from_the_existing_secret_and_renders_none(rendered):
+    docs = rendered["production"]
+    env_vars = {var["name"]: var for var in node_container(docs)["env"]}
+
+    assert not of_kind(docs, "Secret")
+    assert env_vars["DELAYQ_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "delayq-credentials", "key": "kafka-sasl-password"}
+
+
+def test_pdb_lets_one_node_go_at_a_time_and_selects_the_nodes(rendered):
+    docs = rendered["default"]
+    pdb = the(docs, "PodDisruptionBudget")
+    sts = the(docs, "StatefulSet")
+
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == sts["spec"]["selector"]
+
+
+def test_services_give_stable_names_and_reach_the_http_port(rendered):
+    docs = rendered["default"]
+    sts = the(docs, "StatefulSet")
+    headless = the(docs, "Service", sts["spec"]["serviceName"])
+    http = the(docs, "Service", "dq-delayq")
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    for service in (headless, http):
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert http["spec"]["type"] == "ClusterIP"
+
+
+def test_nodes_get_a_graceful_handover_and_spread_over_hosts(rendered):
+    default = the(rendered["default"], "StatefulSet")["spec"]["template"]["spec"]
+    production = the(rendered["production"], "StatefulSet")["spec"]["template"]["spec"]
+
+    # The node hands leadership over within a few seconds of SIGTERM; 30 s is the least the chart accepts.
+    assert default["terminationGracePeriodSeconds"] >= 30
+    soft = default["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert soft[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    hard = production["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert hard[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "node"
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_pod_runs_as_the_image_user_with_a_read_only_root(rendered, values):
+    uid = int(re.search(r"--uid (\d+)", (ROOT / "Dockerfile").read_text()).group(1))
+
+    for owner, spec in pod_specs(rendered[values]).items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, owner
+        assert spec["securityContext"]["runAsUser"] == uid, owner
+        # Kubernetes' service links would inject DELAYQ_<SERVICE>_PORT-style variables into the settings prefix.
+        assert spec["enableServiceLinks"] is False, owner
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, owner
+            assert context["allowPrivilegeEscalation"] is False, owner
+            assert context["capabilities"]["drop"] == ["ALL"], owner
+            assert "/tmp" in {mount["mountPath"] for mount in container["volumeMounts"]}, owner
+
+
+def test_config_changes_roll_the_nodes(helm, value_args):
+    before = the(template(helm, *value_args["default"]), "StatefulSet")
+    after = the(template(helm, *value_args["default"], "--set", "config.deliveryBatchSize=10"), "StatefulSet")
+
+    annotation = "checksum/config"
+    assert before["spec"]["template"]["metadata"]["annotations"][annotation] != \
+        after["spec"]["template"]["metadata"]["annotations"][annotation]
+
+
+# --- hooks, jobs and the helm test ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_init_hook_runs_delayq_init_before_install_and_upgrade(rendered, values):
+    docs = rendered[values]
+    job = the(docs, "Job", "dq-delayq-init")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    hook_env = container_env(docs, container, "dq-delayq-init-x")
+    node_env = container_env(docs, node_container(docs), "dq-delayq-0")
+
+    assert hook(job) == {"pre-install", "pre-upgrade"}
+    assert container_argv(container) == ["delayq", "init"]
+    # Pre-install hooks run before the release's ConfigMap and Secret exist: the Job reads hook copies, made first.
+    config = the(docs, "ConfigMap", container["envFrom"][0]["configMapRef"]["name"])
+    assert hook(config) == {"pre-install", "pre-upgrade"}
+    assert int(config["metadata"]["annotations"]["helm.sh/hook-weight"]) < \
+        int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    def settings(env):
+        return {k: v for k, v in env.items() if k.startswith("DELAYQ_") and k != "DELAYQ_NODE_ID"}
+
+    assert settings(node_env) == settings(hook_env)
+
+
+def test_the_init_hook_does_not_need_the_chart_service_account(rendered):
+    spec = the(rendered["default"], "Job", "dq-delayq-init")["spec"]["template"]["spec"]
+
+    # The chart's ServiceAccount is created after pre-install hooks, so the Job must not name it.
+    assert "serviceAccountName" not in spec
+    existing = pod_specs(rendered["everything"])["Job/dq-delayq-init"]
+    assert existing["serviceAccountName"] == "delayq-sa"
+
+
+def test_the_helm_test_pod_runs_the_one_master_check(rendered):
+    docs = rendered["default"]
+    pod = the(docs, "Pod")
+    container = pod["spec"]["containers"][0]
+
+    assert hook(pod) == {"test"}
+    assert pod["spec"]["restartPolicy"] == "Never"
+    argv = container_argv(container)
+    assert argv[:2] == ["python", "-c"]
+    assert argv[2] == (CHART / "files" / "check_one_master.py").read_text()
+    assert argv[3] == "120"
+
+
+@pytest.mark.parametrize("status,code,says", [
+    ({"master": "dq-delayq-1", "nodes": [{"node_id": "dq-delayq-0", "role": "standby"},
+                                         {"node_id": "dq-delayq-1", "role": "master"}]}, 0, "one master: dq-delayq-1"),
+    ({"master": None, "nodes": [{"node_id": "dq-delayq-0", "role": "standby"}]}, 1, "no master"),
+    ({"master": "dq-delayq-0", "nodes": [{"node_id": "dq-delayq-0", "role": "master"},
+                                         {"node_id": "dq-delayq-1", "role": "master"}]}, 1, "2 nodes have role master"),
+])
+def test_the_one_master_check_passes_only_with_exactly_one_master(rendered, tmp_path, status, code, says):
+    # A stand-in `delayq status --json` with a fixed answer: the check's verdict is what is tested here;
+    # the integration test below runs it against a real node.
+    fake = tmp_path / "delayq"
+    fake.write_text(f"#!{sys.executable}\nprint({json.dumps(json.dumps(status))})\n")
+    fake.chmod(0o755)
+    argv = container_argv(the(rendered["default"], "Pod")["spec"]["containers"][0])
+
+    result = subprocess.run([sys.executable, *argv[1:3], "0"], capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+
+    assert result.returncode == code
+    assert says in result.stdout + result.stderr
+
+
+def test_the_reconcile_cronjob_runs_the_report_and_does_not_retry_a_finding(rendered):
+    docs = rendered["production"]
+    cron = the(docs, "CronJob")
+    job = cron["spec"]["jobTemplate"]["spec"]
+    spec = job["template"]["spec"]
+    container = spec["containers"][0]
+
+    assert re.fullmatch(r'exec delayq reconcile --out "/reports/\$\(date [^)]*\)" "\$@"', container["command"][2])
+    assert {"name": "reports", "persistentVolumeClaim": {"claimName": "delayq-reports"}} in spec["volumes"]
+    assert container["image"] == "registry.example.com/platform/delayq:0.1.0-spark"
+    rule = job["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [1]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert not of_kind(rendered["default"], "CronJob")
+
+
+def test_reconcile_extra_args_reach_the_command(rendered):
+    container = pod_specs(rendered["everything"])["CronJob/dq-delayq-reconcile"]["containers"][0]
+
+    assert container["command"][-3:] == ["delayq-reconcile", "--days", "7"]
+
+
+# --- Prometheus Operator objects (no bundled schema: structure asserted here) -----------------------------------
+
+
+def test_service_monitor_scrapes_every_node_through_the_http_service(rendered):
+    docs = rendered["production"]
+    monitor = the(docs, "ServiceMonitor")
+    http = the(docs, "Service", "dq-delayq")
+    headless = the(docs, "Service", "dq-delayq-headless")
+    selector = monitor["spec"]["selector"]["matchLabels"].items()
+
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert selector <= http["metadata"]["labels"].items()
+    assert not selector <= headless["metadata"]["labels"].items()  # each node scraped once, not twice
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_prometheus_rule_alerts_on_no_master_ingest_lag_and_dead_letters(rendered):
+    rule = the(rendered["production"], "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for group in groups for r in group["rules"]}
+
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert {"DelayqNoMaster", "DelayqIngestLag", "DelayqDeadLetters"} <= alerts.keys()
+    assert "delayq_is_master" in alerts["DelayqNoMaster"]["expr"]
+    assert "delayq_buffer_lag" in alerts["DelayqIngestLag"]["expr"] and "> 50000" in alerts["DelayqIngestLag"]["expr"]
+    assert "delayq_dead_lettered_total" in alerts["DelayqDeadLetters"]["expr"]
+    selector = f'namespace="{NAMESPACE}", service="dq-delayq"'
+    for name, alert in alerts.items():
+        assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}, name
+        assert alert["labels"]["severity"] in {"critical", "warning"}, name
+        assert {"summary", "description"} <= alert["annotations"].keys(), name
+        assert re.fullmatch(r"(\d+[smh])+", alert.get("for", "0s")), name
+        if name != "DelayqReconcileFailed":
+            assert selector in alert["expr"], name
+        assert alert["expr"].count("(") == alert["expr"].count(")"), name
+
+
+def render_notes(helm: Path, tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it: helm template skips it, so a copy of the chart wraps it in a manifest."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = chart / "templates" / "NOTES.txt"
+    (chart / "templates" / "_notes_preview.tpl").write_text(
+        '{{- define "notes-preview" }}' + notes.read_text() + "{{- end }}")
+    (chart / "templates" / "notes-preview.yaml").write_text('notes: {{ include "notes-preview" . | toJson }}')
+    notes.unlink()
+    result = run_helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--kube-version",
+                      KUBE_VERSIONS[0], "--show-only", "templates/notes-preview.yaml", *args)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["notes"]
+
+
+def test_notes_tell_how_to_check_the_cluster(helm, value_args, tmp_path):
+    notes = render_notes(helm, tmp_path, *value_args["default"])
+
+    assert f"kubectl -n {NAMESPACE} rollout status statefulset/dq-delayq" in notes
+    assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
+    assert f"kubectl -n {NAMESPACE} exec dq-delayq-0 -- delayq status" in notes
+    assert "curl localhost:8080/readyz" in notes
+    assert "delayq_is_master" in notes
+
+
+# --- documentation of the chart -------------------------------------------------------------------------------
+
+
+def leaf_paths(values: dict, prefix: str = "") -> dict[str, object]:
+    paths = {}
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            paths.update(leaf_paths(value, f"{path}."))
+        else:
+            paths[path] = value
+    return paths
+
+
+def test_values_yaml_documents_every_key_with_a_param_line():
+    text = (CHART / "values.yaml").read_text()
+    params = re.findall(r"^\s*## @param (\S+) \S", text, re.MULTILINE)
+    leaves = leaf_paths(yaml.safe_load(text))
+
+    assert len(params) == len(set(params)), "a key is documented twice"
+    # A leaf is documented by its own line, or it sits inside a map documented as a whole (resources, ...).
+    undocumented = [leaf for leaf in leaves if not any(leaf == p or leaf.startswith(p + ".") for p in params)]
+    assert not undocumented
+    unknown = [p for p in params if not any(leaf == p or leaf.startswith(p + ".") for leaf in leaves)]
+    assert not unknown, f"@param lines for keys values.yaml does not have: {unknown}"
+
+
+def test_every_helper_define_has_a_one_line_comment():
+    lines = (CHART / "templates" / "_helpers.tpl").read_text().splitlines()
+
+    defines = [i for i, line in enumerate(lines) if line.startswith("{{- define ")]
+    assert defines
+    for i in defines:
+        assert re.fullmatch(r"\{\{/\* .+ \*/\}\}", lines[i - 1]), lines[i]
+
+
+# --- the image ----------------------------------------------------------------------------------------------------
+
+
+def docker_context() -> list[Path]:
+    """Files a `docker build .` sends, after .dockerignore (its patterns here are names and globs, no '!')."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert not any(p.startswith("!") for p in patterns), "docker_context() does not handle exceptions"
+
+    def ignored(relative: Path) -> bool:
+        for pattern in patterns:
+            if pattern.startswith("**/"):
+                if any(part.match(pattern[3:]) for part in map(Path, relative.parts)):
+                    return True
+            elif any(Path(*relative.parts[:n]).match(pattern) and len(Path(pattern).parts) == n
+                     for n in range(1, len(relative.parts) + 1)):
+                return True
+        return False
+
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    return [Path(name) for name in tracked if not ignored(Path(name))]
+
+
+def test_docker_context_holds_the_package_and_nothing_else():
+    context = docker_context()
+    tops = {path.parts[0] for path in context}
+    package_dirs = set(re.findall(r'^"delayq[.\w]*" = "(\w+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE))
+
+    assert package_dirs and package_dirs <= tops
+    assert {"pyproject.toml", "README.md"} <= tops
+    assert not tops & {".venv", "tests", "helm", ".git", "docs"}
+
+
+def test_the_docker_context_builds_the_package(tmp_path):
+    source = tmp_path / "context"
+    for relative in docker_context():
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / relative, source / relative)
+
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path / "wheels"), str(source)], capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "wheels").glob("delayq-*.whl"))
+
+
+def test_the_image_runs_a_node_as_the_chart_expects():
+    text = (ROOT / "Dockerfile").read_text()
+
+    assert dockerfile_instruction("ENTRYPOINT") == ["delayq"]
+    assert dockerfile_instruction("CMD") == ["node"]
+    assert re.search(r"^USER 10001:10001$", text.split("AS node")[1], re.MULTILINE)
+    assert "openjdk-17-jre-headless" in text.split("AS reconcile")[1].split("FROM")[0]
+    assert re.search(r"^FROM \$\{PYTHON_IMAGE\} AS base$", text, re.MULTILINE)
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
+
+
+# --- the chart's containers against a real node ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local_argv(argv: list[str]) -> list[str]:
+    """The container's argv on this machine: the image's `delayq` and `python` are the venv's."""
+    programs = {"delayq": str(Path(sys.executable).with_name("delayq")), "python": sys.executable}
+    return [programs.get(argv[0], argv[0]), *argv[1:]]
+
+
+def local_env(env: dict[str, str]) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base['PATH']}"
+    return {**base, **env}
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except (urllib.error.URLError, ConnectionError) as err:
+        # What the kubelet sees before the server listens: a failed probe.
+        return 0, str(err)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_the_charts_init_node_probes_and_helm_test_work_on_the_real_stack(helm, dev_stack, names, tmp_path):
+    port = free_port()
+    values = {
+        "kafka": {"bootstrapServers": dev_stack.bootstrap_servers},
+        "zookeeper": {"connect": dev_stack.zk_connect, "sessionTimeoutMs": 3000},
+        "config": {"cluster": names.cluster, "bufferPartitions": 3, "bufferReplicationFactor": 1},
+        "containerPorts": {"http": port},
+        "persistence": {"mountPath": str(tmp_path / "data")},
+        "tests": {"timeoutSeconds": 60},
+    }
+    docs = template(helm, *values_args(values, tmp_path, "stack"))
+    sts = the(docs, "StatefulSet")
+    runs_node = node_container(docs)
+    init_container = the(docs, "Job")["spec"]["template"]["spec"]["containers"][0]
+    test_container = the(docs, "Pod")["spec"]["containers"][0]
+
+    init = subprocess.run(local_argv(container_argv(init_container)), capture_output=True, text=True, timeout=120,
+                          env=local_env(container_env(docs, init_container, "dq-delayq-init-x")))
+    assert init.returncode == 0, init.stdout + init.stderr
+    topics = AdminClient({"bootstrap.servers": dev_stack.bootstrap_servers}).list_topics(timeout=10)
+    assert f"delayq-{names.cluster}-buffer" in topics.topics
+
+    log = (tmp_path / "node.log").open("w")
+    node = subprocess.Popen(local_argv(container_argv(runs_node)), stdout=log, stderr=subprocess.STDOUT,
+                            env=local_env(container_env(docs, runs_node, f"{sts['metadata']['name']}-0")))
+    try:
+        probes = {name: runs_node[name]["httpGet"] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
+        ports = {p["name"]: p["containerPort"] for p in runs_node["ports"]}
+
+        def probe(name: str) -> int:
+            get = probes[name]
+            return http_get(f"http://127.0.0.1:{ports[get['port']]}{get['path']}")[0]
+
+        deadline = time.monotonic() + 90
+        while probe("startupProbe") != 200:
+            assert node.poll() is None, (tmp_path / "node.log").read_text()
+            assert time.monotonic() < deadline, "the startup probe never passed: " + (tmp_path / "node.log").read_text()
+            time.sleep(0.5)
+        assert probe("readinessProbe") == 200
+        assert probe("livenessProbe") == 200
+        assert re.search(r"^delayq_is_master\S* 1\.0$", http_get(f"http://127.0.0.1:{port}/metrics")[1], re.MULTILINE)
+
+        check = subprocess.run(local_argv(container_argv(test_container)), capture_output=True, text=True, timeout=90,
+                               env=local_env(container_env(docs, test_container, "dq-delayq-test-one-master")))
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert f"one master: {sts['metadata']['name']}-0" in check.stdout
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            code = node.wait(timeout=sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+        except subprocess.TimeoutExpired:
+            node.kill()
+            raise
+        log.close()
+    assert code == 0, (tmp_path / "node.log").read_text()
