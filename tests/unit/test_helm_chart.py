@@ -103,7 +103,7 @@ def ensure_helm(say=print) -> Path:
     go = shutil.which("go")
     if go is None:
         raise RuntimeError(
-            f"helm {HELM_VERSION} is built from the Go module proxy and Go was not found: install Go 1.24+ "
+            f"helm {HELM_VERSION} is built from the Go module proxy and Go was not found: install Go 1.26+ "
             "(https://go.dev/dl/) or put an official helm binary at " + str(helm)
         )
     # A private GOBIN, moved into place at the end: an interrupted or concurrent build never leaves half a binary.
