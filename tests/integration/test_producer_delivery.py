@@ -1,0 +1,117 @@
+"""End to end: delayq.Producer -> buffer -> a real `delayq node` -> the target topic, as produced."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from confluent_kafka import Producer as PlainProducer
+from kafka_testing import create_topics, read_topic
+
+import delayq
+from delayq.delay_service import LocalCluster
+from delayq.proxy import envelope as env
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(settings, tmp_path):
+    cluster = LocalCluster(settings, tmp_path)
+    yield cluster
+    cluster.close()
+
+
+def delayq_cli(settings, *args: str) -> subprocess.CompletedProcess:
+    env_vars = {**os.environ, "COLUMNS": "200", "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+                "DELAYQ_ZK_CONNECT": settings.zk_connect, "DELAYQ_CLUSTER": settings.cluster}
+    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True, env=env_vars,
+                          timeout=60)
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target], partitions=3)
+    cluster.start("node-a")
+    conf = {"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster, "linger.ms": 1}
+    producer = delayq.Producer(conf)
+    murmur = delayq.Producer({**conf, "partitioner": "murmur2_random"})
+    plain_murmur = PlainProducer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random"})
+
+    keyed_headers = [("trace", b"t1"), ("trace", b"dup"), ("empty", None)]
+    due = {}
+    producer.produce(target, b"now", b"order-1")  # immediate, beside which the delayed order-1 must land
+    plain_murmur.produce(target, b"now-murmur", b"order-5")
+    keyed = producer.produce(target, b"\x00keyed", b"order-1", headers=keyed_headers, delay=1.5)
+    pinned = producer.produce(target, None, partition=2, headers={"h": "x"},
+                              deliver_at=datetime.now(timezone.utc) + timedelta(seconds=2))
+    hashed = murmur.produce(target, b"murmur", b"order-5", delay=1.5)
+    cancelled = producer.produce(target, b"cancelled", delay=2.5)
+    cancelled_due_ms = time.time_ns() // 1_000_000 + 2500
+    moved = producer.produce(target, b"original", b"m", delay=600)
+    for p in (producer, murmur, plain_murmur):
+        p.flush(10)
+    producer.cancel(cancelled)
+    producer.reschedule(moved, target, b"rescheduled", b"m", headers=[("v", b"2")], delay=2)
+    producer.flush(10)
+    for delay_id in (keyed, pinned, hashed, moved):
+        assert wait_until(lambda: delayq.lookup(delay_id, settings=settings).pending), delay_id
+        due[delay_id] = delayq.lookup(delay_id, settings=settings).deliver_at_ms
+
+    records = read_topic(settings.bootstrap_servers, target, expect=6, timeout_s=30, idle_s=1)
+    # Read again once the cancelled message is well past due, so its absence means something.
+    time.sleep(max(0.0, (cancelled_due_ms + 1000) / 1000 - time.time()))
+    records = read_topic(settings.bootstrap_servers, target, expect=6, timeout_s=30, idle_s=0.5)
+
+    now_records = {r.value(): r for r in records if env.ID not in dict(r.headers() or [])}
+    delayed = {dict(r.headers())[env.ID].decode(): r for r in records if env.ID in dict(r.headers() or [])}
+    assert set(now_records) == {b"now", b"now-murmur"}
+    assert set(delayed) == {keyed, pinned, hashed, moved}, "a cancelled message was delivered, or one is missing"
+    for delay_id, record in delayed.items():
+        assert record.timestamp()[1] >= due[delay_id], f"{delay_id} delivered early"
+        assert dict(record.headers())[env.DELIVER_AT] == str(due[delay_id]).encode()
+    expect = {
+        keyed: (b"\x00keyed", b"order-1", keyed_headers, now_records[b"now"].partition()),
+        pinned: (None, None, [("h", b"x")], 2),
+        hashed: (b"murmur", b"order-5", [], now_records[b"now-murmur"].partition()),
+        moved: (b"rescheduled", b"m", [("v", b"2")], None),
+    }
+    for delay_id, (value, key, headers, partition) in expect.items():
+        record = delayed[delay_id]
+        assert (record.value(), record.key()) == (value, key)
+        assert record.headers()[:len(headers)] == headers
+        assert [name for name, _ in record.headers()[len(headers):]] == [env.ID, env.DELIVER_AT, env.EPOCH]
+        if partition is not None:
+            assert record.partition() == partition
+    assert due[moved] - due[keyed] < 5_000, "reschedule did not move the due time"
+    assert wait_until(lambda: not delayq.lookup(keyed, settings=settings).pending)
+
+
+def test_cli_get_and_cancel_through_a_node_found_in_zookeeper(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    produced = delayq_cli(settings, "produce", "--topic", target, "--delay", "10m", "later")
+    delay_id = produced.stdout.strip()
+    assert produced.returncode == 0, produced.stderr
+
+    assert wait_until(lambda: delayq_cli(settings, "get", delay_id).returncode == 0)
+    pending = delayq_cli(settings, "get", delay_id)
+    cancelled = delayq_cli(settings, "cancel", delay_id)
+
+    assert pending.stdout.startswith("pending: due ") and f"to topic {target}" in pending.stdout
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert wait_until(lambda: delayq_cli(settings, "get", delay_id).returncode == 1)
