@@ -181,7 +181,9 @@ class Node:
             self.stopping.wait(1.0)
 
     def _publish_once(self) -> None:
-        host = socket.gethostname() if self.settings.http_host in ("0.0.0.0", "::") else self.settings.http_host
+        # Listening everywhere: advertise the FQDN, which other pods resolve (a StatefulSet
+        # pod's short name alone does not resolve outside its own /etc/hosts).
+        host = socket.getfqdn() if self.settings.http_host in ("0.0.0.0", "::") else self.settings.http_host
         try:
             self.membership.publish({
                 "node_id": self.settings.node_id, "host": host, "http": f"http://{host}:{self.http.port}",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
     zk_session_timeout_ms: int = Field(default=6000, ge=1000)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # Delivery.
     delivery_batch_size: int = Field(default=2000, ge=1)

@@ -12,16 +12,18 @@ from delayq.settings import Settings
 def register(subparsers) -> None:
     node = subparsers.add_parser("node", help="run one delay-service node (settings from DELAYQ_* or --config)")
     node.add_argument("--config", help="a YAML or TOML settings file (same as DELAYQ_CONFIG)")
-    node.add_argument("--log-level", default=os.environ.get("DELAYQ_LOG_LEVEL", "INFO"))
+    node.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                      help="overrides DELAYQ_LOG_LEVEL")
     node.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.config:
         os.environ["DELAYQ_CONFIG"] = args.config
-    logging.basicConfig(level=args.log_level.upper(),
+    settings = Settings(**({"log_level": args.log_level} if args.log_level else {}))
+    logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     from delayq.delay_service import Node
 
-    return Node(Settings()).run()
+    return Node(settings).run()
