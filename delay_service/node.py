@@ -17,7 +17,7 @@ from pathlib import Path
 
 from delayq.election import Cursor, Leadership, Membership, Term, connect
 from delayq.settings import Settings
-from delayq.store import TimeIndex
+from delayq.store import StoreOptions, TimeIndex
 
 from .delivery import Delivery, Wakeup
 from .http import NodeHTTPServer
@@ -126,14 +126,17 @@ class Node:
     def _open_store(self, info: BufferInfo) -> TimeIndex:
         path = Path(self.settings.data_dir) / STORE_DIR
         path.parent.mkdir(parents=True, exist_ok=True)
-        store = TimeIndex(path)
+        options = StoreOptions(block_cache_mb=self.settings.store_block_cache_mb,
+                               write_buffer_mb=self.settings.store_write_buffer_mb,
+                               sync_writes=self.settings.store_sync_writes)
+        store = TimeIndex(path, options)
         reason = self._rebuild_reason(store, info)
         if reason is not None:
             log.warning("store %s will be rebuilt from the buffer: %s", path, reason)
             self.metrics.rebuilds.labels(reason.split(":")[0]).inc()
             store.close()
             TimeIndex.destroy(path)
-            store = TimeIndex(path)
+            store = TimeIndex(path, options)
         store.set_meta(META_TOPIC_ID, info.topic_id.encode())
         self.metrics.pending.set(store.pending_count())
         return store

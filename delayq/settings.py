@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     http_port: int = Field(default=8080, ge=0, le=65535)
     zk_session_timeout_ms: int = Field(default=6000, ge=1000)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    store_block_cache_mb: int = Field(default=64, ge=1, description="RocksDB block cache of this node's store")
+    store_write_buffer_mb: int = Field(default=32, ge=1, description="RocksDB memtable size")
+    store_sync_writes: bool = Field(
+        default=False, description="fsync every batch; off by default: the buffer topic re-supplies a lost tail"
+    )
 
     # Delivery.
     delivery_batch_size: int = Field(default=2000, ge=1)
