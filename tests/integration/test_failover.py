@@ -148,3 +148,53 @@ def test_frozen_master_resumed_after_a_takeover_delivers_nothing(cluster, settin
     # Once the new master delivered, nothing from the old epoch follows it.
     first_new = epochs.index(2)
     assert all(e == 2 for e in epochs[first_new:]), "the resumed master delivered after the takeover"
+
+
+def test_node_away_longer_than_tombstone_retention_rebuilds(dev_stack, names, tmp_path):
+    from delayq import Settings
+
+    settings = Settings(bootstrap_servers=dev_stack.bootstrap_servers, zk_connect=dev_stack.zk_connect,
+                        cluster=names.cluster, buffer_partitions=2, delete_retention_ms=2000)
+    cluster = Cluster(settings, tmp_path)
+    try:
+        target = names.topic("target")
+        create_topics(settings.bootstrap_servers, [target])
+        node = cluster.start("node-a")
+        feed(settings, target, 10, now_ms() + 120_000, 1000)
+        time.sleep(1)
+        assert node.stop() == 0
+        time.sleep(2.5)  # longer than delete.retention.ms: tombstones it missed may be gone
+
+        back = cluster.start("node-a")
+
+        assert back.metric('delayq_store_rebuilds_total{reason="stale"}') == 1
+        assert back.metric("delayq_pending") == 10
+    finally:
+        cluster.close()
+
+
+def test_node_rebuilds_when_the_buffer_topic_was_recreated(cluster, settings, names):
+    from confluent_kafka.admin import AdminClient
+
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    feed(settings, target, 20, now_ms() + 120_000, 1000)
+    time.sleep(1)
+    assert node.stop() == 0
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    admin.delete_topics([settings.buffer_topic])[settings.buffer_topic].result(30)
+    deadline = time.monotonic() + 30
+    while settings.buffer_topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+
+    fresh = Cluster(settings, node.data_dir.parent.parent)  # creates the buffer topic again
+    ids = feed(settings, target, 3, now_ms() + 120_000, 1000)
+    back = fresh.start("node-a")
+    try:
+        assert back.metric('delayq_store_rebuilds_total{reason="topic recreated"}') == 1
+        assert back.metric("delayq_pending") == 3
+        assert all(back.get_json(f"/v1/messages/{i}")[0] == 200 for i in ids)
+    finally:
+        fresh.close()
