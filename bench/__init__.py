@@ -1,0 +1,1 @@
+"""delayq.bench: the benchmark suite behind ``delayq bench`` (figures in BENCHMARKS.md)."""
