@@ -13,10 +13,10 @@ Never add partitions to the buffer topic: pending ids would move.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import os
-import itertools
 import threading
 import time
 import typing
@@ -32,6 +32,7 @@ from delayq import Settings
 
 from . import envelope as env
 from .envelope import check_delay_id, control_headers
+from .lookup import Lookup, lookup
 
 DEFAULT_PARTITIONER = "consistent_random"
 # librdkafka partitioners that hash a non-empty key with CRC32, exactly like buffer_partition().
@@ -470,10 +471,8 @@ class Producer(confluent_kafka.Producer):
         _base_produce(self, self._buffer_topic, None, delay_id, target, on_delivery, None, 0,
                       control_headers(env.OP_CANCEL, delay_id))
 
-    def lookup(self, delay_id: str, timeout: float = 2.0):
+    def lookup(self, delay_id: str, timeout: float = 2.0) -> Lookup:
         """Ask a node whether ``delay_id`` is pending: :func:`delayq.lookup` with this producer's settings."""
-        from .lookup import lookup
-
         return lookup(delay_id, settings=self._settings, timeout=timeout)
 
     def produce_batch(self, topic: str, messages: list, *args: typing.Any, **kwargs: typing.Any) -> int:  # type: ignore[override]
@@ -494,7 +493,7 @@ class Producer(confluent_kafka.Producer):
         partitions = self._buffer_partitions
         if partitions is None:
             partitions = self._load_buffer_partitions()
-        return zlib.crc32(delay_id.encode()) % partitions
+        return buffer_partition(delay_id, partitions)
 
     def _load_buffer_partitions(self) -> int:
         with self._lock:
