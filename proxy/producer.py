@@ -351,7 +351,7 @@ class Producer(confluent_kafka.Producer):
             KafkaException: as confluent-kafka's ``produce()``; for a delayed message
                 also when the buffer topic does not exist (run ``delayq init``).
         """
-        if on_delivery is None:
+        if callback is not None:  # confluent-kafka lets callback win when both are given
             on_delivery = callback
         # Positional arguments in the order of cimpl's produce(topic, value, key, partition,
         # callback, on_delivery, timestamp, headers): keyword parsing costs measurably per call.
