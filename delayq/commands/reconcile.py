@@ -1,0 +1,29 @@
+"""``delayq reconcile``: the Spark job that proves every delayed message was delivered once, on time."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    from delayq.spark.cli import add_arguments
+
+    parser = subparsers.add_parser(
+        "reconcile",
+        help="Spark report: expected vs delivered per delay id (duplicates, missing, unexpected, early, lateness)",
+        description="Read the buffer and target topics with Spark, judge every delay id due in the window, and "
+                    "write report.json, report.html and anomalies/*.parquet. Exit code 0 when nothing is missing "
+                    "or duplicated, 1 otherwise.")
+    add_arguments(parser, default_master="local[*]")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from delayq.cli import CommandError
+    from delayq.spark import ReconcileError
+    from delayq.spark.cli import run as run_job
+
+    try:
+        return run_job(args)
+    except ReconcileError as err:
+        raise CommandError(str(err)) from err

@@ -1,0 +1,111 @@
+"""Command-line arguments of the job, shared by ``delayq reconcile`` and ``python -m delayq.spark``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .options import MAVEN_CENTRAL, ReconcileOptions, parse_duration, parse_instant
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None) -> None:
+    """The job's flags; ``default_master`` is ``local[*]`` for delayq, None under spark-submit."""
+    parser.add_argument("--since", default="24h",
+                        help="window start: ISO 8601 time (UTC unless it has an offset) or a duration before now "
+                             "like 24h (default: 24h)")
+    parser.add_argument("--until", default="now", help="window end: ISO 8601 time, a duration before now, or now "
+                                                       "(default: now)")
+    parser.add_argument("--grace", default="5m",
+                        help="a message due less than this before --until is not yet missing (default: 5m)")
+    parser.add_argument("--early-tolerance", default="10ms",
+                        help="a delivery up to this much before its due time is not early: clock skew between "
+                             "producer and master hosts (default: 10ms)")
+    parser.add_argument("--lookback", default="1h",
+                        help="read target topics from this long before --since, to catch early deliveries "
+                             "(default: 1h)")
+    parser.add_argument("--out", type=Path, default=Path("delayq-report"),
+                        help="folder for report.json, report.html and anomalies/*.parquet (default: ./delayq-report)")
+    parser.add_argument("--topics", default=None,
+                        help="comma-separated target topics (default: found from the buffer's delayq-topic headers)")
+    parser.add_argument("--read-uncommitted", action="store_true",
+                        help="also count records of open and aborted transactions (default: read_committed)")
+    parser.add_argument("--master", default=default_master,
+                        help=f"Spark master (default: {default_master or 'the one spark-submit was given'})")
+    parser.add_argument("--list-limit", type=int, default=1000,
+                        help="ids per anomaly list in report.json; Parquet has them all (default: 1000)")
+    parser.add_argument("--maven-repo", default=MAVEN_CENTRAL,
+                        help="Maven repository the Spark Kafka source is resolved from on the first run")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark setting for the session the job starts (repeatable)")
+
+
+def options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) -> ReconcileOptions:
+    """ReconcileOptions from parsed flags.
+
+    Raises:
+        ValueError: a flag's value is malformed; the message names the flag.
+    """
+    conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf {item!r} must be KEY=VALUE, e.g. spark.sql.shuffle.partitions=8")
+        conf[key.strip()] = value
+    topics = None
+    if args.topics is not None:
+        topics = tuple(t.strip() for t in args.topics.split(",") if t.strip())
+        if not topics:
+            raise ValueError("--topics is empty: give comma-separated topic names, or leave it out to find them")
+    return ReconcileOptions(
+        since_ms=parse_instant(args.since, "--since", now_ms=now_ms),
+        until_ms=parse_instant(args.until, "--until", now_ms=now_ms),
+        out=args.out,
+        grace_ms=parse_duration(args.grace, "--grace"),
+        early_tolerance_ms=parse_duration(args.early_tolerance, "--early-tolerance"),
+        lookback_ms=parse_duration(args.lookback, "--lookback"),
+        topics=topics,
+        read_committed=not args.read_uncommitted,
+        list_limit=args.list_limit,
+        master=args.master,
+        maven_repository=args.maven_repo,
+        spark_conf=conf,
+    )
+
+
+def run(args: argparse.Namespace, console: Console | None = None) -> int:
+    """Run the job from parsed flags, with progress; print the summary; return the exit code (0 or 1)."""
+    from delayq import Settings
+
+    from . import reconcile
+    from .progress import SparkProgress
+
+    console = console or Console()
+    options = options_from_args(args)
+    settings = Settings()
+    with SparkProgress() as progress:
+        report = reconcile(settings, options, progress=progress.step)
+    print_summary(report, console)
+    return report.exit_code
+
+
+def print_summary(report, console: Console) -> None:
+    """The totals and where the files are, as a person reads them in a terminal."""
+    totals, lateness = report.totals, report.lateness_ms
+    table = Table(title=f"delayq reconciliation, due {report.window['since']} → {report.window['until']}")
+    table.add_column("finding")
+    table.add_column("ids", justify="right")
+    alarming = {"missing", "duplicates", "unexpected", "early"}
+    for name in ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "in_grace", "cancelled",
+                 "cancelled_too_late"):
+        value = str(totals[name])
+        table.add_row(name.replace("_", " "), f"[bold red]{value}[/]" if name in alarming and totals[name] else value)
+    console.print(table)
+    if lateness["count"]:
+        console.print("lateness ms: " + ", ".join(f"{k} {lateness[k]}" for k in ("p50", "p90", "p99", "max")))
+    if report.source["topics_not_found"]:
+        console.print(f"[yellow]target topics not found:[/] {', '.join(report.source['topics_not_found'])}")
+    verdict = "[green]OK[/]" if report.ok else "[bold red]ALERT: missing or duplicated messages[/]"
+    console.print(f"{verdict}; report: {report.files.get('html')}")

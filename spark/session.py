@@ -1,0 +1,224 @@
+"""The Spark session of the job, with Spark's Kafka source resolved once into delayq's cache.
+
+The Kafka source is not part of pyspark: it is the Maven artifact
+``org.apache.spark:spark-sql-kafka-0-10_2.13`` at exactly the pyspark version,
+resolved by Spark's own Ivy (``spark.jars.packages``) into ``<cache>/spark/ivy``,
+so the second run resolves from that cache and downloads nothing. The Ivy
+settings name one repository (Maven Central by default): the default chain also
+tries ``~/.m2``, where a stray pom without its jar breaks the resolution.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from delayq.dev import cache_dir
+from delayq.errors import DelayqError
+
+from .options import MAVEN_CENTRAL
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from delayq import Settings
+
+# pyspark's own jars already hold these; a second copy on the class path only invites conflicts.
+BUNDLED_WITH_PYSPARK = (
+    "org.apache.hadoop:hadoop-client-runtime",
+    "org.apache.hadoop:hadoop-client-api",
+    "org.slf4j:slf4j-api",
+    "org.xerial.snappy:snappy-java",
+    "org.lz4:lz4-java",
+    "com.google.code.findbugs:jsr305",
+    "org.scala-lang.modules:scala-parallel-collections_2.13",
+)
+
+# Options Spark's Kafka source refuses or manages itself (it would fail the whole run).
+_REFUSED_BY_SPARK = frozenset({
+    "group.id", "auto.offset.reset", "enable.auto.commit", "interceptor.classes",
+    "key.deserializer", "value.deserializer", "key.serializer", "value.serializer", "isolation.level",
+    "bootstrap.servers",
+})
+# librdkafka names whose Java client spelling differs.
+_JAVA_NAMES = {"sasl.mechanisms": "sasl.mechanism"}
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+_started_log: Path | None = None
+
+
+def jvm_log() -> Path | None:
+    """The log file of the JVM this process started (Ivy's resolution report first), or None."""
+    return _started_log
+
+
+class ReconcileError(DelayqError):
+    """The reconciliation could not run: Kafka, the buffer topic or the Spark Kafka source is not there."""
+
+
+def kafka_package(version: str | None = None) -> str:
+    """Maven coordinates of Spark's Kafka source matching ``version`` (the installed pyspark by default)."""
+    if version is None:
+        import pyspark
+
+        version = pyspark.__version__
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+def spark_home_dir() -> Path:
+    """Where the job keeps the Ivy cache, its settings and the JVM logs: ``<delayq cache>/spark``."""
+    return cache_dir() / "spark"
+
+
+def ivy_settings_xml(repository: str = MAVEN_CENTRAL) -> str:
+    """Ivy settings that resolve from ``repository`` alone (a Maven 2 layout)."""
+    if not repository.startswith(("https://", "http://", "file:")):
+        raise ValueError(f"maven_repository {repository!r} must be an http(s):// or file: URL")
+    root = repository if repository.endswith("/") else repository + "/"
+    return (
+        "<ivysettings>\n"
+        '  <settings defaultResolver="delayq-maven"/>\n'
+        "  <resolvers>\n"
+        f'    <ibiblio name="delayq-maven" m2compatible="true" root="{root}"/>\n'
+        "  </resolvers>\n"
+        "</ivysettings>\n"
+    )
+
+
+def kafka_source_options(settings: Settings, *, isolation_level: str) -> dict[str, str]:
+    """``kafka.``-prefixed options for Spark's Kafka source, from the one Settings model.
+
+    ``Settings.kafka`` holds librdkafka settings; most have the same name in the Java
+    client Spark uses. ``sasl.mechanisms`` becomes ``sasl.mechanism``, and
+    ``sasl.username``/``sasl.password`` become a ``sasl.jaas.config`` for PLAIN and
+    SCRAM. Options the Kafka source manages itself (group.id, offsets reset,
+    deserializers) are left out rather than failing the run.
+
+    Args:
+        settings: bootstrap servers and pass-through client settings.
+        isolation_level: ``read_committed`` or ``read_uncommitted``.
+
+    Raises:
+        ValueError: ``isolation_level`` is neither, or SASL credentials come without a supported mechanism.
+    """
+    if isolation_level not in ("read_committed", "read_uncommitted"):
+        raise ValueError(f"isolation_level {isolation_level!r} must be read_committed or read_uncommitted")
+    conf = dict(settings.kafka)
+    username, password = conf.pop("sasl.username", None), conf.pop("sasl.password", None)
+    java: dict[str, str] = {}
+    for name, value in conf.items():
+        name = _JAVA_NAMES.get(name, name)
+        if name not in _REFUSED_BY_SPARK:
+            java[name] = str(value)
+    if username is not None and "sasl.jaas.config" not in java:
+        mechanism = java.get("sasl.mechanism", "PLAIN").upper()
+        if mechanism not in _JAAS_MODULES:
+            raise ValueError(f"kafka settings give sasl.username with sasl.mechanisms={mechanism!r}; "
+                             f"the reconciliation can build a JAAS config for {sorted(_JAAS_MODULES)} only: "
+                             "set kafka.sasl.jaas.config yourself")
+        java["sasl.jaas.config"] = (f'{_JAAS_MODULES[mechanism]} required username="{_escape(username)}" '
+                                    f'password="{_escape(password or "")}";')
+    java["bootstrap.servers"] = settings.bootstrap_servers
+    java["isolation.level"] = isolation_level
+    return {f"kafka.{name}": value for name, value in java.items()}
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def spark_session(master: str | None = "local[*]", *, maven_repository: str = MAVEN_CENTRAL,
+                  conf: dict[str, str] | None = None) -> SparkSession:
+    """The active Spark session, or a new one able to read Kafka.
+
+    When this process already runs inside Spark (``spark-submit`` started it, or a
+    session exists), that session is returned as it is: its master and packages
+    were chosen by whoever started it. Otherwise a JVM is started with the Kafka
+    source from the cache (resolved on the first run), its output going to a log
+    file under :func:`spark_home_dir` rather than the terminal.
+
+    Args:
+        master: the Spark master for a new session (``local[*]``, ``spark://host:7077``); None: Spark's default.
+        maven_repository: where Ivy resolves the Kafka source from on the first run.
+        conf: extra Spark settings for a new session.
+
+    Raises:
+        ReconcileError: the JVM did not start or the Kafka source could not be resolved; the message
+            names the log file with Ivy's and Spark's own words.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:
+        # A JVM is up in this process: its jars and master were fixed when it started.
+        return SparkSession.builder.getOrCreate()
+    home = spark_home_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    settings_file = home / "ivysettings.xml"
+    text = ivy_settings_xml(maven_repository)
+    if not settings_file.exists() or settings_file.read_text() != text:
+        settings_file.write_text(text)
+    builder = SparkSession.builder.appName("delayq-reconcile")
+    settings: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
+    # Under spark-submit the JVM is already up with the --master and --packages it was given.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        if master:
+            builder = builder.master(master)
+        settings.update({
+            "spark.jars.packages": kafka_package(),
+            "spark.jars.ivy": str(home / "ivy"),
+            "spark.jars.ivySettings": str(settings_file),
+            "spark.jars.excludes": ",".join(BUNDLED_WITH_PYSPARK),
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "16",
+            "spark.driver.memory": "2g",
+        })
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    log = home / "logs" / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    global _started_log
+    _started_log = log
+    try:
+        with _output_to(log):
+            session = builder.getOrCreate()
+    except Exception as err:
+        raise ReconcileError(f"Spark did not start with the Kafka source {kafka_package()} "
+                             f"(resolved from {maven_repository} into {home / 'ivy'}): {err}; "
+                             f"see {log} for Ivy's and Spark's own messages") from err
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+@contextmanager
+def _output_to(path: Path):
+    """Send this process's stdout and stderr, and so the JVM's it starts, to ``path`` meanwhile.
+
+    The JVM keeps the file as its stdout/stderr for its whole life: Ivy's resolution
+    report and Spark's warnings land there instead of between the progress lines.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for descriptor in (fd, *saved):
+            os.close(descriptor)

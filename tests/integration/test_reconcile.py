@@ -1,0 +1,252 @@
+"""The reconciliation job on the real Kafka: staged histories, each anomaly found with its id and nothing else.
+
+Histories are written straight to Kafka with the envelope (buffer puts, cancels and
+done tombstones; deliveries with ``delivery_headers`` and explicit timestamps), the
+way the proxy and a master write them. One Spark session (local[2]) serves the
+whole test session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pyspark
+import pytest
+from confluent_kafka import Producer
+from kafka_testing import create_topics
+
+from delayq import Settings
+from delayq.cli import main as delayq_main
+from delayq.proxy import envelope as env
+from delayq.spark import ANOMALY_KINDS, ReconcileOptions, iso, load_report, reconcile, spark_session
+from delayq.spark.session import spark_home_dir
+from delayq.spark.synthetic import TrafficWriter, healthy_traffic, new_message
+
+pytestmark = pytest.mark.integration
+
+MINUTE = 60_000
+HEALTHY = 40
+
+
+@pytest.fixture(scope="session")
+def spark(dev_stack):
+    return spark_session("local[2]")
+
+
+@dataclass
+class Staged:
+    """A staged cluster history: its settings, window and the ids that matter."""
+
+    settings: Settings
+    since: int
+    until: int
+    targets: list[str]
+    ids: dict[str, str]
+
+    def options(self, out: Path, **changes) -> ReconcileOptions:
+        return ReconcileOptions(since_ms=self.since, until_ms=self.until, out=out, **changes)
+
+
+def stage_topics(dev_stack, prefix: str, targets: int = 2) -> tuple[Settings, list[str], int, int]:
+    """Fresh buffer and target topics (names unique like the ``names`` fixture's), and a window ending now."""
+    settings = Settings(bootstrap_servers=dev_stack.bootstrap_servers, buffer_topic=f"{prefix}-buffer")
+    topics = [f"{prefix}-target-{i}" for i in range(targets)]
+    create_topics(dev_stack.bootstrap_servers, [settings.buffer_topic, *topics], partitions=3)
+    now = int(time.time() * 1000)
+    return settings, topics, now - 3 * 60 * MINUTE, now - 10 * MINUTE
+
+
+@pytest.fixture(scope="module")
+def clean(dev_stack, spark) -> Staged:
+    """Healthy traffic plus every case that looks odd but is no anomaly."""
+    settings, (a, b), since, until = stage_topics(dev_stack, f"t-reconcile-clean-{uuid.uuid4().hex[:8]}")
+    ids = {}
+    with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
+        healthy_traffic(writer, HEALTHY, [a, b], since, until - 30 * MINUTE)
+        # Rescheduled: the second put wins, so a delivery at the new time is neither early nor late.
+        first = new_message(a, since + 10 * MINUTE)
+        writer.put(first, first.created_at_ms)
+        moved = dataclasses.replace(first, deliver_at_ms=since + 20 * MINUTE)
+        writer.put(moved, first.created_at_ms + 1000)
+        writer.deliver(moved, moved.deliver_at_ms + 15)
+        writer.done(moved.delay_id, moved.deliver_at_ms + 15)
+        ids["rescheduled"] = moved.delay_id
+        # Cancelled in time and never delivered.
+        cancelled = new_message(b, since + 30 * MINUTE)
+        writer.put(cancelled, cancelled.created_at_ms)
+        writer.cancel(cancelled.delay_id, since + 25 * MINUTE)
+        ids["cancelled"] = cancelled.delay_id
+        # Cancelled after the delivery: the documented race, not an anomaly.
+        raced = writer.delivered(topic=a, due_ms=since + 40 * MINUTE, delivered_ms=since + 40 * MINUTE + 8)
+        writer.cancel(raced.delay_id, since + 40 * MINUTE + 5000)
+        ids["cancel_too_late"] = raced.delay_id
+        # Compaction removed the put: only the done tombstone and the delivery are left.
+        compacted = new_message(b, since + 50 * MINUTE)
+        writer.deliver(compacted, compacted.deliver_at_ms + 11)
+        writer.done(compacted.delay_id, compacted.deliver_at_ms + 11)
+        ids["compacted"] = compacted.delay_id
+        # Due within the grace before the window end: not delivered yet, not missing yet.
+        pending = new_message(a, until - 2 * MINUTE)
+        writer.put(pending, pending.created_at_ms)
+        ids["in_grace"] = pending.delay_id
+        # Due before the window (delivered late, inside it) and after it: neither is judged.
+        writer.delivered(topic=a, due_ms=since - 10 * MINUTE, delivered_ms=since + MINUTE)
+        later = new_message(b, until + 60 * MINUTE, created_ms=since)
+        writer.put(later, since)
+    raw = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    raw.produce(a, key=b"k", value=b"an ordinary record, sent without delay", timestamp=since + MINUTE)
+    raw.produce(settings.buffer_topic, key=b"junk", value=b"x", headers=[(env.OP, b"launch")], timestamp=since)
+    assert raw.flush(30) == 0
+    return Staged(settings, since, until, [a, b], ids)
+
+
+@pytest.fixture(scope="module")
+def troubled(dev_stack, spark) -> Staged:
+    """Healthy traffic plus one of each anomaly, and a duplicate that only an aborted transaction holds."""
+    settings, (c, d), since, until = stage_topics(dev_stack, f"t-reconcile-troubled-{uuid.uuid4().hex[:8]}")
+    ids = {}
+    with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
+        healthy_traffic(writer, 20, [c, d], since, until - 30 * MINUTE, seed=11)
+        duplicate = writer.delivered(topic=c, due_ms=since + 10 * MINUTE, delivered_ms=since + 10 * MINUTE + 5)
+        writer.deliver(duplicate, since + 10 * MINUTE + 700, epoch=2)
+        ids["duplicate"] = duplicate.delay_id
+        lost = new_message(d, since + 20 * MINUTE)
+        writer.put(lost, lost.created_at_ms)
+        ids["missing"] = lost.delay_id
+        early = writer.delivered(topic=c, due_ms=since + 30 * MINUTE, delivered_ms=since + 30 * MINUTE - 2000)
+        ids["early"] = early.delay_id
+        ignored = new_message(d, since + 40 * MINUTE)
+        writer.put(ignored, ignored.created_at_ms)
+        writer.cancel(ignored.delay_id, since + 35 * MINUTE)
+        writer.deliver(ignored, ignored.deliver_at_ms + 9)
+        writer.done(ignored.delay_id, ignored.deliver_at_ms + 9)
+        ids["cancelled_delivered"] = ignored.delay_id
+        stranger = new_message(c, since + 50 * MINUTE)
+        writer.deliver(stranger, stranger.deliver_at_ms + 3)
+        ids["unknown"] = stranger.delay_id
+        fenced = writer.delivered(topic=d, due_ms=since + 60 * MINUTE, delivered_ms=since + 60 * MINUTE + 4)
+        ids["aborted_duplicate"] = fenced.delay_id
+    # A fenced master's second copy, in a transaction that was aborted.
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers,
+                         "transactional.id": f"{settings.buffer_topic}-tx"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(d, key=fenced.key, value=fenced.value, headers=fenced.delivery_headers(3),
+                     timestamp=since + 60 * MINUTE + 600)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    return Staged(settings, since, until, [c, d], ids)
+
+
+def test_clean_history_reports_zero_anomalies_and_exit_code_0(clean, spark, tmp_path):
+    report = reconcile(clean.settings, clean.options(tmp_path), spark=spark)
+
+    totals = report.totals
+    assert {k: totals[k] for k in ("duplicates", "missing", "unexpected", "early", "unknown")} == \
+        dict.fromkeys(("duplicates", "missing", "unexpected", "early", "unknown"), 0)
+    assert report.anomalies == {kind: [] for kind in ANOMALY_KINDS}
+    assert report.exit_code == 0
+    # healthy + rescheduled + cancelled too late + compacted; the pending one is in grace, not expected
+    assert (totals["expected"], totals["delivered"], totals["delivered_records"]) == (HEALTHY + 3,) * 3
+    assert (totals["cancelled"], totals["cancelled_too_late"], totals["in_grace"]) == (1, 1, 1)
+    assert totals["malformed_buffer_records"] == 1
+    assert 0 <= report.lateness_ms["p50"] <= report.lateness_ms["p99"] <= report.lateness_ms["max"] <= 200
+    assert report.lateness_ms["count"] == HEALTHY + 3
+    assert report.source["target_topics"] == sorted(clean.targets)
+    assert sum(t["expected"] for t in report.by_topic.values()) == HEALTHY + 3
+    assert sum(h["expected"] for h in report.per_hour) == HEALTHY + 3
+    assert sum(b["count"] for b in report.lateness_histogram) == HEALTHY + 3
+    for kind in ANOMALY_KINDS:
+        assert pq.read_table(tmp_path / "anomalies" / f"{kind}.parquet").num_rows == 0
+    assert load_report(tmp_path)["totals"] == totals
+
+
+def test_each_injected_anomaly_is_found_with_its_id_and_nothing_else(troubled, spark, tmp_path):
+    ids = troubled.ids
+
+    report = reconcile(troubled.settings, troubled.options(tmp_path), spark=spark)
+
+    assert report.anomalies == {
+        "duplicates": [ids["duplicate"]],
+        "missing": [ids["missing"]],
+        "unexpected": [ids["cancelled_delivered"], ids["unknown"]],  # by due time
+        "early": [ids["early"]],
+    }
+    totals = report.totals
+    assert {k: totals[k] for k in ("duplicates", "duplicate_records", "missing", "unexpected", "unknown", "early")} \
+        == {"duplicates": 1, "duplicate_records": 1, "missing": 1, "unexpected": 2, "unknown": 1, "early": 1}
+    assert (totals["expected"], totals["delivered"]) == (24, 23)  # 20 healthy, duplicate, lost, early, fenced
+    assert report.exit_code == 1
+    duplicate = pq.read_table(tmp_path / "anomalies" / "duplicates.parquet").to_pylist()
+    assert [(r["id"], r["delivered_count"], r["first_epoch"], r["last_epoch"]) for r in duplicate] == \
+        [(ids["duplicate"], 2, 1, 2)]
+    unexpected = {r["id"]: r["state"] for r in pq.read_table(tmp_path / "anomalies" / "unexpected.parquet").to_pylist()}
+    assert unexpected == {ids["cancelled_delivered"]: "cancelled", ids["unknown"]: "unknown"}
+    early = pq.read_table(tmp_path / "anomalies" / "early.parquet").to_pylist()
+    assert [(r["id"], r["lateness_ms"]) for r in early] == [(ids["early"], -2000)]
+    missing = pq.read_table(tmp_path / "anomalies" / "missing.parquet").to_pylist()
+    assert [(r["id"], r["delivered_count"], r["due_ms"]) for r in missing] == \
+        [(ids["missing"], 0, troubled.since + 20 * MINUTE)]
+
+
+def test_read_uncommitted_also_counts_the_aborted_copy_as_a_duplicate(troubled, spark, tmp_path):
+    ids = troubled.ids
+
+    report = reconcile(troubled.settings, troubled.options(tmp_path, read_committed=False), spark=spark)
+
+    assert report.anomalies["duplicates"] == [ids["duplicate"], ids["aborted_duplicate"]]
+    assert report.source["isolation_level"] == "read_uncommitted"
+    assert (report.totals["missing"], report.totals["early"], report.totals["unexpected"]) == (1, 1, 2)
+
+
+def test_cli_exit_code_is_0_for_a_clean_window_and_1_when_a_given_topic_is_left_out(clean, spark, tmp_path,
+                                                                                      monkeypatch, capsys):
+    monkeypatch.setenv("DELAYQ_BOOTSTRAP_SERVERS", clean.settings.bootstrap_servers)
+    monkeypatch.setenv("DELAYQ_BUFFER_TOPIC", clean.settings.buffer_topic)
+    window = ["--since", iso(clean.since), "--until", iso(clean.until), "--grace", "5m"]
+
+    assert delayq_main(["reconcile", *window, "--out", str(tmp_path / "all")]) == 0
+    # Reading only the first target topic, the second topic's messages were never delivered as far as it can see.
+    only_first = ["--topics", clean.targets[0], "--out", str(tmp_path / "first")]
+    assert delayq_main(["reconcile", *window, *only_first]) == 1
+
+    first = json.loads((tmp_path / "first" / "report.json").read_text())
+    second_topic_expected = load_report(tmp_path / "all")["by_topic"][clean.targets[1]]["expected"]
+    assert first["source"]["target_topics"] == [clean.targets[0]]
+    # All but the compacted one, whose due time is known only from its delivery, which went unread.
+    assert first["totals"]["missing"] == second_topic_expected - 1 > 0
+    assert clean.ids["compacted"] not in first["anomalies"]["missing"]
+    assert "ALERT" in capsys.readouterr().out
+
+
+def test_cli_fails_with_exit_code_2_naming_a_buffer_topic_that_does_not_exist(dev_stack, names, tmp_path,
+                                                                              monkeypatch, capsys):
+    monkeypatch.setenv("DELAYQ_BOOTSTRAP_SERVERS", dev_stack.bootstrap_servers)
+    monkeypatch.setenv("DELAYQ_BUFFER_TOPIC", names.topic("no-such-buffer"))
+
+    assert delayq_main(["reconcile", "--out", str(tmp_path)]) == 2
+    error = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert f"buffer topic '{names.topic('no-such-buffer')}' does not exist" in error
+
+
+def test_a_second_start_resolves_the_kafka_source_from_the_cache_without_downloading(spark):
+    # The session fixture has filled the cache (or found it full); a new JVM must not fetch anything.
+    script = "from delayq.spark import spark_session; from delayq.spark.session import jvm_log; " \
+             "spark_session('local[1]'); print(jvm_log())"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    log = Path(result.stdout.strip().splitlines()[-1]).read_text()
+    assert f"found org.apache.spark#spark-sql-kafka-0-10_2.13;{pyspark.__version__}" in log
+    assert "downloading" not in log
+    assert "0 artifacts copied" in log
+    jar = f"org.apache.spark_spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
+    assert (spark_home_dir() / "ivy" / "jars" / jar).is_file()
