@@ -121,7 +121,8 @@ class Ingest:
                 continue
             offsets[message.partition()] = message.offset() + 1
             try:
-                record = parse_buffer_record(message.key(), message.value(), message.headers())
+                record = parse_buffer_record(message.key(), message.value(), message.headers(),
+                                             message.timestamp()[1])
             except MalformedRecord as bad:
                 self._dead_letter(message, bad.reason)
                 dead += 1

@@ -43,7 +43,7 @@ _base_produce = confluent_kafka.Producer.produce
 _time_ns = time.time_ns
 
 _PUT = (env.OP, env.OP_PUT)
-_ID, _TOPIC, _DELIVER_AT = env.ID, env.TOPIC, env.DELIVER_AT
+_TOPIC, _DELIVER_AT = env.TOPIC, env.DELIVER_AT
 _KEY, _PARTITION = env.KEY, env.PARTITION
 _VALUE_NULL = (env.VALUE_NULL, b"1")
 _RESERVED = frozenset({env.RESERVED_PREFIX, env.RESERVED_PREFIX.encode()})
@@ -66,11 +66,11 @@ class _DelayTicks:
     and sort in creation order inside one (the counter). ``next()`` on an
     itertools.count is atomic, so threads need no lock.
 
-    A tick is ``(ms, id head, id tail, counter, delayq-created-at header)``.
+    A tick is ``(ms, id head, id tail, counter)``.
     """
 
     COUNTER_HEX = tuple(f"{i:03x}" for i in range(4096))
-    _NONE = (-1, "", "", itertools.count(), None)
+    _NONE = (-1, "", "", itertools.count())
 
     def __init__(self) -> None:
         self.tick: tuple = self._NONE
@@ -83,7 +83,7 @@ class _DelayTicks:
     def new(self, ms: int) -> tuple:
         tail = int.from_bytes(os.urandom(8), "big") & (1 << 62) - 1 | 1 << 63
         tick = (ms, f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7",
-                f"-{tail >> 48:04x}-{tail & 0xFFFF_FFFF_FFFF:012x}", itertools.count(), (env.CREATED_AT, f"{ms}"))
+                f"-{tail >> 48:04x}-{tail & 0xFFFF_FFFF_FFFF:012x}", itertools.count())
         self.tick = tick
         return tick
 
@@ -426,7 +426,7 @@ class Producer(confluent_kafka.Producer):
                 tick = _ticks.new(now_ms)
                 n = next(tick[3])
             delay_id = tick[1] + _COUNTER_HEX[n] + tick[2]
-        out = [_PUT, (_ID, delay_id), (_TOPIC, topic), (_DELIVER_AT, f"{due}"), tick[4]]
+        out = [_PUT, (_TOPIC, topic), (_DELIVER_AT, f"{due}")]
         if partition == -1:
             if key is not None:
                 out.append((_KEY, key))

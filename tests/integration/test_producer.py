@@ -130,7 +130,7 @@ def expected_envelope(record, topic, value, key, partition, headers, partitioner
     return Envelope(delay_id=record.key().decode(), topic=topic, deliver_at_ms=int(found[env.DELIVER_AT]),
                     value=as_bytes(value), key=as_bytes(key), partition=None if partition == -1 else partition,
                     headers=[(name, as_bytes(v)) for name, v in headers or []],
-                    created_at_ms=int(found[env.CREATED_AT]), partitioner=partitioner)
+                    created_at_ms=record.timestamp()[1], partitioner=partitioner)
 
 
 @pytest.mark.parametrize("conf,message,delay", [
@@ -157,12 +157,14 @@ def test_delayed_message_lands_in_the_buffer_in_the_exact_envelope(settings, buf
     assert record.partition() == buffer_partition(delay_id, settings.buffer_partitions)
     assert record.value() == expected.buffer_value()
     assert record.headers() == [(n, as_bytes(v)) for n, v in expected.buffer_headers()]
-    assert parse_buffer_record(record.key(), record.value(), record.headers()).envelope == expected
-    assert before <= expected.created_at_ms <= after
-    span = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
-    assert expected.deliver_at_ms - expected.created_at_ms == round(span / timedelta(milliseconds=1))
+    assert parse_buffer_record(record.key(), record.value(), record.headers(), record.timestamp()[1]).envelope == expected
+    # The put's creation time is its record timestamp: the user's, or the producer's clock.
     if "timestamp" in message:
-        assert record.timestamp()[1] == message["timestamp"]
+        assert record.timestamp()[1] == expected.created_at_ms == message["timestamp"]
+    else:
+        assert before <= expected.created_at_ms <= after
+    span_ms = round((delay if isinstance(delay, timedelta) else timedelta(seconds=delay)) / timedelta(milliseconds=1))
+    assert before + span_ms <= expected.deliver_at_ms <= after + span_ms
 
 
 def test_deliver_at_datetime_and_epoch_ms_are_stored_to_the_millisecond(producer, settings, buffer, target):
@@ -173,7 +175,7 @@ def test_deliver_at_datetime_and_epoch_ms_are_stored_to_the_millisecond(producer
     past = producer.produce(target, b"already due", deliver_at=datetime(2020, 1, 1, tzinfo=timezone.utc))
     producer.flush(10)
 
-    due = {r.key().decode(): parse_buffer_record(r.key(), r.value(), r.headers()).envelope.deliver_at_ms
+    due = {r.key().decode(): parse_buffer_record(r.key(), r.value(), r.headers(), r.timestamp()[1]).envelope.deliver_at_ms
            for r in read_topic(settings.bootstrap_servers, buffer, expect=3, idle_s=0.5)}
     # Rounded up: a due time between two milliseconds is not reached before the later one.
     when_ms = -((when - datetime(1970, 1, 1, tzinfo=timezone.utc)) // -timedelta(milliseconds=1))
@@ -216,7 +218,7 @@ def test_reschedule_puts_the_same_id_again_with_the_new_due_time(producer, setti
     returned = producer.reschedule(delay_id, target, b"second", key=b"k", headers=[("v", b"2")], delay=120)
     producer.flush(10)
 
-    first, second = (parse_buffer_record(r.key(), r.value(), r.headers())
+    first, second = (parse_buffer_record(r.key(), r.value(), r.headers(), r.timestamp()[1])
                      for r in read_topic(settings.bootstrap_servers, buffer, expect=2, idle_s=0.5))
     assert returned == delay_id == first.delay_id == second.delay_id
     assert (second.op, second.envelope.value, second.envelope.headers) == (env.OP_PUT, b"second", [("v", b"2")])
@@ -353,7 +355,7 @@ def test_produce_command_delays_with_key_and_headers_and_prints_the_id(settings,
     assert result.returncode == 0, result.stderr
     delay_id = result.stdout.decode().strip()
     [record] = read_topic(settings.bootstrap_servers, buffer, expect=1, idle_s=0.5)
-    message = parse_buffer_record(record.key(), record.value(), record.headers()).envelope
+    message = parse_buffer_record(record.key(), record.value(), record.headers(), record.timestamp()[1]).envelope
     assert (message.delay_id, message.topic, message.value, message.key) == (delay_id, target, b"payload", b"order-9")
     assert message.headers == [("trace", b"abc"), ("kind", b"a=b")]
     assert message.deliver_at_ms - message.created_at_ms == 5_400_000
@@ -365,7 +367,7 @@ def test_produce_command_at_a_time_reads_the_value_from_stdin(settings, buffer, 
 
     assert result.returncode == 0, result.stderr
     [record] = read_topic(settings.bootstrap_servers, buffer, expect=1, idle_s=0.5)
-    message = parse_buffer_record(record.key(), record.value(), record.headers()).envelope
+    message = parse_buffer_record(record.key(), record.value(), record.headers(), record.timestamp()[1]).envelope
     assert (message.value, message.deliver_at_ms) == (b"\x00binary\xff", 1_809_165_600_250)
 
 

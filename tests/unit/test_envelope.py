@@ -23,7 +23,8 @@ def sample(**changes) -> Envelope:
 def test_put_round_trips_through_buffer_headers(changes):
     original = sample(**changes)
 
-    parsed = parse_buffer_record(original.delay_id.encode(), original.buffer_value(), original.buffer_headers())
+    parsed = parse_buffer_record(original.delay_id.encode(), original.buffer_value(), original.buffer_headers(),
+                                 original.created_at_ms)
 
     assert parsed.op == env.OP_PUT and parsed.delay_id == original.delay_id
     assert parsed.envelope == original
