@@ -115,3 +115,24 @@ def test_cli_get_and_cancel_through_a_node_found_in_zookeeper(cluster, settings,
     assert pending.stdout.startswith("pending: due ") and f"to topic {target}" in pending.stdout
     assert cancelled.returncode == 0, cancelled.stderr
     assert wait_until(lambda: delayq_cli(settings, "get", delay_id).returncode == 1)
+
+
+def test_a_delayed_message_in_an_aborted_transaction_is_never_delivered(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    producer = delayq.Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster,
+                                "transactional.id": names.topic("tx")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    aborted = producer.produce(target, b"aborted", key=b"k", delay=0.5)
+    producer.flush(10)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    committed = producer.produce(target, b"committed", key=b"k", delay=0.5)
+    producer.commit_transaction(30)
+
+    records = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=3, timeout_s=20)
+
+    assert [(dict(r.headers())[env.ID].decode(), r.value()) for r in records] == [(committed, b"committed")]
+    assert aborted != committed
