@@ -1,4 +1,4 @@
-"""Delay-service benchmarks on the embedded stack (issue 3's figures).
+"""Delay-service benchmarks on the embedded stack (issue 3's figures; ``delayq bench`` runs them all).
 
     .venv/bin/python bench/service_bench.py [--runs 3] [--only ingest,delivery,lateness,failover]
 
@@ -7,6 +7,10 @@
 - lateness: broker append time (LogAppendTime target) minus deliver-at, at 2,000 msg/s falling due;
 - failover: SIGKILL of the master with three nodes, time until the new epoch's first delivery.
 
+``delayq bench`` also uses: bench_mass_expiry (many messages due in one millisecond),
+bench_failover with SIGTERM, bench_capacity (disk and RSS of one node holding N pending)
+and bench_rebuild (a wiped node reading N pending back from the buffer).
+
 Figures are medians of --runs runs with min/max beside them; the machine is shared and noisy.
 """
 
@@ -14,32 +18,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import shutil
 import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.progress import Progress
 
 from delayq import Settings
-from delayq.delay_service import LocalCluster, Node, ensure_topics
+from delayq.delay_service import LocalCluster, Node, NodeProcess, ensure_topics
 from delayq.delay_service.ingest import Ingest
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.topics import admin_client, buffer_info
 from delayq.dev import DevStack
-from delayq.proxy import Envelope, new_delay_id
+from delayq.election import connect
+from delayq.proxy import Envelope, envelope, new_delay_id
 from delayq.store import TimeIndex
 
 console = Console()
+log = logging.getLogger("delayq.bench")
 PAYLOAD = b"x" * 200
+DAY_MS = 86_400_000
 
 
 def now_ms() -> int:
@@ -49,6 +59,75 @@ def now_ms() -> int:
 def fresh_settings(stack: DevStack, **overrides) -> Settings:
     return Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect,
                     cluster=f"bench-{uuid.uuid4().hex[:8]}", buffer_partitions=6, **overrides)
+
+
+@contextmanager
+def bench_cluster(stack: DevStack, **overrides) -> Iterator[Settings]:
+    """Settings of a fresh cluster for one measurement; its topics and ZooKeeper folder go afterwards.
+
+    Without this every run would leave its buffer (up to gigabytes) on the shared broker.
+    """
+    settings = fresh_settings(stack, **overrides)
+    try:
+        yield settings
+    finally:
+        drop_cluster(settings)
+
+
+def drop_cluster(settings: Settings) -> None:
+    """Delete the cluster's buffer, dead-letter and ``<cluster>-*`` topics and its ZooKeeper folder."""
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    try:
+        topics = [t for t in admin.list_topics(timeout=10).topics
+                  if t in (settings.buffer_topic, settings.dead_letter_topic) or t.startswith(f"{settings.cluster}-")]
+        for future in (admin.delete_topics(topics, operation_timeout=30).values() if topics else ()):
+            future.result(60)
+    except KafkaException as err:  # leftovers cost disk, not correctness: the figure stands
+        log.warning("topics of %s not deleted: %s", settings.cluster, err)
+    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_auth)
+    try:
+        zk.delete(settings.zk_root, recursive=True)
+    except Exception as err:  # kazoo's NoNodeError and friends: same reasoning as above
+        log.warning("ZooKeeper folder %s not deleted: %s", settings.zk_root, err)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def lead_ms(count: int) -> int:
+    """How far ahead of the first due time a schedule of ``count`` messages starts.
+
+    Filling the buffer and storing it in the node must be over before anything falls due,
+    or lateness would measure the fill; 5,000 msg/s for both is slow on a busy 2-core machine.
+    """
+    return 5_000 + count // 5
+
+
+def steady(rate: int) -> Callable[[int, int], int]:
+    """Due time of message ``i`` when ``rate`` messages per second fall due from ``start``."""
+    return lambda start, i: start + i * 1000 // rate
+
+
+def same_instant(start: int, i: int) -> int:
+    """Due time of message ``i`` when all fall due in one millisecond (mass expiry)."""
+    return start
+
+
+def wait_for(progress: Progress, label: str, total: int, done: Callable[[], float], timeout_s: float,
+             interval_s: float = 0.05) -> None:
+    """Show ``done()`` against ``total`` until it gets there.
+
+    Raises:
+        TimeoutError: it did not within ``timeout_s``; the message says how far it got.
+    """
+    task = progress.add_task(label, total=total)
+    deadline = time.monotonic() + timeout_s
+    while (reached := done()) < total:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{label}: {reached:,.0f} of {total:,} after {timeout_s:.0f} s")
+        progress.update(task, completed=reached)
+        time.sleep(interval_s)
+    progress.update(task, completed=total)
 
 
 def fill_buffer(settings: Settings, target: str, count: int, due_ms, progress: Progress) -> None:
@@ -78,10 +157,9 @@ def create_target(settings: Settings, topic: str, partitions: int = 6) -> None:
 
 
 def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
-    settings = fresh_settings(stack)
-    ensure_topics(settings)
-    fill_buffer(settings, "nowhere", count, lambda i: now_ms() + 3_600_000, progress)
-    with tempfile.TemporaryDirectory() as tmp:
+    with bench_cluster(stack) as settings, tempfile.TemporaryDirectory() as tmp:
+        ensure_topics(settings)
+        fill_buffer(settings, "nowhere", count, lambda i: now_ms() + 3_600_000, progress)
         store = TimeIndex(Path(tmp) / "store")
         admin = admin_client(settings)
         info = buffer_info(settings, admin)
@@ -98,12 +176,11 @@ def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
 
 
 def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
-    settings = fresh_settings(stack, zk_session_timeout_ms=6000)
-    ensure_topics(settings)
-    target = f"{settings.cluster}-target"
-    create_target(settings, target)
-    fill_buffer(settings, target, count, lambda i: now_ms() - 1000, progress)
-    with tempfile.TemporaryDirectory() as tmp:
+    with bench_cluster(stack, zk_session_timeout_ms=6000) as settings, tempfile.TemporaryDirectory() as tmp:
+        ensure_topics(settings)
+        target = f"{settings.cluster}-target"
+        create_target(settings, target)
+        fill_buffer(settings, target, count, lambda i: now_ms() - 1000, progress)
         node = Node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
         node.start()
         task = progress.add_task("delivering", total=count)
@@ -119,8 +196,9 @@ def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
     return count / elapsed
 
 
-def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float) -> list[tuple[int, int, int]]:
-    """(append time, deliver_at, epoch) of every delivered record."""
+def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float, *,
+                      due_header: str = envelope.DELIVER_AT) -> list[tuple[int, int, int]]:
+    """(append time, due time from ``due_header``, delayq epoch or 0) of every delivered record."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
@@ -131,7 +209,7 @@ def read_append_times(settings: Settings, topic: str, count: int, timeout_s: flo
         for record in consumer.consume(5000, 0.2):
             if record.error() is None:
                 headers = dict(record.headers())
-                found.append((record.timestamp()[1], int(headers["delayq-deliver-at"]), int(headers["delayq-epoch"])))
+                found.append((record.timestamp()[1], int(headers[due_header]), int(headers.get(envelope.EPOCH, 0))))
     consumer.close()
     return found
 
@@ -141,37 +219,60 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def bench_lateness(stack: DevStack, rate: int, seconds: int, progress: Progress) -> dict:
-    settings = fresh_settings(stack)
-    ensure_topics(settings)
-    target = f"{settings.cluster}-target"
-    create_target(settings, target)
-    count = rate * seconds
-    with tempfile.TemporaryDirectory() as tmp:
+def lateness_figures(records: list[tuple[int, int, int]], expected: int, stored_ahead_ms: int) -> dict:
+    """Lateness (append time minus due time) of delivered records, with the checks that make it valid.
+
+    ``stored_ahead_ms`` is how long before the first due time every message was stored: a
+    negative value means the fill was still running and the figure measures the fill.
+    """
+    lateness = [appended - due for appended, due, _ in records]
+    return {"count": len(records), "expected": expected, "p50_ms": percentile(lateness, 0.5),
+            "p99_ms": percentile(lateness, 0.99), "max_ms": max(lateness), "early": sum(1 for x in lateness if x < 0),
+            "stored_ahead_ms": stored_ahead_ms}
+
+
+def run_schedule(stack: DevStack, count: int, due_at: Callable[[int, int], int], label: str,
+                 progress: Progress) -> dict:
+    """One in-process master delivers ``count`` messages due at ``due_at(start, i)``; their lateness figures.
+
+    The records are read back after the last one was delivered (the broker stamps their append
+    time), so reading costs the node nothing while it delivers.
+    """
+    count_timeout_s = 120 + count / 1000
+    with bench_cluster(stack) as settings, tempfile.TemporaryDirectory() as tmp:
+        ensure_topics(settings)
+        target = f"{settings.cluster}-target"
+        create_target(settings, target)
         node = Node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
         node.start()
-        while node.metrics.is_master._value.get() != 1:
-            time.sleep(0.01)
-        start = now_ms() + 8000
-        fill_buffer(settings, target, count, lambda i: start + i * 1000 // rate, progress)
-        task = progress.add_task(f"{rate} msg/s falling due for {seconds}s", total=count)
-        records = []
-        reader = threading.Thread(target=lambda: records.extend(
-            read_append_times(settings, target, count, timeout_s=seconds + 60)))
-        reader.start()
-        while reader.is_alive():
-            reader.join(0.5)
-            progress.update(task, completed=node.metrics.delivered._value.get())
-        node.stop()
-    lateness = [appended - due for appended, due, _ in records]
-    return {"count": len(records), "p50_ms": percentile(lateness, 0.5), "p99_ms": percentile(lateness, 0.99),
-            "max_ms": max(lateness), "early": sum(1 for x in lateness if x < 0)}
+        try:
+            while node.metrics.is_master._value.get() != 1:
+                time.sleep(0.01)
+            start = now_ms() + lead_ms(count)
+            fill_buffer(settings, target, count, lambda i: due_at(start, i), progress)
+            wait_for(progress, "storing", count, lambda: node.metrics.ingested.labels("put")._value.get(),
+                     count_timeout_s)
+            stored_ahead_ms = start - now_ms()
+            wait_for(progress, label, count, node.metrics.delivered._value.get, count_timeout_s)
+        finally:
+            node.stop()
+        records = read_append_times(settings, target, count, timeout_s=60)
+    return lateness_figures(records, count, stored_ahead_ms)
 
 
-def bench_failover(stack: DevStack, progress: Progress) -> dict:
-    settings = fresh_settings(stack, zk_session_timeout_ms=6000)
-    target = f"{settings.cluster}-target"
-    with tempfile.TemporaryDirectory() as tmp:
+def bench_lateness(stack: DevStack, rate: int, seconds: int, progress: Progress) -> dict:
+    return run_schedule(stack, rate * seconds, steady(rate), f"{rate} msg/s falling due for {seconds}s", progress)
+
+
+def bench_mass_expiry(stack: DevStack, count: int, progress: Progress) -> dict:
+    """``count`` messages due in the same millisecond; ``max_ms`` is the time until all were delivered."""
+    return run_schedule(stack, count, same_instant, f"{count:,} due at once", progress)
+
+
+def bench_failover(stack: DevStack, progress: Progress, sig: signal.Signals = signal.SIGKILL) -> dict:
+    """Three nodes, 500 msg/s falling due; the master gets ``sig``; the gap until the next epoch delivers."""
+    with bench_cluster(stack, zk_session_timeout_ms=6000) as settings, tempfile.TemporaryDirectory() as tmp:
+        target = f"{settings.cluster}-target"
         cluster = LocalCluster(settings, Path(tmp))
         create_target(settings, target)
         try:
@@ -183,14 +284,91 @@ def bench_failover(stack: DevStack, progress: Progress) -> dict:
             fill_buffer(settings, target, rate * seconds, lambda i: start + i * 1000 // rate, progress)
             time.sleep(max(0, (start - now_ms()) / 1000) + 3)
             killed_at = now_ms()
-            master.process.send_signal(signal.SIGKILL)
+            master.process.send_signal(sig)
             records = read_append_times(settings, target, rate * seconds, timeout_s=seconds + 60)
         finally:
             cluster.close()
-    after = sorted(t for t, _, epoch in records if epoch == 2)
+    first_epoch = min((epoch for _, _, epoch in records), default=0)
+    after = sorted(t for t, _, epoch in records if epoch > first_epoch)
     ids = len(records)
-    return {"resumed_after_ms": after[0] - killed_at if after else None,
+    return {"resumed_after_ms": after[0] - killed_at if after else None, "signal": sig.name,
             "session_timeout_ms": settings.zk_session_timeout_ms, "delivered": ids, "expected": rate * seconds}
+
+
+def process_memory(pid: int) -> dict[str, int]:
+    """Resident set size now (VmRSS) and at its peak (VmHWM), in bytes, from /proc."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) * 1024
+    return {"rss": fields["VmRSS"], "peak_rss": fields["VmHWM"]}
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes the files under ``path`` take on disk (allocated blocks, as du counts them)."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
+
+
+def node_pending(node: NodeProcess) -> float:
+    try:
+        return node.metric("delayq_pending")
+    except OSError:  # a starting node does not serve HTTP yet
+        return 0.0
+
+
+def pending_node(cluster: LocalCluster, node_id: str, count: int, progress: Progress) -> NodeProcess:
+    """A node of ``cluster`` holding ``count`` messages due in a day, filled while it ingests."""
+    node = cluster.start(node_id)
+    due = now_ms() + DAY_MS
+    fill_buffer(cluster.settings, f"{cluster.settings.cluster}-nowhere", count, lambda i: due, progress)
+    wait_for(progress, f"{node_id} storing", count, lambda: node_pending(node), 600 + count / 1000, interval_s=0.5)
+    return node
+
+
+def bench_capacity(stack: DevStack, count: int, progress: Progress, settle_s: float = 10.0) -> dict:
+    """One node (a child process) holding ``count`` pending: its store's bytes on disk and its RSS.
+
+    Measured ``settle_s`` after the last message was stored, once RocksDB's flushes after the
+    burst are done; the peak RSS (the ingest burst included) is reported beside.
+    """
+    with bench_cluster(stack) as settings, tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(settings, Path(tmp))
+        try:
+            node = pending_node(cluster, "capacity", count, progress)
+            time.sleep(settle_s)
+            memory = process_memory(node.process.pid)
+            disk = dir_bytes(node.data_dir)
+        finally:
+            cluster.close()
+    return {"pending": count, "disk_bytes": disk, "disk_bytes_per_message": disk / count,
+            "rss_bytes": memory["rss"], "rss_bytes_per_message": memory["rss"] / count,
+            "peak_rss_bytes": memory["peak_rss"]}
+
+
+def bench_rebuild(stack: DevStack, count: int, runs: int, progress: Progress) -> list[float]:
+    """Seconds until a wiped node is ready again with ``count`` pending, once per run.
+
+    The buffer is filled once; each run stops the node, deletes its data folder and starts it,
+    timing from the start of the process (interpreter start-up included) to /readyz = 200.
+    """
+    times = []
+    with bench_cluster(stack) as settings, tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(settings, Path(tmp))
+        try:
+            node = pending_node(cluster, "rebuild", count, progress)
+            for run in range(runs):
+                node.stop()
+                shutil.rmtree(node.data_dir)
+                started = time.perf_counter()
+                node = cluster.start("rebuild", wait=False)
+                node.wait_ready(timeout_s=600 + count / 1000)
+                times.append(time.perf_counter() - started)
+                if node_pending(node) != count:
+                    raise RuntimeError(f"the rebuilt node holds {node_pending(node):,.0f} messages, not {count:,}")
+        finally:
+            cluster.close()
+    return times
 
 
 def summary(values: list[float]) -> dict:

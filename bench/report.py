@@ -1,0 +1,153 @@
+"""Figures of ``delayq bench`` and their table in BENCHMARKS.md.
+
+The table lives between two marker lines in BENCHMARKS.md; everything outside them is
+written by hand (what each figure measures, how to reproduce it) and is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .service_bench import summary
+
+BEGIN = "<!-- delayq bench: generated from bench/results.json; edit outside these markers -->"
+END = "<!-- delayq bench: end of generated part -->"
+PEER = "Redis peer"
+VERSION_ORDER = ("delayq", "Kafka", "ZooKeeper", "confluent-kafka", "librdkafka", "rocksdict", "Python", "Redis",
+                 "redis-py")
+
+
+@dataclass
+class Figure:
+    """One figure: delayq's value over its runs and, where there is one, the Redis peer's beside it.
+
+    Args:
+        key: stable name in results.json (``lateness.1000.p99_ms``).
+        label: what the table says.
+        unit: ``msg/s``, ``ms``, ``s``, ``B``, ``MiB``, ``µs`` or ``x``.
+        better: ``higher`` or ``lower``.
+        values: delayq's value in each run; the figure is their median, with min and max.
+        peer: the peer's value in each run, measured alternately with delayq's.
+        stats: median/min/max/runs given directly, for a figure whose runs are kept elsewhere.
+        spread: what min and max are: ``min-max``, or ``IQR`` (first and third quartile).
+        details: checks and side values kept in results.json only.
+
+    Raises:
+        ValueError: neither ``values`` nor ``stats``, or ``better`` is not higher/lower.
+    """
+
+    key: str
+    label: str
+    unit: str
+    better: str
+    values: list[float] | None = None
+    peer: list[float] | None = None
+    stats: dict | None = None
+    spread: str = "min-max"
+    details: dict = field(default_factory=dict)
+    suite: str = ""
+
+    def __post_init__(self) -> None:
+        if self.better not in ("higher", "lower"):
+            raise ValueError(f"better must be 'higher' or 'lower', not {self.better!r}")
+        if self.stats is None:
+            if not self.values:
+                raise ValueError(f"figure {self.key}: give values (one per run) or stats")
+            self.stats = summary(self.values)
+
+    @property
+    def peer_stats(self) -> dict | None:
+        return summary(self.peer) if self.peer else None
+
+    @property
+    def ratio(self) -> float | None:
+        peer = self.peer_stats
+        return self.stats["median"] / peer["median"] if peer and peer["median"] else None
+
+    def to_json(self, *, date: str, quick: bool) -> dict:
+        return {"suite": self.suite, "label": self.label, "unit": self.unit, "better": self.better, **self.stats,
+                "spread": self.spread, "values": self.values,
+                "peer": {**self.peer_stats, "name": PEER, "values": self.peer} if self.peer else None,
+                "ratio": self.ratio, "measured_at": date, "quick": quick, "details": self.details}
+
+    def one_line(self) -> str:
+        row = table_row(self.to_json(date="", quick=False))
+        text = f"{self.label}: {row['ours']} ({row['spread']}, {row['runs']} runs)"
+        return text + (f"; {PEER}: {row['peer']}; delayq / Redis {row['ratio']}" if self.peer else "")
+
+
+def number(value: float) -> str:
+    """Enough digits to read, no more: 35,012 / 435 / 12.4 / 3.07."""
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:,.0f}"
+    if size >= 100:
+        return f"{value:.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def with_unit(value: float, unit: str) -> str:
+    return f"{number(value)}×" if unit == "x" else f"{number(value)} {unit}"
+
+
+def table_row(figure: dict) -> dict[str, str]:
+    """The table cells of one figure as results.json holds it."""
+    unit = figure["unit"]
+    spread = f"{number(figure['min'])}–{number(figure['max'])}"
+    peer = figure.get("peer")
+    return {
+        "label": figure["label"] + (" (quick)" if figure.get("quick") else ""),
+        "ours": with_unit(figure["median"], unit),
+        "spread": f"IQR {spread}" if figure.get("spread") == "IQR" else spread,
+        "runs": str(figure["runs"]),
+        "peer": f"{with_unit(peer['median'], unit)} ({number(peer['min'])}–{number(peer['max'])})" if peer else "",
+        "ratio": f"{figure['ratio']:.2f}" if figure.get("ratio") is not None else "",
+        "better": figure["better"],
+    }
+
+
+def render_markdown(results: dict, rows_only: bool = False):
+    """The generated part of BENCHMARKS.md (between the markers), or just its rows as cell dicts."""
+    rows = [table_row(figure) for figure in results["figures"].values()]
+    if rows_only:
+        return rows
+    m, v = results["machine"], results["versions"]
+    dates = sorted({figure["measured_at"][:10] for figure in results["figures"].values()})
+    lines = [
+        BEGIN,
+        f"Measured {' to '.join(dict.fromkeys([dates[0], dates[-1]])) if dates else '-'} on {m['cores']} cores "
+        f"({m['cpu']}), {m['memory_gib']} GiB RAM, {m['os']} (Linux {m['kernel']}); load average "
+        f"{m['load_average_at_start']} when the last run started (the machine is shared).",
+        "",
+        "Versions: " + ", ".join(f"{name} {v[name]}" for name in sorted(v, key=_version_rank)) + ".",
+        "",
+        "Each figure is the median of its runs; spread is min–max over the runs (IQR: first–third quartile). "
+        f"delayq / Redis is the ratio of the medians; `better` says which way is good.",
+        "",
+        f"| figure | delayq | spread | runs | {PEER} (spread) | delayq / Redis | better |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [f"| {r['label']} | {r['ours']} | {r['spread']} | {r['runs']} | {r['peer']} | {r['ratio']} | "
+              f"{r['better']} |" for r in rows]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def _version_rank(name: str) -> int:
+    return VERSION_ORDER.index(name) if name in VERSION_ORDER else len(VERSION_ORDER)
+
+
+def write_markdown(path: Path, results: dict) -> None:
+    """Put the table into ``path`` between the markers; create the file, or append the part, if missing."""
+    block = render_markdown(results)
+    text = path.read_text() if path.exists() else "# delayq benchmarks\n\nWritten by `delayq bench`.\n\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

@@ -1,0 +1,429 @@
+"""``delayq bench``: run the suite, keep every figure as the median of its runs with the spread.
+
+Each suite measures one thing (ingest, delivery, lateness, ...) through the functions of
+:mod:`delayq.bench.service_bench`, :mod:`delayq.bench.redis_peer`, ``produce_bench`` and
+``reconcile_bench``; this module only repeats them, shows progress, and writes
+``bench/results.json`` and the table in ``BENCHMARKS.md``. A run with ``--only`` updates
+the figures it measured and keeps the others, so slow figures can be measured apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from delayq.dev import KAFKA_VERSION, ZOOKEEPER_VERSION, DevStack
+
+from . import service_bench as service
+from .report import Figure, render_markdown, write_markdown
+
+console = Console()
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_PATH = BENCH_DIR / "results.json"
+MARKDOWN_PATH = BENCH_DIR.parent / "BENCHMARKS.md"
+QUICK_DIR = Path.home() / ".local" / "state" / "delayq" / "bench-quick"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each suite moves. ``QUICK`` is a smoke run of a few minutes; the default is the real suite."""
+
+    ingest: int = 200_000
+    delivery: int = 100_000
+    lateness_rates: tuple[int, ...] = (1_000, 5_000, 20_000)
+    lateness_seconds: int = 10
+    expiry: int = 100_000
+    produce_calls: int = 10_000
+    produce_runs: int = 21
+    capacity: int = 10_000_000
+    rebuild: int = 1_000_000
+    reconcile: int = 1_000_000
+
+
+QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, produce_calls=2_000, produce_runs=5,
+              capacity=100_000, rebuild=50_000, reconcile=20_000)
+
+
+@dataclass
+class BenchOptions:
+    """What ``delayq bench`` was asked for.
+
+    Args:
+        only: suite names to run (None: all of them, in order).
+        runs: runs per figure; each figure is the median of its runs.
+        quick: small sizes (QUICK), written beside the real results unless paths are given.
+        peer: also measure the Redis sorted-set peer where delayq has a counterpart.
+        capacity_runs: runs of the capacity suite, which holds 10M messages per run.
+        results: where results.json goes (None: bench/results.json, or the quick folder).
+        markdown: where the BENCHMARKS.md table goes (None: the repository's, or the quick folder).
+
+    Raises:
+        ValueError: an unknown suite name in ``only``, or ``runs``/``capacity_runs`` below 1.
+    """
+
+    only: list[str] | None = None
+    runs: int = 3
+    quick: bool = False
+    peer: bool = True
+    capacity_runs: int = 1
+    results: Path | None = None
+    markdown: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.only is not None:
+            unknown = [name for name in self.only if name not in SUITES]
+            if unknown or not self.only:
+                raise ValueError(f"only: unknown suite {', '.join(map(repr, unknown)) or '(none given)'}; "
+                                 f"choose from {', '.join(SUITES)}")
+        for name in ("runs", "capacity_runs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+
+    @property
+    def sizes(self) -> Sizes:
+        return QUICK if self.quick else Sizes()
+
+    @property
+    def results_path(self) -> Path:
+        return self.results or (QUICK_DIR / "results.json" if self.quick else RESULTS_PATH)
+
+    @property
+    def markdown_path(self) -> Path:
+        return self.markdown or (QUICK_DIR / "BENCHMARKS.md" if self.quick else MARKDOWN_PATH)
+
+    def suites(self) -> list[str]:
+        return [name for name in SUITES if self.only is None or name in self.only]
+
+
+@dataclass
+class Context:
+    """What a suite needs: the stack, sizes, run count, the progress display, the Redis peer."""
+
+    stack: DevStack
+    options: BenchOptions
+    progress: Progress
+    exits: ExitStack
+    versions: dict[str, str] = field(default_factory=dict)
+    _redis: object | None = None
+
+    @property
+    def sizes(self) -> Sizes:
+        return self.options.sizes
+
+    @property
+    def runs(self) -> int:
+        return self.options.runs
+
+    def redis(self):
+        """The peer's redis-server, started on first use and stopped when the bench ends."""
+        if self._redis is None:
+            from .redis_peer import RedisServer, redis
+
+            with self.progress.console.status("starting redis-server (installing it first if it is missing)"):
+                self._redis = self.exits.enter_context(RedisServer.start())
+            self.versions["Redis"] = self._redis.version
+            self.versions["redis-py"] = redis.__version__
+        return self._redis
+
+    def step(self, label: str, measure: Callable[[], object]):
+        """One measurement, under ``label`` in the progress display; the bars it adds go when it ends."""
+        before = set(self.progress.task_ids)
+        self.progress.add_task(label, total=None)
+        try:
+            return measure()
+        finally:
+            for task_id in set(self.progress.task_ids) - before:
+                self.progress.remove_task(task_id)
+
+    def repeat(self, label: str, measure: Callable[[], object], runs: int | None = None) -> list:
+        runs = runs or self.runs
+        return [self.step(f"{label} ({run + 1}/{runs})", measure) for run in range(runs)]
+
+    def paired(self, label: str, measure: Callable[[], object], measure_peer: Callable[[], object],
+               runs: int | None = None) -> tuple[list, list | None]:
+        """delayq's and the peer's runs, alternating, so the machine's load swings hit both alike."""
+        runs = runs or self.runs
+        ours, theirs = [], []
+        for run in range(runs):
+            ours.append(self.step(f"{label}: delayq ({run + 1}/{runs})", measure))
+            if self.options.peer:
+                self.redis()
+                theirs.append(self.step(f"{label}: Redis peer ({run + 1}/{runs})", measure_peer))
+        return ours, (theirs if self.options.peer else None)
+
+
+# -- the suites: each returns its figures ------------------------------------------------------------------
+
+
+def suite_ingest(ctx: Context) -> list[Figure]:
+    n = ctx.sizes.ingest
+    values = ctx.repeat("ingest", lambda: service.bench_ingest(ctx.stack, n, ctx.progress))
+    return [Figure("ingest", f"ingest into one node's store ({n:,} buffer records)", "msg/s", "higher", values)]
+
+
+def suite_delivery(ctx: Context) -> list[Figure]:
+    from .redis_peer import peer_throughput
+
+    n = ctx.sizes.delivery
+    ours, theirs = ctx.paired("delivery", lambda: service.bench_delivery(ctx.stack, n, ctx.progress),
+                              lambda: peer_throughput(ctx.redis(), ctx.stack, n, ctx.progress))
+    return [Figure("delivery", f"delivery of {n:,} due messages to Kafka (master / poller)", "msg/s", "higher",
+                   ours, peer=theirs)]
+
+
+def _lateness_figures(key: str, label: str, ours: list[dict], theirs: list[dict] | None) -> list[Figure]:
+    checks = {"delivered": [r["count"] for r in ours], "expected": ours[0]["expected"],
+              "early": [r["early"] for r in ours], "stored_ahead_ms": [r["stored_ahead_ms"] for r in ours]}
+    if theirs is not None:
+        checks["peer"] = {"delivered": [r["count"] for r in theirs], "early": [r["early"] for r in theirs]}
+    return [Figure(f"{key}.{stat}", f"{label}: {name}", "ms", "lower", [r[stat] for r in ours],
+                   peer=[r[stat] for r in theirs] if theirs is not None else None, details=checks)
+            for stat, name in (("p50_ms", "p50"), ("p99_ms", "p99"), ("max_ms", "max"))]
+
+
+def suite_lateness(ctx: Context) -> list[Figure]:
+    from .redis_peer import peer_lateness
+
+    seconds = ctx.sizes.lateness_seconds
+    figures = []
+    for rate in ctx.sizes.lateness_rates:
+        ours, theirs = ctx.paired(
+            f"lateness at {rate:,} msg/s", lambda: service.bench_lateness(ctx.stack, rate, seconds, ctx.progress),
+            lambda: peer_lateness(ctx.redis(), ctx.stack, rate, seconds, ctx.progress))
+        figures += _lateness_figures(f"lateness.{rate}", f"lateness at {rate:,} msg/s falling due for {seconds} s",
+                                     ours, theirs)
+    return figures
+
+
+def suite_expiry(ctx: Context) -> list[Figure]:
+    from .redis_peer import peer_mass_expiry
+
+    n = ctx.sizes.expiry
+    ours, theirs = ctx.paired("mass expiry", lambda: service.bench_mass_expiry(ctx.stack, n, ctx.progress),
+                              lambda: peer_mass_expiry(ctx.redis(), ctx.stack, n, ctx.progress))
+    figure = _lateness_figures("expiry", f"mass expiry: {n:,} due in the same millisecond", ours, theirs)[2]
+    return [replace(figure, label=f"mass expiry: {n:,} due in the same ms, time until all delivered")]
+
+
+def suite_failover(ctx: Context) -> list[Figure]:
+    figures = []
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        runs = ctx.repeat(f"failover after {sig.name}", lambda: service.bench_failover(ctx.stack, ctx.progress, sig))
+        gaps = [r["resumed_after_ms"] for r in runs]
+        if None in gaps:
+            raise RuntimeError(f"after {sig.name} no other node delivered: {runs}")
+        figures.append(Figure(f"failover.{sig.name.lower()}",
+                              f"failover gap after {sig.name} of the master (3 nodes, ZooKeeper session "
+                              f"{runs[0]['session_timeout_ms'] / 1000:g} s)", "ms", "lower", gaps,
+                              details={"delivered": [r["delivered"] for r in runs], "expected": runs[0]["expected"]}))
+    return figures
+
+
+def suite_produce(ctx: Context) -> list[Figure]:
+    # produce_bench times its own runs (many short ones, order alternating); its medians are the figures.
+    command = [sys.executable, "-m", "delayq.bench.produce_bench", "--json", "--bootstrap",
+               ctx.stack.bootstrap_servers, "--calls", str(ctx.sizes.produce_calls),
+               "--runs", str(ctx.sizes.produce_runs)]
+    done = ctx.step("delayed produce() vs plain", lambda: subprocess.run(command, capture_output=True, text=True))
+    if done.returncode != 0:
+        raise RuntimeError(f"produce_bench failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = result["runs"]
+    per_call = f"{result['calls']:,} calls of a {result['payload']}-byte value, CPU time of the calling thread"
+    cpu = result["cpu"]
+    figures = [Figure(f"produce.{key}", f"{name} produce() per call ({per_call})", "µs", "lower",
+                      stats={"median": cpu[case]["median_us"], "min": cpu[case]["min_us"],
+                             "max": cpu[case]["max_us"], "runs": runs})
+               for key, name, case in (("plain", "plain confluent-kafka", "plain"),
+                                       ("delayed", "delayq.Producer delay=", "delayed"))]
+    figures.append(Figure("produce.ratio", "delayed produce() / plain produce(), CPU (per-run ratios)", "x", "lower",
+                          stats={"median": cpu["delayed"]["x_plain"], "min": cpu["delayed"]["x_plain_q1"],
+                                 "max": cpu["delayed"]["x_plain_q3"], "runs": runs}, spread="IQR",
+                          details={"wall_x_plain": result["wall"]["delayed"]["x_plain"]}))
+    return figures
+
+
+def suite_capacity(ctx: Context) -> list[Figure]:
+    from .redis_peer import peer_capacity
+
+    n = ctx.sizes.capacity
+    ours, theirs = ctx.paired(f"capacity, {n:,} pending", lambda: service.bench_capacity(ctx.stack, n, ctx.progress),
+                              lambda: peer_capacity(ctx.redis(), ctx.stack, n, ctx.progress),
+                              runs=ctx.options.capacity_runs)
+    peer_ram = [r["used_memory_bytes_per_message"] for r in theirs] if theirs is not None else None
+    peer_rss = [r["rss_bytes"] / 2**20 for r in theirs] if theirs is not None else None
+    return [
+        Figure("capacity.ram_per_message", f"RAM per pending message, {n:,} pending (node RSS / Redis used_memory)",
+               "B", "lower", [r["rss_bytes_per_message"] for r in ours], peer=peer_ram),
+        Figure("capacity.rss", f"process RSS with {n:,} pending (node / redis-server)", "MiB", "lower",
+               [r["rss_bytes"] / 2**20 for r in ours], peer=peer_rss,
+               details={"peak_rss_mib": [r["peak_rss_bytes"] / 2**20 for r in ours]}),
+        Figure("capacity.disk_per_message", f"disk per pending message, {n:,} pending (the node's store)", "B",
+               "lower", [r["disk_bytes_per_message"] for r in ours]),
+    ]
+
+
+def suite_rebuild(ctx: Context) -> list[Figure]:
+    n = ctx.sizes.rebuild
+    values = ctx.step(f"rebuild of a wiped node with {n:,} pending ({ctx.runs} runs)",
+                      lambda: service.bench_rebuild(ctx.stack, n, ctx.runs, ctx.progress))
+    return [Figure("rebuild", f"rebuild of a wiped node with {n:,} pending, start to ready", "s", "lower", values)]
+
+
+def suite_reconcile(ctx: Context) -> list[Figure]:
+    from . import reconcile_bench
+
+    n = ctx.sizes.reconcile
+    bootstrap = ctx.stack.bootstrap_servers
+    ctx.step(f"reconciliation data set of {n:,} messages", lambda: reconcile_bench.ensure_data(bootstrap, n))
+    with tempfile.TemporaryDirectory(prefix="delayq-bench-reconcile-") as folder:
+        outs = (Path(folder) / f"run{i}" for i in itertools.count())
+
+        def measure() -> float:
+            elapsed, report = reconcile_bench.timed_run(bootstrap, n, "local[2]", next(outs))
+            reconcile_bench.check(report, n)
+            return elapsed
+
+        values = ctx.repeat("reconciliation", measure)
+    buffer_records, deliveries = reconcile_bench.expected_counts(n)
+    return [Figure("reconcile", f"reconciliation of {n:,} messages ({buffer_records:,} buffer records, "
+                   f"{deliveries:,} deliveries), `delayq reconcile` on local[2]", "s", "lower", values)]
+
+
+SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {
+    "ingest": (suite_ingest, "msg/s from the buffer into one node's store"),
+    "delivery": (suite_delivery, "msg/s from the master to Kafka (and the Redis poller's)"),
+    "lateness": (suite_lateness, "p50/p99/max lateness at 1k, 5k, 20k msg/s falling due (and the peer's)"),
+    "expiry": (suite_expiry, "100,000 messages due in the same ms: time until all delivered (and the peer's)"),
+    "failover": (suite_failover, "delivery gap after SIGKILL and after SIGTERM of the master"),
+    "produce": (suite_produce, "delayed produce() cost against plain confluent-kafka produce()"),
+    "capacity": (suite_capacity, "10M pending in one node: disk and RSS per message (and Redis memory)"),
+    "rebuild": (suite_rebuild, "a wiped node with 1M pending: time until ready"),
+    "reconcile": (suite_reconcile, "the Spark reconciliation of 1M delayed messages"),
+}
+
+
+# -- machine, versions, files --------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    """Cores, memory, CPU model, OS and the load when the run started (the machine may be shared)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
+                   if line.startswith("MemTotal:")), 0)
+    os_name = next((line.split("=", 1)[1].strip('"') for line in _read("/etc/os-release").splitlines()
+                    if line.startswith("PRETTY_NAME=")), platform.system())
+    return {"cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "cpu": cpu, "os": os_name,
+            "kernel": platform.release(), "load_average_at_start": round(os.getloadavg()[0], 2)}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def versions() -> dict[str, str]:
+    import confluent_kafka
+
+    return {"delayq": metadata.version("delayq"), "Kafka": KAFKA_VERSION, "ZooKeeper": ZOOKEEPER_VERSION,
+            "confluent-kafka": metadata.version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0],
+            "rocksdict": metadata.version("rocksdict"), "Python": platform.python_version()}
+
+
+def load_results(path: Path) -> dict:
+    """The results file as it is, or an empty one when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) and isinstance(data.get("figures"), dict) else {"figures": {}}
+    except (OSError, ValueError):
+        return {"figures": {}}
+
+
+def merge_results(old: dict, figures: list[Figure], env: dict, options: BenchOptions, date: str) -> dict:
+    """The new results: this run's figures replace theirs, figures this run did not measure stay."""
+    merged = {key: value for key, value in old.get("figures", {}).items()}
+    for suite, suite_figures in _by_suite(figures).items():
+        for key in [k for k, v in merged.items() if v.get("suite") == suite]:
+            del merged[key]
+        for figure in suite_figures:
+            merged[figure.key] = figure.to_json(date=date, quick=options.quick)
+    order = {name: i for i, name in enumerate(SUITES)}
+    merged = dict(sorted(merged.items(), key=lambda item: order.get(item[1].get("suite"), len(order))))
+    return {"date": date, **env, "figures": merged}
+
+
+def _by_suite(figures: list[Figure]) -> dict[str, list[Figure]]:
+    grouped: dict[str, list[Figure]] = {}
+    for figure in figures:
+        grouped.setdefault(figure.suite, []).append(figure)
+    return grouped
+
+
+def print_summary(results: dict) -> None:
+    table = Table(title="delayq bench")
+    for column in ("figure", "delayq", "spread", "Redis peer", "delayq / Redis"):
+        table.add_column(column)
+    for row in render_markdown(results, rows_only=True):
+        table.add_row(row["label"], row["ours"], row["spread"], row["peer"], row["ratio"])
+    console.print(table)
+
+
+def run_bench(options: BenchOptions, stack: DevStack | None = None) -> int:
+    """Run the chosen suites and write the results; 0 when every suite produced its figures, else 1."""
+    stack = stack or DevStack()
+    stack.up(say=console.print)
+    date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    env = {"machine": machine(), "versions": versions()}
+    figures: list[Figure] = []
+    failed: list[str] = []
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with ExitStack() as exits, Progress(*columns, console=console) as progress:
+        ctx = Context(stack, options, progress, exits, versions=env["versions"])
+        names = options.suites()
+        overall = progress.add_task("suites", total=len(names))
+        for name in names:
+            run, _ = SUITES[name]
+            progress.update(overall, description=f"suite {name}")
+            started = time.monotonic()
+            try:
+                for figure in run(ctx):
+                    figure.suite = name
+                    figures.append(figure)
+                    console.log(figure.one_line())
+            except Exception:  # one broken suite must not throw away an hour of the others' figures
+                failed.append(name)
+                console.print(f"[bold red]suite {name} failed:[/]\n{traceback.format_exc()}")
+            console.log(f"suite {name}: {time.monotonic() - started:.0f} s")
+            progress.advance(overall)
+    results = merge_results(load_results(options.results_path), figures, env, options, date)
+    options.results_path.parent.mkdir(parents=True, exist_ok=True)
+    options.results_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_markdown(options.markdown_path, results)
+    print_summary(results)
+    console.print(f"results: {options.results_path}\ntable:   {options.markdown_path}")
+    if failed:
+        console.print(f"[bold red]failed suites: {', '.join(failed)}[/]")
+    return 1 if failed else 0

@@ -1,0 +1,95 @@
+"""The bench's bookkeeping without a broker: options, figures, merging results, the markdown table, members."""
+
+from __future__ import annotations
+
+import pytest
+
+from delayq.bench.redis_peer import RedisUnavailable, decode_member, encode_member, redis_server_binary
+from delayq.bench.report import BEGIN, END, Figure, number, write_markdown
+from delayq.bench.runner import BenchOptions, merge_results
+
+ENV = {"machine": {"cores": 2, "memory_gib": 8.0, "cpu": "Test CPU", "os": "Test OS", "kernel": "6.1",
+                   "load_average_at_start": 0.5},
+       "versions": {"Python": "3.11.7", "delayq": "0.1.0", "Kafka": "4.3.1"}}
+
+
+def figure(suite: str, key: str, values, peer=None) -> Figure:
+    made = Figure(key, f"{key} label", "ms", "lower", values, peer=peer)
+    made.suite = suite
+    return made
+
+
+def test_options_refuse_unknown_suites_and_runs_below_one():
+    with pytest.raises(ValueError, match="only: unknown suite 'nope'"):
+        BenchOptions(only=["ingest", "nope"])
+    with pytest.raises(ValueError, match="runs must be a whole number of at least 1, not 0"):
+        BenchOptions(runs=0)
+    with pytest.raises(ValueError, match="capacity_runs"):
+        BenchOptions(capacity_runs=-1)
+    assert BenchOptions(only=["reconcile", "ingest"]).suites() == ["ingest", "reconcile"]
+
+
+def test_quick_runs_write_apart_from_the_committed_results():
+    quick, full = BenchOptions(quick=True), BenchOptions()
+    assert quick.results_path != full.results_path and quick.markdown_path != full.markdown_path
+    assert full.results_path.name == "results.json" and full.markdown_path.name == "BENCHMARKS.md"
+    assert quick.sizes.capacity < full.sizes.capacity == 10_000_000
+
+
+def test_figure_is_the_median_of_its_runs_with_min_max_and_ratio_to_the_peer():
+    made = figure("lateness", "p99", [30, 10, 20], peer=[5, 4, 6])
+    data = made.to_json(date="2026-01-01T00:00:00", quick=False)
+    assert (data["median"], data["min"], data["max"], data["runs"]) == (20, 10, 30, 3)
+    assert data["peer"]["median"] == 5 and data["ratio"] == 4.0
+    with pytest.raises(ValueError, match="better must be"):
+        Figure("x", "x", "ms", "faster", [1])
+    with pytest.raises(ValueError, match="give values"):
+        Figure("x", "x", "ms", "lower")
+
+
+def test_merge_replaces_the_suites_measured_and_keeps_the_others():
+    old = merge_results({}, [figure("ingest", "ingest", [1]), figure("lateness", "lateness.a", [2]),
+                             figure("lateness", "lateness.gone", [3])], ENV, BenchOptions(), "2026-01-01")
+    new = merge_results(old, [figure("lateness", "lateness.a", [9])], ENV, BenchOptions(), "2026-01-02")
+    assert list(new["figures"]) == ["ingest", "lateness.a"]
+    assert new["figures"]["ingest"]["median"] == 1 and new["figures"]["ingest"]["measured_at"] == "2026-01-01"
+    assert new["figures"]["lateness.a"]["median"] == 9
+
+
+def test_table_goes_between_the_markers_and_the_hand_written_text_stays(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text(f"# intro\n\n{BEGIN}\nstale\n{END}\n\n## reproduce\n`delayq bench`\n")
+    results = merge_results({}, [figure("expiry", "expiry", [1500, 1200], peer=[600, 500])], ENV,
+                            BenchOptions(), "2026-01-01T10:00:00")
+
+    write_markdown(path, results)
+    write_markdown(path, results)  # idempotent: one table, not two
+
+    text = path.read_text()
+    assert text.startswith("# intro\n\n") and text.endswith("## reproduce\n`delayq bench`\n")
+    assert text.count(BEGIN) == 1 and "stale" not in text
+    assert "| expiry label | 1,350 ms | 1,200–1,500 | 2 | 550 ms (500–600) | 2.45 | lower |" in text
+    assert "2 cores (Test CPU), 8.0 GiB RAM" in text and "Versions: delayq 0.1.0, Kafka 4.3.1, Python 3.11.7." in text
+
+
+def test_table_is_appended_to_a_file_without_markers(tmp_path):
+    path = tmp_path / "B.md"
+    path.write_text("# only prose\n")
+    write_markdown(path, merge_results({}, [figure("ingest", "ingest", [1])], ENV, BenchOptions(), "2026-01-01"))
+    assert path.read_text().startswith("# only prose\n\n" + BEGIN)
+
+
+def test_numbers_keep_three_significant_digits_or_whole_units():
+    assert [number(v) for v in (35012.4, 435.4, 12.44, 3.074)] == ["35,012", "435", "12.4", "3.07"]
+
+
+def test_member_round_trips_id_topic_key_and_value():
+    member = encode_member(b"0123456789abcdef", "orders-timeouts", b"\x00key|", b"\x00" * 200)
+    assert decode_member(member) == (b"0123456789abcdef", "orders-timeouts", b"\x00key|", b"\x00" * 200)
+    assert decode_member(encode_member(b"x" * 16, "t", b"", b"")) == (b"x" * 16, "t", b"", b"")
+
+
+def test_missing_redis_server_without_install_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RedisUnavailable, match="redis-server is not on PATH"):
+        redis_server_binary(install=False)
