@@ -32,7 +32,7 @@ from rich.table import Table
 from delayq.dev import KAFKA_VERSION, ZOOKEEPER_VERSION, DevStack
 
 from . import service_bench as service
-from .report import Figure, render_markdown, write_markdown
+from .report import PEER, Figure, render_markdown, write_markdown
 
 console = Console()
 
@@ -195,6 +195,11 @@ def _lateness_figures(key: str, label: str, ours: list[dict], theirs: list[dict]
               "early": [r["early"] for r in ours], "stored_ahead_ms": [r["stored_ahead_ms"] for r in ours]}
     if theirs is not None:
         checks["peer"] = {"delivered": [r["count"] for r in theirs], "early": [r["early"] for r in theirs]}
+    for who, runs in (("delayq", ours), (PEER, theirs or [])):
+        for r in runs:
+            if r["early"] or r["count"] != r["expected"] or r["stored_ahead_ms"] < 0:
+                console.log(f"[bold red]{label}, {who}: {r['early']} early, {r['count']:,} of {r['expected']:,} "
+                            f"delivered, stored {r['stored_ahead_ms']} ms ahead of the first due time[/]")
     return [Figure(f"{key}.{stat}", f"{label}: {name}", "ms", "lower", [r[stat] for r in ours],
                    peer=[r[stat] for r in theirs] if theirs is not None else None, details=checks)
             for stat, name in (("p50_ms", "p50"), ("p99_ms", "p99"), ("max_ms", "max"))]
