@@ -150,12 +150,16 @@ def _topic_index(column: str, topics: list[str]) -> Column:
     """1-based index of the topic in ``topics`` (0 when absent): aggregates over ints stay in a hash table."""
     from pyspark.sql import functions as F
 
+    if not topics:  # an empty array literal has no element type to compare with
+        return F.lit(0).cast("int")
     return F.array_position(F.array(*(F.lit(t) for t in topics)), F.col(column)).cast("int")
 
 
 def _topic_name(column: str, topics: list[str]) -> Column:
     from pyspark.sql import functions as F
 
+    if not topics:
+        return F.lit(None).cast("string")
     return F.when(F.col(column) > 0, F.element_at(F.array(*(F.lit(t) for t in topics)), F.col(column)))
 
 

@@ -250,3 +250,14 @@ def test_a_second_start_resolves_the_kafka_source_from_the_cache_without_downloa
     assert "0 artifacts copied" in log
     jar = f"org.apache.spark_spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
     assert (spark_home_dir() / "ivy" / "jars" / jar).is_file()
+
+
+def test_an_empty_buffer_gives_a_clean_report_with_nothing_expected(dev_stack, spark, tmp_path):
+    settings, _targets, since, until = stage_topics(dev_stack, f"t-reconcile-empty-{uuid.uuid4().hex[:8]}")
+
+    report = reconcile(settings, ReconcileOptions(since_ms=since, until_ms=until, out=tmp_path), spark=spark)
+
+    assert report.exit_code == 0 and report.source["target_topics"] == []
+    assert all(value == 0 for value in report.totals.values())
+    assert report.lateness_ms["p50"] is None and report.per_hour == []
+    assert (tmp_path / "report.html").is_file()
