@@ -130,6 +130,7 @@ def _with_readable_times(table: pa.Table) -> pa.Table:
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{margin-bottom:.2em} .muted{color:#666} table{border-collapse:collapse;margin:.5em 0 1.5em}
+table{display:block;overflow-x:auto;max-width:100%}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4}
 td.l{text-align:left;white-space:nowrap;font-family:ui-monospace,monospace;font-size:12px}
 th{text-align:center}
@@ -260,7 +261,7 @@ def _histogram_svg(histogram: list[dict[str, Any]]) -> str:
 def _per_hour_svg(per_hour: list[dict[str, Any]]) -> str:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(10, 3.6))
+    figure = Figure(figsize=(10, 4))
     axes = figure.subplots()
     if not per_hour:
         axes.text(0.5, 0.5, "no message was due in this window", ha="center", va="center")
@@ -280,9 +281,18 @@ def _per_hour_svg(per_hour: list[dict[str, Any]]) -> str:
     p99 = axes.twinx()
     p99.plot(list(xs), [h["lateness_ms"]["p99"] for h in per_hour], color="#e67e22", marker=".", label="p99 lateness")
     p99.set_ylabel("p99 lateness (ms)")
+    values = [h["lateness_ms"]["p99"] or 0 for h in per_hour]
+    p99.set_ylim(min(0, *values), max(1, *values) * 1.2)  # from 0, so a flat line does not look like a jump
+    top = max(max(h["expected"], h["delivered"]) for h in per_hour)
+    for x, count in zip(xs, problems, strict=True):
+        if count:  # a handful of anomalies among thousands would be an invisible bar
+            axes.annotate(str(count), (x, max(per_hour[x]["expected"], per_hour[x]["delivered"])),
+                          xytext=(0, 3), textcoords="offset points", ha="center", color="#c0392b", fontsize=8)
+    axes.set_ylim(0, max(1, top) * 1.15)
     handles, labels = axes.get_legend_handles_labels()
     more_handles, more_labels = p99.get_legend_handles_labels()
-    axes.legend(handles + more_handles, labels + more_labels, fontsize=8, loc="upper left")
+    axes.legend(handles + more_handles, labels + more_labels, fontsize=8, loc="upper center",
+                bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
     axes.set_title("Messages per hour of due time")
     return _svg(figure)
 
