@@ -7,7 +7,7 @@ way, runs a Lua script that takes the due members (``ZRANGEBYSCORE key -inf now 
 LIMIT 0 N``) and removes them (``ZREM``) atomically, produces the batch to Kafka with an
 idempotent producer, flushes, and sleeps briefly when nothing is due.
 
-The measurements mirror delayq's in :mod:`delayq.bench.service_bench`: same 200-byte payload,
+The measurements mirror delayq's in :mod:`delayq.bench.service_bench`: same random 200-byte values,
 same keys, same target topics (LogAppendTime, 6 partitions), same broker, the same due-time
 schedules, the same batch size as delayq's delivery, and lateness read back the same way
 (broker append time minus due time). Redis runs on loopback with persistence off, which is
@@ -40,13 +40,13 @@ from delayq.dev import DevStack
 from delayq.errors import DelayqError
 
 from .service_bench import (
-    PAYLOAD,
     bench_cluster,
     create_target,
     fresh_settings,
     lateness_figures,
     lead_ms,
     now_ms,
+    payload,
     read_append_times,
     same_instant,
     steady,
@@ -202,7 +202,7 @@ def schedule(client: redis.Redis, topic: str, count: int, due_ms: Callable[[int]
     pipe = client.pipeline(transaction=False)
     for first in range(0, count, chunk):
         last = min(count, first + chunk)
-        pipe.zadd(key, {encode_member(uuid.uuid4().bytes, topic, f"k{i}".encode(), PAYLOAD): due_ms(i)
+        pipe.zadd(key, {encode_member(uuid.uuid4().bytes, topic, f"k{i}".encode(), payload()): due_ms(i)
                         for i in range(first, last)})
         if (last // chunk) % 10 == 0 or last == count:
             pipe.execute()

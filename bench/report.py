@@ -78,9 +78,9 @@ class Figure:
 
 
 def number(value: float) -> str:
-    """Enough digits to read, no more: 35,012 / 435 / 12.4 / 3.07."""
+    """Enough digits to read, no more: 35,012 / 435 / 12.4 / 3.07, and whole numbers (ms) as they are."""
     size = abs(value)
-    if size >= 1000:
+    if size >= 1000 or value == int(value):
         return f"{value:,.0f}"
     if size >= 100:
         return f"{value:.0f}"

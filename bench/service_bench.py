@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/service_bench.py [--runs 3] [--only ingest,delivery,lateness,failover]
 
-- ingest: msg/s into one node's store (200-byte payloads), buffer pre-filled;
+- ingest: msg/s into one node's store (random 200-byte values), buffer pre-filled;
 - delivery: msg/s out of the master, transactions and done tombstones included;
 - lateness: broker append time (LogAppendTime target) minus deliver-at, at 2,000 msg/s falling due;
 - failover: SIGKILL of the master with three nodes, time until the new epoch's first delivery.
@@ -48,8 +48,13 @@ from delayq.store import TimeIndex
 
 console = Console()
 log = logging.getLogger("delayq.bench")
-PAYLOAD = b"x" * 200
+PAYLOAD_SIZE = 200
 DAY_MS = 86_400_000
+
+
+def payload() -> bytes:
+    """A message value: random bytes, so no compression (Kafka's lz4, RocksDB's) flatters a size figure."""
+    return os.urandom(PAYLOAD_SIZE)
 
 
 def now_ms() -> int:
@@ -135,7 +140,7 @@ def fill_buffer(settings: Settings, target: str, count: int, due_ms, progress: P
                                                "compression.type": "lz4", "queue.buffering.max.messages": 500_000}))
     task = progress.add_task(f"producing {count:,} buffer records", total=count)
     for i in range(count):
-        message = Envelope(new_delay_id(), target, due_ms(i), PAYLOAD, key=f"k{i}".encode(),
+        message = Envelope(new_delay_id(), target, due_ms(i), payload(), key=f"k{i}".encode(),
                            created_at_ms=now_ms(), partitioner="consistent_random")
         while True:
             try:

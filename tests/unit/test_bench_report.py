@@ -80,7 +80,8 @@ def test_table_is_appended_to_a_file_without_markers(tmp_path):
 
 
 def test_numbers_keep_three_significant_digits_or_whole_units():
-    assert [number(v) for v in (35012.4, 435.4, 12.44, 3.074)] == ["35,012", "435", "12.4", "3.07"]
+    values = (35012.4, 435.4, 12.44, 3.074, 2.0, 11.0)
+    assert [number(v) for v in values] == ["35,012", "435", "12.4", "3.07", "2", "11"]
 
 
 def test_member_round_trips_id_topic_key_and_value():
