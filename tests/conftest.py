@@ -51,13 +51,28 @@ def names(request) -> Names:
 
 
 @pytest.fixture
-def settings(dev_stack: DevStack, names: Names, tmp_path) -> Settings:
-    """Settings for one test: the dev stack's addresses, a cluster (and so topics and ZK root) of its own."""
-    return Settings(
-        bootstrap_servers=dev_stack.bootstrap_servers,
-        zk_connect=dev_stack.zk_connect,
-        cluster=names.cluster,
-        data_dir=tmp_path / "data",
-        buffer_partitions=3,
-        zk_session_timeout_ms=3000,
-    )
+def settings(dev_stack: DevStack, names: Names, tmp_path, request) -> Settings:
+    """Settings for one test: the dev stack's addresses, a cluster (and so topics and ZK root) of its own.
+
+    ``@pytest.mark.settings(field=value, ...)`` on a test changes fields for that test.
+    """
+    marker = request.node.get_closest_marker("settings")
+    return Settings(**{
+        "bootstrap_servers": dev_stack.bootstrap_servers,
+        "zk_connect": dev_stack.zk_connect,
+        "cluster": names.cluster,
+        "data_dir": tmp_path / "data",
+        "buffer_partitions": 3,
+        "zk_session_timeout_ms": 3000,
+        **(marker.kwargs if marker else {}),
+    })
+
+
+@pytest.fixture
+def cluster(settings: Settings, tmp_path):
+    """Nodes of this test's cluster as `delayq node` processes; its topics exist; all are killed at the end."""
+    from delayq.delay_service import LocalCluster
+
+    cluster = LocalCluster(settings, tmp_path)
+    yield cluster
+    cluster.close()

@@ -6,18 +6,11 @@ import time
 
 import pytest
 from kafka_testing import create_topics, read_topic
-from service_testing import Cluster, Feeder, now_ms
+from service_testing import Feeder, now_ms
 
 from delayq.proxy import envelope as env
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def cluster(settings, tmp_path):
-    cluster = Cluster(settings, tmp_path)
-    yield cluster
-    cluster.close()
 
 
 @pytest.fixture

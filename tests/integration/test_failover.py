@@ -19,13 +19,6 @@ from delayq.proxy import envelope as env
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def cluster(settings, tmp_path):
-    cluster = Cluster(settings, tmp_path)
-    yield cluster
-    cluster.close()
-
-
 def feed(settings, target: str, count: int, start_ms: int, span_ms: int) -> set[str]:
     feeder = Feeder(settings)
     ids = {feeder.put(target, f"m{i}".encode(), start_ms + i * span_ms // count, key=f"k{i}".encode())
@@ -99,32 +92,25 @@ def test_master_killed_with_sigkill_while_messages_fall_due_loses_and_duplicates
 
 
 @pytest.mark.slow
-def test_sigterm_hands_over_faster_than_the_session_timeout(dev_stack, names, tmp_path):
-    from delayq import Settings
+@pytest.mark.settings(zk_session_timeout_ms=15_000)
+def test_sigterm_hands_over_faster_than_the_session_timeout(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    first = cluster.start("node-a")
+    cluster.master()
+    second = cluster.start("node-b")
+    ids = feed(settings, target, 400, now_ms() + 500, 4000)
+    time.sleep(2.0)
 
-    settings = Settings(bootstrap_servers=dev_stack.bootstrap_servers, zk_connect=dev_stack.zk_connect,
-                        cluster=names.cluster, buffer_partitions=3, zk_session_timeout_ms=15_000)
-    cluster = Cluster(settings, tmp_path)
-    try:
-        target = names.topic("target")
-        create_topics(settings.bootstrap_servers, [target])
-        first = cluster.start("node-a")
-        cluster.master()
-        second = cluster.start("node-b")
-        ids = feed(settings, target, 400, now_ms() + 500, 4000)
-        time.sleep(2.0)
+    started = time.monotonic()
+    first.signal(signal.SIGTERM)
+    assert cluster.master(timeout_s=15, other_than=first) is second
+    handover_s = time.monotonic() - started
 
-        started = time.monotonic()
-        first.signal(signal.SIGTERM)
-        assert cluster.master(timeout_s=15, other_than=first) is second
-        handover_s = time.monotonic() - started
-
-        assert first.process.wait(30) == 0
-        assert handover_s < 5.0, f"handover took {handover_s:.1f}s; the session timeout is 15 s"
-        assert_exactly_once(delivered(settings, target, 400), ids)
-        assert second.metric("delayq_epoch") == 2
-    finally:
-        cluster.close()
+    assert first.process.wait(30) == 0
+    assert handover_s < 5.0, f"handover took {handover_s:.1f}s; the session timeout is 15 s"
+    assert_exactly_once(delivered(settings, target, 400), ids)
+    assert second.metric("delayq_epoch") == 2
 
 
 @pytest.mark.slow
@@ -150,27 +136,20 @@ def test_frozen_master_resumed_after_a_takeover_delivers_nothing(cluster, settin
     assert all(e == 2 for e in epochs[first_new:]), "the resumed master delivered after the takeover"
 
 
-def test_node_away_longer_than_tombstone_retention_rebuilds(dev_stack, names, tmp_path):
-    from delayq import Settings
+@pytest.mark.settings(buffer_partitions=2, delete_retention_ms=2000)
+def test_node_away_longer_than_tombstone_retention_rebuilds(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    feed(settings, target, 10, now_ms() + 120_000, 1000)
+    time.sleep(1)
+    assert node.stop() == 0
+    time.sleep(2.5)  # longer than delete.retention.ms: tombstones it missed may be gone
 
-    settings = Settings(bootstrap_servers=dev_stack.bootstrap_servers, zk_connect=dev_stack.zk_connect,
-                        cluster=names.cluster, buffer_partitions=2, delete_retention_ms=2000)
-    cluster = Cluster(settings, tmp_path)
-    try:
-        target = names.topic("target")
-        create_topics(settings.bootstrap_servers, [target])
-        node = cluster.start("node-a")
-        feed(settings, target, 10, now_ms() + 120_000, 1000)
-        time.sleep(1)
-        assert node.stop() == 0
-        time.sleep(2.5)  # longer than delete.retention.ms: tombstones it missed may be gone
+    back = cluster.start("node-a")
 
-        back = cluster.start("node-a")
-
-        assert back.metric('delayq_store_rebuilds_total{reason="stale"}') == 1
-        assert back.metric("delayq_pending") == 10
-    finally:
-        cluster.close()
+    assert back.metric('delayq_store_rebuilds_total{reason="stale"}') == 1
+    assert back.metric("delayq_pending") == 10
 
 
 def test_node_rebuilds_when_the_buffer_topic_was_recreated(cluster, settings, names):

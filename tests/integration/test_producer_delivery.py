@@ -13,17 +13,9 @@ from confluent_kafka import Producer as PlainProducer
 from kafka_testing import create_topics, read_topic
 
 import delayq
-from delayq.delay_service import LocalCluster
 from delayq.proxy import envelope as env
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def cluster(settings, tmp_path):
-    cluster = LocalCluster(settings, tmp_path)
-    yield cluster
-    cluster.close()
 
 
 def delayq_cli(settings, *args: str) -> subprocess.CompletedProcess:
