@@ -35,5 +35,9 @@ test-fast: install
 demo: install
 	$(BIN)/delayq demo
 
+# The benchmark suite (about 45 minutes); writes bench/results.json and BENCHMARKS.md.
+bench: install
+	$(BIN)/delayq bench
+
 clean: down
 	rm -rf $(VENV) build *.egg-info
