@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
-from delayq.errors import ConfigurationError
+from delayq.errors import ConfigurationError, UnavailableError
 from delayq.settings import Settings
 
 DEAD_LETTER_RETENTION_MS = 30 * 24 * 3600 * 1000
@@ -42,6 +42,7 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
     """Create the buffer and dead-letter topics, or check existing ones; return what differs.
 
     Raises:
+        UnavailableError: Kafka did not answer.
         KafkaException: the cluster refused to create or describe a topic.
     """
     admin = admin or admin_client(settings)
@@ -49,7 +50,11 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
         (settings.buffer_topic, settings.buffer_partitions, buffer_config(settings)),
         (settings.dead_letter_topic, 1, dead_letter_config()),
     ]
-    existing = admin.list_topics(timeout=15).topics
+    try:
+        existing = admin.list_topics(timeout=15).topics
+    except KafkaException as err:
+        raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()}): "
+                               "is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err
     results = []
     for topic, partitions, config in wanted:
         if topic not in existing:
@@ -95,13 +100,20 @@ class BufferInfo:
 
 
 def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
-    """Raises: ConfigurationError: the buffer topic does not exist (run `delayq init`)."""
+    """Raises:
+        ConfigurationError: the buffer topic does not exist (run `delayq init`).
+        UnavailableError: Kafka did not answer.
+    """
     topic = settings.buffer_topic
     try:
-        description = admin.describe_topics(TopicCollection([topic]))[topic].result(30)
+        description = admin.describe_topics(TopicCollection([topic]), request_timeout=15)[topic].result(30)
     except KafkaException as err:
-        raise ConfigurationError(f"buffer topic {topic} cannot be described ({err.args[0].str()}): "
-                           "create it with `delayq init`") from err
+        error = err.args[0]
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise ConfigurationError(f"buffer topic {topic} does not exist on {settings.bootstrap_servers}: "
+                                     "create it with `delayq init`") from err
+        raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not describe the buffer topic "
+                               f"{topic} ({error.str()}): is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err
     retention = int(describe_config(admin, topic).get("delete.retention.ms", "86400000"))
     return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions), retention)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -71,4 +72,14 @@ def test_status_json_names_the_master_and_every_node(settings, tmp_path):
 def test_node_without_a_buffer_topic_says_to_run_init(settings, tmp_path):
     result = delayq(settings, "node", DELAYQ_DATA_DIR=str(tmp_path), DELAYQ_HTTP_PORT="0")
     assert result.returncode == 2
-    assert "delayq init" in result.stderr
+    assert "does not exist" in result.stderr and "delayq init" in result.stderr
+
+
+def test_node_that_cannot_reach_kafka_says_so_in_one_line(settings, tmp_path):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    result = delayq(settings, "node", DELAYQ_DATA_DIR=str(tmp_path), DELAYQ_HTTP_PORT="0",
+                    DELAYQ_BOOTSTRAP_SERVERS=address)
+    assert result.returncode == 2
+    assert f"Kafka at {address}" in result.stderr and "Traceback" not in result.stderr
