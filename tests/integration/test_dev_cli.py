@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
+from process_testing import run_delayq
 
 from delayq.dev import DevStack
 
 pytestmark = pytest.mark.integration
 
 
-def delayq(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=180)
-
-
 def test_status_shows_both_services_healthy(dev_stack):
-    result = delayq("dev", "status", "--state-dir", str(dev_stack.state_dir))
+    result = run_delayq("dev", "status", "--state-dir", str(dev_stack.state_dir))
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("healthy") == 2
@@ -28,7 +21,7 @@ def test_status_shows_both_services_healthy(dev_stack):
 
 
 def test_env_prints_export_lines(dev_stack):
-    result = delayq("dev", "env", "--state-dir", str(dev_stack.state_dir))
+    result = run_delayq("dev", "env", "--state-dir", str(dev_stack.state_dir))
 
     assert result.stdout.splitlines() == [
         f"export DELAYQ_BOOTSTRAP_SERVERS={dev_stack.bootstrap_servers}",
@@ -37,7 +30,7 @@ def test_env_prints_export_lines(dev_stack):
 
 
 def test_second_up_downloads_nothing_and_starts_nothing(dev_stack):
-    result = delayq("dev", "up", "--state-dir", str(dev_stack.state_dir))
+    result = run_delayq("dev", "up", "--state-dir", str(dev_stack.state_dir))
 
     assert result.returncode == 0, result.stderr
     assert "downloading" not in result.stdout
@@ -70,7 +63,7 @@ def test_up_fails_clearly_when_a_port_is_taken_by_a_stranger(tmp_path):
         stranger.bind(("127.0.0.1", 0))
         stranger.listen()
         port = stranger.getsockname()[1]
-        result = delayq("dev", "up", "--state-dir", str(tmp_path / "s"), "--zk-port", str(port),
+        result = run_delayq("dev", "up", "--state-dir", str(tmp_path / "s"), "--zk-port", str(port),
                         "--kafka-port", str(free_port()))
     assert result.returncode == 2
     assert f"port {port}" in result.stderr and "taken" in result.stderr

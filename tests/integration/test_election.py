@@ -7,6 +7,7 @@ import time
 
 import pytest
 from kazoo.client import KazooClient
+from process_testing import wait_until
 
 from delayq.election import Cursor, Epoch, FencedError, Leadership, Membership, connect
 
@@ -37,15 +38,6 @@ def expire_session(dev_stack, client: KazooClient) -> None:
     twin.start(timeout=10)
     twin.stop()
     twin.close()
-
-
-def wait_until(condition, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_epoch_bumps_are_atomic_across_clients(zk, names):
@@ -99,7 +91,7 @@ def run_contender(client, root, name, log):
 def test_one_master_and_a_stopped_master_hands_over_at_once(zk, names):
     log: list[tuple[str, int]] = []
     a, thread_a = run_contender(zk(), names.zk_root, "node-a", log)
-    assert wait_until(lambda: len(log) == 1)
+    assert wait_until(lambda: len(log) == 1, timeout_s=15)
     b, thread_b = run_contender(zk(), names.zk_root, "node-b", log)
     time.sleep(0.5)
     assert log == [("node-a", 1)]
@@ -120,7 +112,7 @@ def test_master_whose_session_expires_stops_and_another_takes_over(dev_stack, zk
     log: list[tuple[str, int]] = []
     client_a = zk()
     a, _ = run_contender(client_a, names.zk_root, "node-a", log)
-    assert wait_until(lambda: len(log) == 1)
+    assert wait_until(lambda: len(log) == 1, timeout_s=15)
     term_a = a.term
     b, _ = run_contender(zk(), names.zk_root, "node-b", log)
 
@@ -136,7 +128,7 @@ def test_master_whose_session_expires_stops_and_another_takes_over(dev_stack, zk
 def test_a_newer_epoch_ends_the_current_term(zk, names):
     log: list[tuple[str, int]] = []
     a, _ = run_contender(zk(), names.zk_root, "node-a", log)
-    assert wait_until(lambda: len(log) == 1)
+    assert wait_until(lambda: len(log) == 1, timeout_s=15)
     term = a.term
 
     Epoch(zk(), names.zk_root).bump()  # what a master elected elsewhere would do

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 
 import pytest
+from process_testing import run_delayq
 from confluent_kafka.admin import AdminClient
-from service_testing import Cluster, settings_env
+from service_testing import Cluster
 
 from delayq import Settings
 from delayq.delay_service.topics import describe_config
@@ -19,9 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def delayq(settings: Settings, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **settings_env(settings), "COLUMNS": "200", **extra_env}
-    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return run_delayq(*args, settings=settings, env=extra_env)
 
 
 def test_init_creates_compacted_buffer_and_dead_letter_topics_then_finds_them_right(settings):

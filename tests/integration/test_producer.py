@@ -6,9 +6,7 @@ read directly, so what the proxy wrote is checked bit for bit.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -16,6 +14,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka import Producer as PlainProducer
 from kafka_testing import create_topics, end_offsets, read_topic
+from process_testing import run_delayq
 
 import delayq
 from delayq.delay_service import ensure_topics
@@ -342,10 +341,7 @@ def test_missing_buffer_topic_says_to_run_delayq_init(settings, target):
 
 
 def delayq_cli(settings, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "DELAYQ_CLUSTER": settings.cluster}
-    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, env=env, timeout=60,
-                          input=stdin)
+    return run_delayq(*args, settings=settings, stdin=stdin, text=False)
 
 
 def test_produce_command_delays_with_key_and_headers_and_prints_the_id(settings, buffer, target):

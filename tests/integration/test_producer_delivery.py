@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from confluent_kafka import Producer as PlainProducer
 from kafka_testing import create_topics, read_topic
+from process_testing import run_delayq, wait_until
 
 import delayq
 from delayq.proxy import envelope as env
@@ -19,19 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def delayq_cli(settings, *args: str) -> subprocess.CompletedProcess:
-    env_vars = {**os.environ, "COLUMNS": "200", "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                "DELAYQ_ZK_CONNECT": settings.zk_connect, "DELAYQ_CLUSTER": settings.cluster}
-    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True, env=env_vars,
-                          timeout=60)
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
+    return run_delayq(*args, settings=settings)
 
 
 def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, settings, names):

@@ -7,14 +7,12 @@ ZooKeeper discovery test (marked integration) registers stand-ins on the real Zo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from process_testing import run_delayq
 
 import delayq
 from delayq import Settings
@@ -148,16 +146,11 @@ def test_a_malformed_id_is_refused_before_any_node_is_asked(stand_in, bad, error
     assert stand_in.asked == []
 
 
-def delayq_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "delayq", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200", **env})
-
-
 def test_get_command_prints_pending_with_due_time_and_exits_0(stand_in):
     delay_id = new_delay_id()
     stand_in.pending(delay_id)
 
-    result = delayq_cli("get", delay_id, env={"DELAYQ_LOOKUP_URLS": json.dumps([stand_in.url])})
+    result = run_delayq("get", delay_id, env={"DELAYQ_LOOKUP_URLS": json.dumps([stand_in.url])})
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("pending: due 2027-01-15T08:00:00.123000+00:00 (in ")
@@ -167,7 +160,7 @@ def test_get_command_prints_pending_with_due_time_and_exits_0(stand_in):
 def test_get_command_prints_not_pending_and_exits_1(stand_in):
     delay_id = new_delay_id()
 
-    result = delayq_cli("get", delay_id, env={"DELAYQ_LOOKUP_URLS": json.dumps([stand_in.url])})
+    result = run_delayq("get", delay_id, env={"DELAYQ_LOOKUP_URLS": json.dumps([stand_in.url])})
 
     assert result.returncode == 1
     assert result.stdout == f"not pending: {delay_id} was delivered, cancelled, or never produced\n"
@@ -177,7 +170,7 @@ def test_get_command_json_output(stand_in):
     delay_id = new_delay_id()
     stand_in.pending(delay_id)
 
-    result = delayq_cli("get", "--json", delay_id, env={"DELAYQ_LOOKUP_URLS": json.dumps([stand_in.url])})
+    result = run_delayq("get", "--json", delay_id, env={"DELAYQ_LOOKUP_URLS": json.dumps([stand_in.url])})
 
     assert json.loads(result.stdout) == {"id": delay_id, "pending": True, "deliver_at_ms": DUE_MS,
                                          "deliver_at": "2027-01-15T08:00:00.123000+00:00", "topic": "orders",
@@ -185,7 +178,7 @@ def test_get_command_json_output(stand_in):
 
 
 def test_get_command_with_no_node_fails_with_exit_2_and_the_reason():
-    result = delayq_cli("get", new_delay_id(), env={"DELAYQ_LOOKUP_URLS": json.dumps([closed_port_url()])})
+    result = run_delayq("get", new_delay_id(), env={"DELAYQ_LOOKUP_URLS": json.dumps([closed_port_url()])})
 
     assert result.returncode == 2
     assert "no delayq node answered the lookup" in result.stderr
