@@ -190,8 +190,7 @@ class Delivery:
 
     def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
         if not outgoing and not dead:
-            self.wakeup.sleep_until(self._next_wake(set()), term)
-            return
+            return  # all in back-off: the next deliver_due() sleeps until the first retry
         try:
             self._transaction(term, outgoing, dead)
         except KafkaException as err:

@@ -12,7 +12,6 @@ import logging
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 
 from delayq.election import Cursor, Leadership, Membership, Term, connect
@@ -207,15 +206,3 @@ class Node:
         if not self.ingest.caught_up:
             return False, f"ingest is {self.ingest.lag} records behind the buffer"
         return True, f"caught up ({self.role})"
-
-    @property
-    def http_port(self) -> int:
-        return self.http.port
-
-    def wait_ready(self, timeout_s: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.ready()[0]:
-                return True
-            time.sleep(0.05)
-        return False

@@ -7,7 +7,6 @@ librdkafka's names are used; Java clients' default is ``murmur2_random``.
 
 from __future__ import annotations
 
-import random
 import zlib
 
 _MASK = 0xFFFFFFFF
