@@ -125,7 +125,7 @@ def render_markdown(results: dict, rows_only: bool = False):
         "Versions: " + ", ".join(f"{name} {v[name]}" for name in sorted(v, key=_version_rank)) + ".",
         "",
         "Each figure is the median of its runs; spread is min–max over the runs (IQR: first–third quartile). "
-        f"delayq / Redis is the ratio of the medians; `better` says which way is good.",
+        "delayq / Redis is the ratio of the medians; `better` says which way is good.",
         "",
         f"| figure | delayq | spread | runs | {PEER} (spread) | delayq / Redis | better |",
         "|---|---:|---:|---:|---:|---:|---|",

@@ -1,7 +1,7 @@
 """Key -> partition, computed the way the producing client would have.
 
 A delayed message must land beside the immediate messages with the same key, so the
-master applies the partitioner the proxy recorded (``delayq-partitioner``), not its own.
+master applies the partitioner the proxy recorded (the frame's ``partitioner=`` option), not its own.
 librdkafka's names are used; Java clients' default is ``murmur2_random``.
 """
 

@@ -1,34 +1,38 @@
 """The envelope: how a delayed message is written to the buffer topic, and read back.
 
 This module is the contract between the producer proxy, the delay-service nodes and
-the reconciliation job (docs/DESIGN.md, "Envelope"). A buffer record is::
+the reconciliation job (docs/DESIGN.md, "Envelope"). A buffer record is one of::
 
-    key     = the delay id (UUIDv7 text, ASCII)
-    value   = the user's payload (put) or null (cancel, done)
-    headers = delayq-op, delayq-id, and for a put the envelope fields, then the user's headers
+    put      key = the delay id (UUIDv7 text, ASCII)
+             value = one ASCII line, the frame, then the user's key and payload:
+                 put <deliver-at ms> <topic> <key length | -> [option ...]\n<key><payload>
+             headers = the user's, as given
+    cancel   key = the delay id, value = null, headers = delayq-op: cancel, delayq-id
+    done     the same with delayq-op: done (the master writes it with the delivery)
 
-A null user value is kept as an empty value plus the ``delayq-value-null`` header,
-because a null value is a tombstone to compaction and would be dropped from the
-buffer before it falls due.
+The options, each ``name=value``: ``partition=N`` (the user named a partition),
+``partitioner=NAME`` (the producing client's, when not librdkafka's default) and
+``value=null`` (the user's value was null; a null record value would be a tombstone
+to compaction and vanish before it falls due).
+
+Why the envelope rides in the value and not in headers: librdkafka's Python binding
+charges a produce() with headers about as much again as one without, and each
+header more (bench/produce_bench.py), on the producer's hot path and again when
+every node consumes the record.
 """
 
 from __future__ import annotations
 
 import marshal
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
 OP = "delayq-op"
 ID = "delayq-id"
-TOPIC = "delayq-topic"
-PARTITION = "delayq-partition"
-KEY = "delayq-key"
 DELIVER_AT = "delayq-deliver-at"
-CREATED_AT = "delayq-created-at"
-PARTITIONER = "delayq-partitioner"
-VALUE_NULL = "delayq-value-null"
 EPOCH = "delayq-epoch"
 DEAD_LETTER_REASON = "delayq-dead-letter-reason"
 DEAD_LETTER_SOURCE = "delayq-dead-letter-source"
@@ -38,8 +42,16 @@ OP_PUT = b"put"
 OP_CANCEL = b"cancel"
 OP_DONE = b"done"
 OPS = (OP_PUT, OP_CANCEL, OP_DONE)
+TOMBSTONE_OPS = (OP_CANCEL, OP_DONE)
 
-_ENVELOPE_HEADERS = frozenset({OP, ID, TOPIC, PARTITION, KEY, DELIVER_AT, CREATED_AT, PARTITIONER, VALUE_NULL})
+# A frame line longer than this is not a frame: topic names stop at 249 characters.
+MAX_FRAME_LINE = 512
+PARTITION_OPTION = b"partition"
+PARTITIONER_OPTION = b"partitioner"
+NULL_VALUE_OPTION = b"value=null"
+# Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
 
 
 class MalformedRecord(ValueError):
@@ -98,28 +110,12 @@ class Envelope:
     partitioner: str | None = None
 
     def buffer_headers(self) -> list[tuple[str, bytes]]:
-        """The headers of this message's ``put`` record on the buffer topic."""
-        # No delayq-id (the record key is the id) and no delayq-created-at (the record's
-        # timestamp is): each header costs the producer's hot path about as much as the
-        # rest of a plain produce() call (bench/produce_bench.py).
-        out = [
-            (OP, OP_PUT),
-            (TOPIC, self.topic.encode()),
-            (DELIVER_AT, str(self.deliver_at_ms).encode()),
-        ]
-        if self.partition is not None and self.partition >= 0:
-            out.append((PARTITION, str(self.partition).encode()))
-        if self.key is not None:
-            out.append((KEY, self.key))
-        if self.partitioner:
-            out.append((PARTITIONER, self.partitioner.encode()))
-        if self.value is None:
-            out.append((VALUE_NULL, b"1"))
-        out.extend(self.headers)
-        return out
+        """The headers of this message's ``put`` record on the buffer topic: the user's."""
+        return list(self.headers)
 
     def buffer_value(self) -> bytes:
-        return b"" if self.value is None else self.value
+        """The value of this message's ``put`` record: frame, key, payload."""
+        return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner)
 
     def delivery_headers(self, epoch: int) -> list[tuple[str, bytes]]:
         """Headers of the delivered record: the user's, then who and when (DESIGN.md)."""
@@ -160,6 +156,72 @@ class BufferRecord:
     envelope: Envelope | None = None
 
 
+def check_topic(topic: object) -> str:
+    """``topic`` if Kafka takes it as a topic name (which also keeps the frame line parsable).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: not a valid Kafka topic name.
+    """
+    if type(topic) is not str:
+        raise TypeError(f"topic must be a str; got {type(topic).__name__}")
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(f"topic {topic!r:.300} is not a valid Kafka topic name: 1 to 249 characters from "
+                         "a-z, A-Z, 0-9, '.', '_' and '-', and not '.' or '..'")
+    return topic
+
+
+class PutFramer:
+    """Builds the values of ``put`` records: the frame line, the user's key, then the payload.
+
+    The producer's hot path: formatting the due time and topic costs about half a
+    plain produce() call, and a burst of messages with one delay to one topic shares
+    them within a millisecond, so the framer remembers the last frame head (and the
+    topic check that came with it).
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple = (None, None, b"")
+
+    def value(self, deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None = None, partitioner: str | None = None) -> bytes:
+        """The put value; ``key`` and ``value`` are bytes or None, ``topic`` is checked (:func:`check_topic`).
+
+        Raises:
+            TypeError, ValueError: ``topic`` is not a Kafka topic name.
+        """
+        last = self._last
+        if last[0] != deliver_at_ms or last[1] != topic:
+            # A tuple, replaced whole: threads sharing a producer never see a torn head.
+            last = self._last = (deliver_at_ms, topic, f"put {deliver_at_ms} {check_topic(topic)} ".encode())
+        if partition is None and partitioner is None and value is not None:
+            if key is None:
+                return b"".join((last[2], _NULL_KEY_END, value))
+            length = len(key)
+            return b"".join((last[2], _KEY_LENGTH_ENDS[length] if length < 1024 else b"%d\n" % length, key, value))
+        options = ""
+        if partition is not None:
+            options += f" partition={partition}"
+        if partitioner is not None:
+            options += f" partitioner={partitioner}"
+        if value is None:
+            options += " value=null"
+        length_field = "-" if key is None else len(key)
+        return b"".join((last[2], f"{length_field}{options}\n".encode(), key or b"", value or b""))
+
+
+_NULL_KEY_END = b"-\n"
+_KEY_LENGTH_ENDS = tuple(f"{n}\n".encode() for n in range(1024))
+
+
+def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None = None, partitioner: str | None = None) -> bytes:
+    """The value of one ``put`` record (:meth:`PutFramer.value`)."""
+    return PutFramer().value(deliver_at_ms, topic, key, value, partition, partitioner)
+
+
 def control_headers(op: bytes, delay_id: str) -> list[tuple[str, bytes]]:
     """Headers of a ``cancel`` or ``done`` tombstone."""
     return [(OP, op), (ID, delay_id.encode())]
@@ -169,66 +231,85 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
                         timestamp_ms: int = 0) -> BufferRecord:
     """Read one buffer record; ``timestamp_ms`` (the record's) is the put's creation time.
 
+    A record with a value is a put; a null value is a tombstone, told by ``delayq-op``.
+
     Raises:
-        MalformedRecord: missing or contradictory headers, bad numbers, unknown op.
+        MalformedRecord: no key, a bad frame, a put with a ``delayq-`` header, a
+            tombstone without a known op or with an id that is not its key.
     """
     if not key:
         raise MalformedRecord("record has no key (the delay id)")
-    # The hot path of every node's ingest: plain locals, positional calls.
-    found: dict[str, bytes | None] = {}
-    user_headers: list[tuple[str, bytes]] = []
-    for name, header_value in headers or ():
-        if name in _ENVELOPE_HEADERS:
-            if name in found:
-                raise MalformedRecord(f"header {name} appears twice")
-            found[name] = header_value
-        else:
-            user_headers.append((name, header_value))
-    get = found.get
-    op = get(OP)
-    if op is None:
-        raise MalformedRecord(f"header {OP} is missing")
-    if op not in OPS:
-        raise MalformedRecord(f"header {OP} is {op[:40]!r}; expected one of put, cancel, done")
     if not key.isascii():
         raise MalformedRecord("record key is not ASCII text")
     delay_id = key.decode()
-    header_id = get(ID)
-    if header_id is not None and header_id != key:
-        raise MalformedRecord(f"header {ID} {header_id[:40]!r} differs from the record key {key[:40]!r}")
-    if op != OP_PUT:
-        if value:
-            raise MalformedRecord(f"a {op.decode()} record must have a null value")
-        return BufferRecord(op, delay_id)
-    topic = get(TOPIC)
-    if not topic:
-        raise MalformedRecord(f"put without header {TOPIC}")
+    if value is None:
+        return BufferRecord(_tombstone_op(key, headers), delay_id)
+    if headers:
+        for name, _ in headers:
+            if name.startswith(RESERVED_PREFIX):
+                raise MalformedRecord(f"a put (a record with a value) carries header {name}: names starting "
+                                      f"{RESERVED_PREFIX} are delayq's; a cancel or done has a null value")
+        user_headers = headers
+    else:
+        user_headers = []
+    # The hot path of every node's ingest: plain locals, one split.
+    end = value.find(b"\n", 0, MAX_FRAME_LINE)
+    fields = value[:end].split(b" ") if end > 0 else ()
+    if len(fields) < 4 or fields[0] != OP_PUT:
+        raise MalformedRecord(f"a put's value must start with {FRAME_SYNTAX}; it starts {value[:40]!r}")
+    deliver_at = _digits(fields[1], "deliver-at time")
     try:
-        topic_name = topic.decode()
+        topic = fields[2].decode()
     except UnicodeDecodeError:
-        raise MalformedRecord(f"header {TOPIC} is not UTF-8") from None
-    deliver_at = _int_header(get(DELIVER_AT), DELIVER_AT, True)
-    partition = _int_header(get(PARTITION), PARTITION, False)
-    partitioner = get(PARTITIONER)
-    envelope = Envelope(
-        delay_id,
-        topic_name,
-        deliver_at,
-        None if get(VALUE_NULL) is not None else (value or b""),
-        get(KEY),
-        partition,
-        user_headers,
-        _int_header(get(CREATED_AT), CREATED_AT, False) or timestamp_ms,
-        partitioner.decode(errors="replace") if partitioner else None,
-    )
-    return BufferRecord(op, delay_id, envelope)
+        raise MalformedRecord(f"the topic in the frame is not UTF-8: {fields[2][:40]!r}") from None
+    start = end + 1
+    if fields[3] == b"-":
+        user_key = None
+    else:
+        length = _digits(fields[3], "key length")
+        user_key = value[start:start + length]
+        start += length
+        if start > len(value):
+            raise MalformedRecord(f"the frame's key length {length} runs past the end of the value")
+    partition = partitioner = None
+    null_value = False
+    for option in fields[4:]:
+        name, sep, text = option.partition(b"=")
+        if option == NULL_VALUE_OPTION:
+            null_value = True
+        elif name == PARTITION_OPTION and sep:
+            partition = _digits(text, "partition")
+        elif name == PARTITIONER_OPTION and text:
+            partitioner = text.decode(errors="replace")
+        else:
+            raise MalformedRecord(f"unknown frame option {option[:40]!r}; expected partition=N, partitioner=NAME "
+                                  "or value=null")
+    envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key, partition,
+                        user_headers, timestamp_ms, partitioner)
+    return BufferRecord(OP_PUT, delay_id, envelope)
 
 
-def _int_header(raw: bytes | None, name: str, required: bool) -> int | None:
-    if raw is None:
-        if required:
-            raise MalformedRecord(f"put without header {name}")
-        return None
+def _tombstone_op(key: bytes, headers: list[tuple[str, bytes]] | None) -> bytes:
+    op = record_id = None
+    for name, header_value in headers or ():
+        if name == OP or name == ID:
+            if (op if name == OP else record_id) is not None:
+                raise MalformedRecord(f"header {name} appears twice")
+            if name == OP:
+                op = header_value
+            else:
+                record_id = header_value
+    if op is None:
+        raise MalformedRecord(f"a record with a null value needs header {OP} (cancel or done); it has none")
+    if op not in TOMBSTONE_OPS:
+        raise MalformedRecord(f"header {OP} of a record with a null value is {op[:40]!r}; expected cancel or done "
+                              "(a put has a value)")
+    if record_id is not None and record_id != key:
+        raise MalformedRecord(f"header {ID} {record_id[:40]!r} differs from the record key {key[:40]!r}")
+    return op
+
+
+def _digits(raw: bytes, what: str) -> int:
     if not raw.isdigit() or len(raw) > 18:
-        raise MalformedRecord(f"header {name} is {raw[:40]!r}; expected ASCII digits")
+        raise MalformedRecord(f"the frame's {what} is {raw[:40]!r}; expected ASCII digits")
     return int(raw)

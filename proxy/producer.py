@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import operator
 import os
 import threading
 import time
@@ -42,10 +43,6 @@ _CRC32_PARTITIONERS = frozenset({"consistent", "consistent_random"})
 _base_produce = confluent_kafka.Producer.produce
 _time_ns = time.time_ns
 
-_PUT = (env.OP, env.OP_PUT)
-_TOPIC, _DELIVER_AT = env.TOPIC, env.DELIVER_AT
-_KEY, _PARTITION = env.KEY, env.PARTITION
-_VALUE_NULL = (env.VALUE_NULL, b"1")
 _RESERVED = frozenset({env.RESERVED_PREFIX, env.RESERVED_PREFIX.encode()})
 _RESERVED_LEN = len(env.RESERVED_PREFIX)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -61,16 +58,16 @@ class _DelayTicks:
 
     ``envelope.new_delay_id`` formats 128 fresh random bits per id, which alone costs
     about as much as a plain ``produce()``. Here the random tail (62 bits) is drawn once
-    per millisecond per process and a counter numbers the ids inside that millisecond
-    (:meth:`Producer._put` joins them), so ids stay unique across processes (the tail)
-    and sort in creation order inside one (the counter). ``next()`` on an
-    itertools.count is atomic, so threads need no lock.
+    per millisecond per process and a counter numbers the ids inside that millisecond,
+    so ids stay unique across processes (the tail) and sort in creation order inside
+    one (the counter). A tick's ids come from a chain of C iterators, so ``next()``
+    runs no Python code: it is cheap, and atomic under the GIL, so threads need no lock.
 
-    A tick is ``(ms, id head, id tail, counter)``.
+    A tick is ``(ms, the __next__ of an iterator of that millisecond's 4096 ids)``.
     """
 
-    COUNTER_HEX = tuple(f"{i:03x}" for i in range(4096))
-    _NONE = (-1, "", "", itertools.count())
+    _COUNTER_HEX = tuple(f"{i:03x}" for i in range(4096))
+    _NONE = (-1, iter(()).__next__)
 
     def __init__(self) -> None:
         self.tick: tuple = self._NONE
@@ -82,14 +79,16 @@ class _DelayTicks:
 
     def new(self, ms: int) -> tuple:
         tail = int.from_bytes(os.urandom(8), "big") & (1 << 62) - 1 | 1 << 63
-        tick = (ms, f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7",
-                f"-{tail >> 48:04x}-{tail & 0xFFFF_FFFF_FFFF:012x}", itertools.count())
+        head = f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7"
+        tail_text = f"-{tail >> 48:04x}-{tail & 0xFFFF_FFFF_FFFF:012x}"
+        ids = map(operator.add, itertools.repeat(head),
+                  map(operator.add, self._COUNTER_HEX, itertools.repeat(tail_text)))
+        tick = (ms, ids.__next__)
         self.tick = tick
         return tick
 
 
 _ticks = _DelayTicks()
-_COUNTER_HEX = _DelayTicks.COUNTER_HEX
 
 
 def buffer_partition(delay_id: str, partitions: int) -> int:
@@ -209,6 +208,19 @@ def _span(ms: int) -> str:
     return f"{ms / 1000:g} s ({ms} ms)"
 
 
+def _as_bytes(data: object, argument: str) -> bytes:
+    """``data`` (str, bytes or another read-only buffer, as confluent-kafka takes them) as bytes."""
+    if type(data) is bytes:
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{argument} must be str, bytes or None; got {type(data).__name__}") from None
+    return view.tobytes()
+
+
 def _check_user_headers(headers: object) -> list:
     """The user's headers as a list, in order; names starting ``delayq-`` are refused."""
     if isinstance(headers, dict):
@@ -261,7 +273,7 @@ class Producer(confluent_kafka.Producer):
     """
 
     __slots__ = ("_settings", "_buffer_topic", "_max_delay_ms", "_max_delay_s", "_partitioner",
-                 "_partitioner_header", "_crc_by_librdkafka", "_buffer_partitions", "_lock")
+                 "_partitioner_option", "_framer", "_crc_by_librdkafka", "_buffer_partitions", "_lock")
 
     def __init__(self, conf: dict[str, typing.Any] | None = None, /, **kwargs: typing.Any) -> None:
         if conf is not None and not isinstance(conf, dict):
@@ -275,9 +287,9 @@ class Producer(confluent_kafka.Producer):
         self._max_delay_s = self._max_delay_ms / 1000
         topic_conf = {**rest, **rest_kw}.get("default.topic.config") or {}
         self._partitioner = str({**topic_conf, **rest, **rest_kw}.get("partitioner", DEFAULT_PARTITIONER))
-        # Absent means librdkafka's default to the nodes (delay_service.partitioners): one header less per call.
-        self._partitioner_header = (
-            None if self._partitioner == DEFAULT_PARTITIONER else (env.PARTITIONER, self._partitioner))
+        # Absent means librdkafka's default to the nodes (delay_service.partitioners): a shorter frame.
+        self._partitioner_option = None if self._partitioner == DEFAULT_PARTITIONER else self._partitioner
+        self._framer = env.PutFramer()
         # With a CRC32 partitioner librdkafka already puts key=id where buffer_partition() says.
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
         self._buffer_partitions: int | None = None
@@ -304,6 +316,7 @@ class Producer(confluent_kafka.Producer):
         *,
         delay: float | timedelta | None = None,
         deliver_at: datetime | int | None = None,
+        delay_id: str | None = None,
         callback: Callable | None = None,
     ) -> str | None:
         """Produce a message to ``topic``, now or, with ``delay``/``deliver_at``, when it falls due.
@@ -320,11 +333,16 @@ class Producer(confluent_kafka.Producer):
         ``on_delivery`` (alias ``callback``) for a delayed message reports the write to
         the **buffer topic**, not the later delivery: ``msg.topic()`` is the buffer
         topic, ``msg.key()`` is the delay id as ASCII bytes (match it with
-        ``msg.key().decode() == delay_id``), ``msg.value()`` the payload (``b""`` for
-        a None value). Success means delayq holds the message durably.
+        ``msg.key().decode() == delay_id``), ``msg.value()`` the buffer record's
+        value: the envelope's frame line, then your key and payload
+        (``delayq.proxy.parse_buffer_record`` reads it back). Success means delayq
+        holds the message durably.
 
         ``timestamp`` of a delayed message sets the buffer record's timestamp; the
         delivered record is stamped when it is delivered.
+
+        ``delay_id`` puts the message under an id :meth:`produce` returned before: the
+        new put replaces that pending message, which is :meth:`reschedule`.
 
         Args:
             topic: target topic.
@@ -337,16 +355,19 @@ class Producer(confluent_kafka.Producer):
                 refused for a delayed message.
             delay: seconds (int or float, >= 0) or a timedelta.
             deliver_at: due time, a timezone-aware datetime or epoch ms (int).
+            delay_id: re-put under this existing id (needs ``delay`` or ``deliver_at``).
             callback: alias of ``on_delivery``, as in confluent-kafka.
 
         Returns:
             The delay id for a delayed message, else None.
 
         Raises:
-            TypeError: ``delay``/``deliver_at``/``headers``/``topic`` of the wrong type.
+            TypeError: ``delay``/``deliver_at``/``headers``/``topic``/``key``/``value``
+                of the wrong type.
             ValueError: negative, NaN or infinite delay; both ``delay`` and
                 ``deliver_at``; naive datetime; due beyond ``max_delay_ms``; a
-                ``delayq-`` header name. Nothing is sent.
+                ``delayq-`` header name; a topic name Kafka refuses; a malformed
+                ``delay_id``. Nothing is sent.
             BufferError: the local queue is full (``queue.buffering.max.messages``); poll and retry.
             KafkaException: as confluent-kafka's ``produce()``; for a delayed message
                 also when the buffer topic does not exist (run ``delayq init``).
@@ -356,15 +377,51 @@ class Producer(confluent_kafka.Producer):
         # Positional arguments in the order of cimpl's produce(topic, value, key, partition,
         # callback, on_delivery, timestamp, headers): keyword parsing costs measurably per call.
         if delay is None and deliver_at is None:
+            if delay_id is not None:
+                raise ValueError("delay_id needs delay or deliver_at: it re-puts a delayed message")
             return _base_produce(self, topic, value, key, partition, on_delivery, None, timestamp, headers)
+        # The hot path of a delayed message, in one frame: each step shows in the per-call
+        # cost (bench/produce_bench.py), so checks take their cheap branch first.
         now_ms = _time_ns() // 1_000_000
-        # Fast path for the common case, a plain int/float delay; everything else takes due_ms().
         kind = type(delay)
         if deliver_at is None and (kind is int or kind is float) and 0 <= delay <= self._max_delay_s:
             due = now_ms + (delay * 1000 if kind is int else round(delay * 1000))
         else:
             due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
-        return self._put(None, now_ms, due, topic, value, key, partition, on_delivery, timestamp, headers)
+        if key is not None and type(key) is not bytes:
+            key = _as_bytes(key, "key")
+        if value is not None and type(value) is not bytes:
+            value = _as_bytes(value, "value")
+        if partition == -1:
+            value = self._framer.value(due, topic, key, value, None, self._partitioner_option)
+        elif type(partition) is int and partition >= 0:
+            value = self._framer.value(due, topic, key, value, partition)
+        else:
+            error = ValueError if type(partition) is int else TypeError
+            raise error(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
+                        f"got {partition!r}")
+        if headers is not None:
+            headers = _check_user_headers(headers)
+        if delay_id is None:
+            tick = _ticks.tick
+            if tick[0] != now_ms:
+                tick = _ticks.new(now_ms)
+            try:
+                delay_id = tick[1]()
+            except StopIteration:
+                # More than 4096 ids in one millisecond: a fresh tail keeps them unique.
+                delay_id = _ticks.new(now_ms)[1]()
+        else:
+            check_delay_id(delay_id)
+        if self._crc_by_librdkafka:
+            if on_delivery is None and timestamp == 0 and headers is None:
+                _base_produce(self, self._buffer_topic, value, delay_id)  # fewer arguments parse faster
+            else:
+                _base_produce(self, self._buffer_topic, value, delay_id, -1, on_delivery, None, timestamp, headers)
+        else:
+            _base_produce(self, self._buffer_topic, value, delay_id, self._partition_of(delay_id), on_delivery,
+                          None, timestamp, headers)
+        return delay_id
 
     def reschedule(
         self,
@@ -403,52 +460,10 @@ class Producer(confluent_kafka.Producer):
             TypeError, ValueError: a malformed ``delay_id``, or any bad input :meth:`produce` refuses.
         """
         check_delay_id(delay_id)
-        now_ms = _time_ns() // 1_000_000
-        due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
-        return self._put(delay_id, now_ms, due, topic, value, key, partition, on_delivery, timestamp, headers)
-
-    def _put(self, delay_id: str | None, now_ms: int, due: int, topic, value, key, partition, on_delivery,
-             timestamp, headers) -> str:
-        """Write one ``put`` (a new id when ``delay_id`` is None) in Envelope.buffer_headers()'s order.
-
-        The hot path of produce(): id making is inlined here, not called, because every
-        call shows in the per-call cost (bench/produce_bench.py).
-        """
-        if type(topic) is not str or not topic:
-            raise TypeError(f"topic must be a non-empty str; got {topic!r:.100}")
-        tick = _ticks.tick
-        if tick[0] != now_ms:
-            tick = _ticks.new(now_ms)
-        if delay_id is None:
-            n = next(tick[3])
-            if n >= 4096:
-                # More than 4096 ids in one millisecond: a fresh tail keeps them unique.
-                tick = _ticks.new(now_ms)
-                n = next(tick[3])
-            delay_id = tick[1] + _COUNTER_HEX[n] + tick[2]
-        out = [_PUT, (_TOPIC, topic), (_DELIVER_AT, f"{due}")]
-        if partition == -1:
-            if key is not None:
-                out.append((_KEY, key))
-            if self._partitioner_header is not None:
-                out.append(self._partitioner_header)
-        elif type(partition) is int and partition >= 0:
-            out.append((_PARTITION, f"{partition}"))
-            if key is not None:
-                out.append((_KEY, key))
-        else:
-            error = ValueError if type(partition) is int else TypeError
-            raise error(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
-                        f"got {partition!r}")
-        if value is None:
-            out.append(_VALUE_NULL)
-            value = b""
-        if headers is not None:
-            out.extend(_check_user_headers(headers))
-        _base_produce(self, self._buffer_topic, value, delay_id,
-                      -1 if self._crc_by_librdkafka else self._partition_of(delay_id),
-                      on_delivery, None, timestamp, out)
-        return delay_id
+        if delay is None and deliver_at is None:
+            raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms) to reschedule")
+        return self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay=delay,
+                            deliver_at=deliver_at, delay_id=delay_id)
 
     def cancel(self, delay_id: str, on_delivery: Callable | None = None) -> None:
         """Cancel a delayed message: a ``cancel`` tombstone for ``delay_id`` to the buffer topic.

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None
     parser.add_argument("--out", type=Path, default=Path("delayq-report"),
                         help="folder for report.json, report.html and anomalies/*.parquet (default: ./delayq-report)")
     parser.add_argument("--topics", default=None,
-                        help="comma-separated target topics (default: found from the buffer's delayq-topic headers)")
+                        help="comma-separated target topics (default: found from the buffer's put frames)")
     parser.add_argument("--read-uncommitted", action="store_true",
                         help="also count records of open and aborted transactions (default: read_committed)")
     parser.add_argument("--master", default=default_master,

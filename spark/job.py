@@ -102,34 +102,42 @@ def read_topics(spark: SparkSession, settings: Settings, options: ReconcileOptio
 def buffer_rows(raw: DataFrame) -> DataFrame:
     """One row per buffer record, with the put, cancel and done columns filled for its kind.
 
-    A record without a key, with an unknown op, or a put without a topic or a
-    parsable due time is counted as malformed and takes no part otherwise.
+    A put is a record with a value that starts with the envelope's frame line
+    (``put <deliver-at ms> <topic> <key length or -> [option ...]``) and carries no
+    ``delayq-`` header; a cancel or done has a null value and its op in
+    ``delayq-op``. Anything else, or a record without a key, counts as malformed
+    and takes no part otherwise: the same records a node dead-letters.
     """
     from pyspark.sql import functions as F
 
+    head = f"CAST(substring(value, 1, {env.MAX_FRAME_LINE}) AS STRING)"
+    line = F.expr(f"substring_index({head}, '\\n', 1)")
+    framed = F.expr(f"instr({head}, '\\n') > 0")
+    reserved = F.expr(f"coalesce(exists(headers, h -> h.key LIKE '{env.RESERVED_PREFIX}%'), false)")
     rows = raw.select(
         F.col("key").cast("string").alias("id"),
+        F.col("value").isNotNull().alias("has_value"),
+        (framed & line.rlike(r"^put [0-9]{1,18} [^ ]+ (-|[0-9]+)( |$)") & ~reserved).alias("is_put"),
+        F.split(line, " ").alias("frame"),
         _header(env.OP).alias("op"),
-        _header(env.TOPIC).alias("topic"),
-        _header(env.DELIVER_AT, "BIGINT").alias("deliver_at"),
         F.col("offset"),
         F.unix_millis("timestamp").alias("ts"),
     )
-    put = (F.col("op") == "put") & F.col("topic").isNotNull() & F.col("deliver_at").isNotNull()
     has_id = F.col("id").isNotNull()
-
-    def when(condition: Column, value: Column) -> Column:
-        return F.when(has_id & condition, value)
+    put = has_id & F.col("has_value") & F.col("is_put")
+    tombstone = has_id & ~F.col("has_value")
+    cancel = tombstone & (F.col("op") == "cancel")
+    done = tombstone & (F.col("op") == "done")
 
     return rows.select(
         "id",
-        (~(has_id & (put | F.col("op").isin("cancel", "done")))).cast("int").alias("malformed"),
-        when(put, F.col("offset")).alias("put_offset"),
-        when(put, F.col("deliver_at")).alias("put_due"),
-        when(put, F.col("topic")).alias("put_topic"),
-        when(F.col("op") == "cancel", F.col("offset")).alias("cancel_offset"),
-        when(F.col("op") == "cancel", F.col("ts")).alias("cancel_ts"),
-        when(F.col("op") == "done", F.col("offset")).alias("done_offset"),
+        (~(put | cancel | done)).cast("int").alias("malformed"),
+        F.when(put, F.col("offset")).alias("put_offset"),
+        F.when(put, F.expr("try_cast(try_element_at(frame, 2) AS BIGINT)")).alias("put_due"),
+        F.when(put, F.expr("try_element_at(frame, 3)")).alias("put_topic"),
+        F.when(cancel, F.col("offset")).alias("cancel_offset"),
+        F.when(cancel, F.col("ts")).alias("cancel_ts"),
+        F.when(done, F.col("offset")).alias("done_offset"),
     )
 
 

@@ -105,7 +105,7 @@ class ReconcileOptions:
         early_tolerance_ms: a delivery this much before its due time is not yet "early":
             the due time comes from the producing host's clock and the delivery
             timestamp from the master's, and NTP keeps hosts on one network within a few ms.
-        topics: target topics to read; None finds them from the buffer's delayq-topic headers.
+        topics: target topics to read; None finds them from the buffer's put frames.
         read_committed: read with ``isolation.level=read_committed`` (aborted
             transactions of a fenced master are not deliveries).
         lookback_ms: how far before ``since_ms`` deliveries are read.

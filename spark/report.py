@@ -151,7 +151,7 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
              "cancelled_too_late", "delivered_records")
     cards = "".join(f'<div class="card{" bad" if k in bad and totals[k] else ""}"><b>{totals[k]:,}</b>'
                     f'{esc(k.replace("_", " "))}</div>' for k in shown)
-    status = (f'<div class="status ok">OK: every expected message was delivered, none twice (exit code 0)</div>'
+    status = ('<div class="status ok">OK: every expected message was delivered, none twice (exit code 0)</div>'
               if report.ok else
               f'<div class="status alert">ALERT: {totals["missing"]:,} missing, {totals["duplicates"]:,} '
               f'duplicated (exit code 1)</div>')

@@ -114,17 +114,19 @@ def test_malformed_records_and_missing_topic_are_dead_lettered_while_the_rest_fl
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
     cluster.start("node-a")
-    feeder.raw(b"no-op-header", b"x", [])
-    feeder.raw(b"bad-time", b"x", [(env.OP, b"put"), (env.TOPIC, target.encode()), (env.DELIVER_AT, b"soon")])
+    feeder.raw(b"no-frame", b"a payload without the envelope", [])
+    feeder.raw(b"bad-time", f"put soon {target} -\n".encode() + b"x", [])
+    feeder.raw(b"no-op-header", None, [])
     lost = feeder.put(names.topic("does-not-exist"), b"nowhere", now_ms() + 200)
     good = feeder.put(target, b"fine", now_ms() + 500)
     feeder.flush()
 
     assert [r.value() for r in read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=15)] == [b"fine"]
-    dead = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=3, timeout_s=30, idle_s=2)
+    dead = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=4, timeout_s=30, idle_s=2)
     reasons = {r.key(): header(r, env.DEAD_LETTER_REASON).decode() for r in dead}
-    assert set(reasons) == {b"no-op-header", b"bad-time", lost.encode()}
-    assert "delayq-op is missing" in reasons[b"no-op-header"]
-    assert "expected ASCII digits" in reasons[b"bad-time"]
+    assert set(reasons) == {b"no-frame", b"bad-time", b"no-op-header", lost.encode()}
+    assert "a put's value must start with 'put <deliver-at ms>" in reasons[b"no-frame"]
+    assert "deliver-at time is b'soon'; expected ASCII digits" in reasons[b"bad-time"]
+    assert "needs header delayq-op" in reasons[b"no-op-header"]
     assert "does not exist" in reasons[lost.encode()]
     assert good != lost

@@ -103,7 +103,12 @@ def clean(dev_stack, spark) -> Staged:
         writer.put(later, since)
     raw = Producer({"bootstrap.servers": settings.bootstrap_servers})
     raw.produce(a, key=b"k", value=b"an ordinary record, sent without delay", timestamp=since + MINUTE)
-    raw.produce(settings.buffer_topic, key=b"junk", value=b"x", headers=[(env.OP, b"launch")], timestamp=since)
+    # Malformed, as a node would dead-letter them: a value with no frame, a tombstone with
+    # an unknown op, and a framed put carrying a header delayq reserves.
+    raw.produce(settings.buffer_topic, key=b"junk", value=b"x", timestamp=since)
+    raw.produce(settings.buffer_topic, key=b"junk-op", value=None, headers=[(env.OP, b"launch")], timestamp=since)
+    raw.produce(settings.buffer_topic, key=b"junk-header", value=f"put {until} {a} -\nx".encode(),
+                headers=[(env.OP, b"put")], timestamp=since)
     assert raw.flush(30) == 0
     return Staged(settings, since, until, [a, b], ids)
 
@@ -157,7 +162,7 @@ def test_clean_history_reports_zero_anomalies_and_exit_code_0(clean, spark, tmp_
     # healthy + rescheduled + cancelled too late + compacted; the pending one is in grace, not expected
     assert (totals["expected"], totals["delivered"], totals["delivered_records"]) == (HEALTHY + 3,) * 3
     assert (totals["cancelled"], totals["cancelled_too_late"], totals["in_grace"]) == (1, 1, 1)
-    assert totals["malformed_buffer_records"] == 1
+    assert totals["malformed_buffer_records"] == 3
     assert 0 <= report.lateness_ms["p50"] <= report.lateness_ms["p99"] <= report.lateness_ms["max"] <= 200
     assert report.lateness_ms["count"] == HEALTHY + 3
     assert report.source["target_topics"] == sorted(clean.targets)

@@ -30,6 +30,34 @@ def test_put_round_trips_through_buffer_headers(changes):
     assert parsed.envelope == original
 
 
+def test_a_put_value_is_the_frame_line_then_key_then_payload():
+    message = sample(key=b"k 1\n", partition=None, partitioner=None, value=b"\x00pay")
+    assert message.buffer_value() == b"put 1800000000123 orders 4\nk 1\n\x00pay"
+    assert message.buffer_headers() == message.headers
+
+
+def test_options_carry_partition_partitioner_and_null_value():
+    assert sample(key=None, partition=3, partitioner="murmur2", value=None).buffer_value() == (
+        b"put 1800000000123 orders - partition=3 partitioner=murmur2 value=null\n")
+
+
+def test_framer_remembers_the_last_head_but_never_mixes_topics_or_times():
+    framer = env.PutFramer()
+    assert framer.value(5, "a", b"k", b"v") == b"put 5 a 1\nkv"
+    assert framer.value(5, "b", None, b"v") == b"put 5 b -\nv"
+    assert framer.value(6, "b", b"", b"") == b"put 6 b 0\n"
+    assert framer.value(6, "b", b"x" * 1500, b"") == b"put 6 b 1500\n" + b"x" * 1500
+
+
+@pytest.mark.parametrize("topic,error", [
+    ("", ValueError), ("a b", ValueError), ("a\nb", ValueError), ("..", ValueError), ("x" * 250, ValueError),
+    ("caf\u00e9", ValueError), (b"orders", TypeError), (None, TypeError),
+])
+def test_topics_kafka_refuses_are_refused_before_framing(topic, error):
+    with pytest.raises(error, match="topic"):
+        env.PutFramer().value(5, topic, None, b"v")
+
+
 @pytest.mark.parametrize("changes", [{}, {"key": None, "partition": None, "headers": []}, {"value": None}])
 def test_store_form_round_trips(changes):
     original = sample(**changes)
@@ -52,19 +80,29 @@ def test_cancel_and_done_parse_as_tombstones():
 
 
 @pytest.mark.parametrize("key,value,headers,reason", [
-    (None, b"x", [(env.OP, b"put")], "no key"),
-    (b"", b"x", [(env.OP, b"put")], "no key"),
+    (None, b"put 1 t -\nx", None, "no key"),
+    (b"", b"put 1 t -\nx", None, "no key"),
     (b"\xff", None, [(env.OP, b"cancel")], "not ASCII"),
-    (b"id", b"x", [], "delayq-op is missing"),
-    (b"id", b"x", [(env.OP, b"launch")], "expected one of put, cancel, done"),
-    (b"id", b"x", [(env.OP, b"put"), (env.DELIVER_AT, b"1")], "without header delayq-topic"),
-    (b"id", b"x", [(env.OP, b"put"), (env.TOPIC, b"t")], "without header delayq-deliver-at"),
-    (b"id", b"x", [(env.OP, b"put"), (env.TOPIC, b"t"), (env.DELIVER_AT, b"soon")], "expected ASCII digits"),
-    (b"id", b"x", [(env.OP, b"put"), (env.TOPIC, b"t"), (env.DELIVER_AT, b"-5")], "expected ASCII digits"),
-    (b"id", b"x", [(env.OP, b"put"), (env.TOPIC, b"t"), (env.DELIVER_AT, b"1"), (env.PARTITION, b"x")], "delayq-partition"),
-    (b"id", b"x", [(env.OP, b"put"), (env.OP, b"put")], "appears twice"),
-    (b"id", b"x", [(env.OP, b"cancel")], "must have a null value"),
+    (b"id", None, [], "needs header delayq-op"),
+    (b"id", None, [(env.OP, b"launch")], "expected cancel or done"),
+    (b"id", None, [(env.OP, b"put")], "expected cancel or done"),
+    (b"id", None, [(env.OP, b"cancel"), (env.OP, b"cancel")], "appears twice"),
     (b"id", None, [(env.OP, b"cancel"), (env.ID, b"other")], "differs from the record key"),
+    (b"id", b"", None, "must start with 'put <deliver-at ms> <topic> <key length or ->"),
+    (b"id", b"payload without a frame", None, "must start with 'put"),
+    (b"id", b"put 1 t\nx", None, "must start with 'put"),
+    (b"id", b"cancel 1 t -\n", None, "must start with 'put"),
+    (b"id", b"put 1 t -" + b" " * 600 + b"\n", None, "must start with 'put"),
+    (b"id", b"put soon t -\nx", None, "deliver-at time is b'soon'; expected ASCII digits"),
+    (b"id", b"put -5 t -\nx", None, "deliver-at time is b'-5'"),
+    (b"id", b"put  5 t -\nx", None, "expected ASCII digits"),
+    (b"id", b"put 1 \xff -\nx", None, "topic in the frame is not UTF-8"),
+    (b"id", b"put 1 t x\nx", None, "key length is b'x'"),
+    (b"id", b"put 1 t 5\nabc", None, "key length 5 runs past the end of the value"),
+    (b"id", b"put 1 t - partition=x\n", None, "partition is b'x'"),
+    (b"id", b"put 1 t - colour=red\n", None, "unknown frame option b'colour=red'"),
+    (b"id", b"put 1 t -\nx", [(env.OP, b"put")], "carries header delayq-op"),
+    (b"id", b"put 1 t -\nx", [("ok", b"1"), (env.ID, b"id")], "carries header delayq-id"),
 ])
 def test_malformed_records_are_refused_with_a_reason(key, value, headers, reason):
     with pytest.raises(MalformedRecord, match=reason):

@@ -15,6 +15,7 @@ import pytest
 
 import delayq
 from delayq.proxy import check_delay_id
+from delayq.proxy import producer as producer_module
 from delayq.proxy.producer import _ticks, due_ms
 
 NOWHERE = {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}
@@ -101,8 +102,9 @@ def test_delay_ids_are_canonical_uuidv7_unique_and_in_creation_order(producer):
         assert before <= parsed.int >> 80 <= after
 
 
-def test_more_than_4096_ids_in_one_millisecond_stay_unique(producer):
-    ids = [producer._put(None, NOW, NOW + 1000, "t", b"v", None, -1, None, 0, None) for _ in range(10_000)]
+def test_more_than_4096_ids_in_one_millisecond_stay_unique(producer, monkeypatch):
+    monkeypatch.setattr(producer_module, "_time_ns", lambda: NOW * 1_000_000 + 123)
+    ids = [producer.produce("t", b"v", delay=1) for _ in range(10_000)]
 
     assert len(set(ids)) == 10_000
     assert all(uuid.UUID(delay_id).int >> 80 == NOW for delay_id in ids)
