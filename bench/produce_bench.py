@@ -8,8 +8,12 @@ to run, and the report gives the median per-call cost, its spread over the runs,
 the ratio to plain (the median of per-run ratios). The issue's target: delayed <= 4x plain.
 
 Two clocks: the calling thread's CPU time, which other processes on a shared machine
-cannot inflate, and wall time, which they can (and which also holds the calling
-thread's waits for librdkafka's locks).
+inflate least, and wall time, which they inflate most (and which also holds the calling
+thread's waits for librdkafka's locks). A per-call cost under a microsecond still
+moves with what the other core does (a broker compacting after an earlier suite
+slows the calling thread's caches), so the timing starts once the machine is quiet:
+other processes below a quarter of a core for two seconds (``--quiet-wait``), and the
+report says how busy it was.
 
     .venv/bin/python bench/produce_bench.py                  # against DELAYQ_BOOTSTRAP_SERVERS
     py-spy record -o delayed.svg -- .venv/bin/python bench/produce_bench.py --only delayed
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,7 +45,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--payload", type=int, default=100, help="value size in bytes")
     parser.add_argument("--only", choices=("plain", "delayed"), help="time one case (for a profiler)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
+                        help="wait up to S seconds for the machine to be quiet before timing (0: do not wait)")
     return parser.parse_args(argv)
+
+
+def busy_cores(window_s: float = 1.0) -> float:
+    """Cores' worth of CPU the machine spent outside idle over ``window_s`` (Linux /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+    busy0, total0 = sample()
+    time.sleep(window_s)
+    busy1, total1 = sample()
+    return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
+
+
+def wait_until_quiet(max_wait_s: float, below_cores: float = 0.25, windows: int = 2) -> float:
+    """Wait (up to ``max_wait_s``) for ``windows`` one-second windows in a row under ``below_cores``.
+
+    Returns the last window's busy cores: the background the timing started with.
+    """
+    deadline = time.monotonic() + max_wait_s
+    quiet = 0
+    busy = busy_cores()
+    while time.monotonic() < deadline:
+        quiet = quiet + 1 if busy < below_cores else 0
+        if quiet >= windows:
+            break
+        busy = busy_cores()
+    return busy
 
 
 def make_topics(admin: AdminClient, cluster: str) -> tuple[str, str]:
@@ -145,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         # Warm-up: metadata, connections and buffers, so the first timed run is not the odd one out.
         for producer, shape in shapes.values():
             time_calls(producer, shape, min(args.calls, 2000), message)
+        background = wait_until_quiet(args.quiet_wait) if args.quiet_wait > 0 else busy_cores()
         cpu: dict[str, list[float]] = {name: [] for name in shapes}
         wall: dict[str, list[float]] = {name: [] for name in shapes}
         names = list(shapes)
@@ -162,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         by_cpu, by_wall = summary(cpu), summary(wall)
         if args.json:
             print(json.dumps({"calls": args.calls, "runs": args.runs, "payload": args.payload,
-                              "cpu": by_cpu, "wall": by_wall}))
+                              "background_cores": background, "cpu": by_cpu, "wall": by_wall}))
             return 0
         print(f"{args.runs} runs x {args.calls} calls per case, {args.payload}-byte value + key, "
-              f"broker {args.bootstrap}")
+              f"broker {args.bootstrap}; other processes used {background:.2f} cores when timing started")
         print_table("CPU time of the calling thread per call (not charged for other processes on the machine):",
                     by_cpu)
         print_table("wall time per call:", by_wall)

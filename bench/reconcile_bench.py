@@ -35,7 +35,7 @@ from delayq import Settings
 from delayq.spark import iso
 from delayq.spark.synthetic import TrafficWriter, healthy_traffic, new_message
 
-DATA_VERSION = 1
+DATA_VERSION = 2  # the cached topics' wire format: 2 = the envelope as a frame in the put's value
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: fixed, so the cached data keeps one window
 WINDOW_MS = 24 * 3_600_000
 TARGETS = 4

@@ -53,13 +53,14 @@ class Sizes:
     expiry: int = 100_000
     produce_calls: int = 10_000
     produce_runs: int = 21
+    produce_quiet_wait_s: float = 120.0
     capacity: int = 10_000_000
     rebuild: int = 1_000_000
     reconcile: int = 1_000_000
 
 
 QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, produce_calls=2_000, produce_runs=5,
-              capacity=100_000, rebuild=50_000, reconcile=20_000)
+              produce_quiet_wait_s=3.0, capacity=100_000, rebuild=50_000, reconcile=20_000)
 
 
 @dataclass
@@ -247,7 +248,7 @@ def suite_produce(ctx: Context) -> list[Figure]:
     # produce_bench times its own runs (many short ones, order alternating); its medians are the figures.
     command = [sys.executable, "-m", "delayq.bench.produce_bench", "--json", "--bootstrap",
                ctx.stack.bootstrap_servers, "--calls", str(ctx.sizes.produce_calls),
-               "--runs", str(ctx.sizes.produce_runs)]
+               "--runs", str(ctx.sizes.produce_runs), "--quiet-wait", str(ctx.sizes.produce_quiet_wait_s)]
     done = ctx.step("delayed produce() vs plain", lambda: subprocess.run(command, capture_output=True, text=True))
     if done.returncode != 0:
         raise RuntimeError(f"produce_bench failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -263,7 +264,8 @@ def suite_produce(ctx: Context) -> list[Figure]:
     figures.append(Figure("produce.ratio", "delayed produce() / plain produce(), CPU (per-run ratios)", "x", "lower",
                           stats={"median": cpu["delayed"]["x_plain"], "min": cpu["delayed"]["x_plain_q1"],
                                  "max": cpu["delayed"]["x_plain_q3"], "runs": runs}, spread="IQR",
-                          details={"wall_x_plain": result["wall"]["delayed"]["x_plain"]}))
+                          details={"wall_x_plain": result["wall"]["delayed"]["x_plain"],
+                                   "background_cores": result["background_cores"]}))
     return figures
 
 
@@ -418,7 +420,7 @@ def run_bench(options: BenchOptions, stack: DevStack | None = None) -> int:
                     figure.suite = name
                     figures.append(figure)
                     console.log(figure.one_line())
-            except Exception:  # one broken suite must not throw away an hour of the others' figures
+            except (Exception, SystemExit):  # one broken suite must not throw away an hour of the others' figures
                 failed.append(name)
                 console.print(f"[bold red]suite {name} failed:[/]\n{traceback.format_exc()}")
             console.log(f"suite {name}: {time.monotonic() - started:.0f} s")

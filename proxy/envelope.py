@@ -157,69 +157,55 @@ class BufferRecord:
 
 
 def check_topic(topic: object) -> str:
-    """``topic`` if Kafka takes it as a topic name (which also keeps the frame line parsable).
+    """``topic`` as a plain str if Kafka takes it as a topic name (which keeps the frame line parsable).
 
     Raises:
         TypeError: not a str.
         ValueError: not a valid Kafka topic name.
     """
-    if type(topic) is not str:
+    if not isinstance(topic, str):
         raise TypeError(f"topic must be a str; got {type(topic).__name__}")
     if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
         raise ValueError(f"topic {topic!r:.300} is not a valid Kafka topic name: 1 to 249 characters from "
                          "a-z, A-Z, 0-9, '.', '_' and '-', and not '.' or '..'")
-    return topic
+    # The plain str value of a str subclass (an enum member formats as its name, not its value).
+    return str.__str__(topic)
 
 
-class PutFramer:
-    """Builds the values of ``put`` records: the frame line, the user's key, then the payload.
+def frame_head(deliver_at_ms: int, topic: str, key_length: int | None, options: str = "") -> bytes:
+    """The frame line of a put, newline included; a put's value is this, then the key, then the payload.
 
-    The producer's hot path: formatting the due time and topic costs about half a
-    plain produce() call, and a burst of messages with one delay to one topic shares
-    them within a millisecond, so the framer remembers the last frame head (and the
-    topic check that came with it).
+    ``options`` is :func:`frame_options`' text. The topic is checked (:func:`check_topic`).
+
+    Raises:
+        TypeError, ValueError: ``topic`` is not a Kafka topic name.
     """
-
-    __slots__ = ("_last",)
-
-    def __init__(self) -> None:
-        self._last: tuple = (None, None, b"")
-
-    def value(self, deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, partitioner: str | None = None) -> bytes:
-        """The put value; ``key`` and ``value`` are bytes or None, ``topic`` is checked (:func:`check_topic`).
-
-        Raises:
-            TypeError, ValueError: ``topic`` is not a Kafka topic name.
-        """
-        last = self._last
-        if last[0] != deliver_at_ms or last[1] != topic:
-            # A tuple, replaced whole: threads sharing a producer never see a torn head.
-            last = self._last = (deliver_at_ms, topic, f"put {deliver_at_ms} {check_topic(topic)} ".encode())
-        if partition is None and partitioner is None and value is not None:
-            if key is None:
-                return b"".join((last[2], _NULL_KEY_END, value))
-            length = len(key)
-            return b"".join((last[2], _KEY_LENGTH_ENDS[length] if length < 1024 else b"%d\n" % length, key, value))
-        options = ""
-        if partition is not None:
-            options += f" partition={partition}"
-        if partitioner is not None:
-            options += f" partitioner={partitioner}"
-        if value is None:
-            options += " value=null"
-        length_field = "-" if key is None else len(key)
-        return b"".join((last[2], f"{length_field}{options}\n".encode(), key or b"", value or b""))
+    length = "-" if key_length is None else key_length
+    return f"put {deliver_at_ms} {check_topic(topic)} {length}{options}\n".encode()
 
 
-_NULL_KEY_END = b"-\n"
-_KEY_LENGTH_ENDS = tuple(f"{n}\n".encode() for n in range(1024))
+def frame_options(partition: int | None, partitioner: str | None, null_value: bool) -> str:
+    """The options part of a frame line (empty, or each option after a space)."""
+    options = ""
+    if partition is not None:
+        options += f" partition={partition}"
+    if partitioner is not None:
+        options += f" partitioner={partitioner}"
+    if null_value:
+        options += " value=null"
+    return options
 
 
 def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, partitioner: str | None = None) -> bytes:
-    """The value of one ``put`` record (:meth:`PutFramer.value`)."""
-    return PutFramer().value(deliver_at_ms, topic, key, value, partition, partitioner)
+    """The value of a ``put`` record: the frame line, the user's key, then the payload.
+
+    Raises:
+        TypeError, ValueError: ``topic`` is not a Kafka topic name.
+    """
+    head = frame_head(deliver_at_ms, topic, None if key is None else len(key),
+                      frame_options(partition, partitioner, value is None))
+    return b"".join((head, key or b"", value or b""))
 
 
 def control_headers(op: bytes, delay_id: str) -> list[tuple[str, bytes]]:

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from delayq import Settings
 
 from . import envelope as env
-from .envelope import check_delay_id, control_headers
+from .envelope import check_delay_id, control_headers, frame_head, put_value
 from .lookup import Lookup, lookup
 
 DEFAULT_PARTITIONER = "consistent_random"
@@ -63,11 +63,12 @@ class _DelayTicks:
     one (the counter). A tick's ids come from a chain of C iterators, so ``next()``
     runs no Python code: it is cheap, and atomic under the GIL, so threads need no lock.
 
-    A tick is ``(ms, the __next__ of an iterator of that millisecond's 4096 ids)``.
+    A tick is ``(first ns, end ns, ms, the __next__ of an iterator of that millisecond's
+    4096 ids)``: the hot path tells whether the clock is still in it without a division.
     """
 
     _COUNTER_HEX = tuple(f"{i:03x}" for i in range(4096))
-    _NONE = (-1, iter(()).__next__)
+    _NONE = (0, 0, -1, iter(()).__next__)
 
     def __init__(self) -> None:
         self.tick: tuple = self._NONE
@@ -77,13 +78,15 @@ class _DelayTicks:
         # A forked child would otherwise share the parent's tail and counter for this millisecond.
         self.tick = self._NONE
 
-    def new(self, ms: int) -> tuple:
+    def new(self, now_ns: int) -> tuple:
+        ms = now_ns // 1_000_000
         tail = int.from_bytes(os.urandom(8), "big") & (1 << 62) - 1 | 1 << 63
         head = f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7"
         tail_text = f"-{tail >> 48:04x}-{tail & 0xFFFF_FFFF_FFFF:012x}"
         ids = map(operator.add, itertools.repeat(head),
                   map(operator.add, self._COUNTER_HEX, itertools.repeat(tail_text)))
-        tick = (ms, ids.__next__)
+        start = ms * 1_000_000
+        tick = (start, start + 1_000_000, ms, ids.__next__)
         self.tick = tick
         return tick
 
@@ -272,8 +275,8 @@ class Producer(confluent_kafka.Producer):
         ValueError: a ``delayq.*`` key names no setting or has a bad value.
     """
 
-    __slots__ = ("_settings", "_buffer_topic", "_max_delay_ms", "_max_delay_s", "_partitioner",
-                 "_partitioner_option", "_framer", "_crc_by_librdkafka", "_buffer_partitions", "_lock")
+    __slots__ = ("_settings", "_buffer_topic", "_max_delay_ms", "_max_delay_s", "_partitioner", "_partitioner_name",
+                 "_partitioner_option", "_last_frame", "_crc_by_librdkafka", "_buffer_partitions", "_lock")
 
     def __init__(self, conf: dict[str, typing.Any] | None = None, /, **kwargs: typing.Any) -> None:
         if conf is not None and not isinstance(conf, dict):
@@ -288,8 +291,9 @@ class Producer(confluent_kafka.Producer):
         topic_conf = {**rest, **rest_kw}.get("default.topic.config") or {}
         self._partitioner = str({**topic_conf, **rest, **rest_kw}.get("partitioner", DEFAULT_PARTITIONER))
         # Absent means librdkafka's default to the nodes (delay_service.partitioners): a shorter frame.
-        self._partitioner_option = None if self._partitioner == DEFAULT_PARTITIONER else self._partitioner
-        self._framer = env.PutFramer()
+        self._partitioner_name = None if self._partitioner == DEFAULT_PARTITIONER else self._partitioner
+        self._partitioner_option = env.frame_options(None, self._partitioner_name, False)
+        self._last_frame: tuple = (None, None, None, b"")
         # With a CRC32 partitioner librdkafka already puts key=id where buffer_partition() says.
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
         self._buffer_partitions: int | None = None
@@ -382,7 +386,11 @@ class Producer(confluent_kafka.Producer):
             return _base_produce(self, topic, value, key, partition, on_delivery, None, timestamp, headers)
         # The hot path of a delayed message, in one frame: each step shows in the per-call
         # cost (bench/produce_bench.py), so checks take their cheap branch first.
-        now_ms = _time_ns() // 1_000_000
+        now_ns = _time_ns()
+        tick = _ticks.tick
+        if not tick[0] <= now_ns < tick[1]:
+            tick = _ticks.new(now_ns)
+        now_ms = tick[2]
         kind = type(delay)
         if deliver_at is None and (kind is int or kind is float) and 0 <= delay <= self._max_delay_s:
             due = now_ms + (delay * 1000 if kind is int else round(delay * 1000))
@@ -390,12 +398,22 @@ class Producer(confluent_kafka.Producer):
             due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
         if key is not None and type(key) is not bytes:
             key = _as_bytes(key, "key")
-        if value is not None and type(value) is not bytes:
-            value = _as_bytes(value, "value")
-        if partition == -1:
-            value = self._framer.value(due, topic, key, value, None, self._partitioner_option)
+        if partition == -1 and value is not None:
+            if type(value) is not bytes:
+                value = _as_bytes(value, "value")
+            # A burst to one topic with one delay shares the frame line within a millisecond.
+            length = -1 if key is None else len(key)
+            last = self._last_frame
+            if last[0] != due or last[1] != topic or last[2] != length:
+                head = frame_head(due, topic, None if key is None else length, self._partitioner_option)
+                last = self._last_frame = (due, topic, length, head)  # one tuple: no torn reads across threads
+            value = last[3] + value if key is None else b"".join((last[3], key, value))
+        elif partition == -1:  # a null value
+            value = put_value(due, topic, key, None, None, self._partitioner_name)
         elif type(partition) is int and partition >= 0:
-            value = self._framer.value(due, topic, key, value, partition)
+            if value is not None and type(value) is not bytes:
+                value = _as_bytes(value, "value")
+            value = put_value(due, topic, key, value, partition)
         else:
             error = ValueError if type(partition) is int else TypeError
             raise error(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
@@ -403,14 +421,11 @@ class Producer(confluent_kafka.Producer):
         if headers is not None:
             headers = _check_user_headers(headers)
         if delay_id is None:
-            tick = _ticks.tick
-            if tick[0] != now_ms:
-                tick = _ticks.new(now_ms)
             try:
-                delay_id = tick[1]()
+                delay_id = tick[3]()
             except StopIteration:
                 # More than 4096 ids in one millisecond: a fresh tail keeps them unique.
-                delay_id = _ticks.new(now_ms)[1]()
+                delay_id = _ticks.new(now_ns)[3]()
         else:
             check_delay_id(delay_id)
         if self._crc_by_librdkafka:

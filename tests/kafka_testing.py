@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -55,10 +55,23 @@ def read_topic(
     return records
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+_NO_LEADER_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
+
+
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
+    """Each partition's end offset; waits out a topic so new that its partitions have no leader yet."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "end-offsets"})
+    deadline = time.monotonic() + timeout_s
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions}
+        while True:
+            try:
+                metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+                return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                        for p in metadata.partitions}
+            except KafkaException as err:
+                if err.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         consumer.close()

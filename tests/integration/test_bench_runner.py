@@ -33,3 +33,19 @@ def test_quick_delivery_suite_writes_results_and_table_beside_the_peer(dev_stack
     assert "old table" not in text
     assert "| figure | delayq | spread | runs | Redis peer (spread) | delayq / Redis | better |" in text
     assert "| delivery of 10,000 due messages to Kafka (master / poller) (quick) |" in text
+
+
+def test_quick_produce_suite_times_delayed_against_plain_produce(dev_stack, tmp_path):
+    results, markdown = tmp_path / "results.json", tmp_path / "BENCHMARKS.md"
+
+    code = run_bench(BenchOptions(only=["produce"], runs=1, quick=True, results=results, markdown=markdown),
+                     stack=dev_stack)
+
+    assert code == 0
+    figures = json.loads(results.read_text())["figures"]
+    plain, delayed, ratio = figures["produce.plain"], figures["produce.delayed"], figures["produce.ratio"]
+    assert plain["unit"] == delayed["unit"] == "µs" and plain["runs"] == delayed["runs"] == 5
+    # The envelope, the id and the checks cost something: a delayed call is never cheaper than a plain one.
+    assert 0 < plain["median"] < delayed["median"]
+    assert ratio["min"] <= ratio["median"] <= ratio["max"] and ratio["median"] > 1
+    assert ratio["details"]["background_cores"] >= 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
 
 import pytest
@@ -41,12 +42,18 @@ def test_options_carry_partition_partitioner_and_null_value():
         b"put 1800000000123 orders - partition=3 partitioner=murmur2 value=null\n")
 
 
-def test_framer_remembers_the_last_head_but_never_mixes_topics_or_times():
-    framer = env.PutFramer()
-    assert framer.value(5, "a", b"k", b"v") == b"put 5 a 1\nkv"
-    assert framer.value(5, "b", None, b"v") == b"put 5 b -\nv"
-    assert framer.value(6, "b", b"", b"") == b"put 6 b 0\n"
-    assert framer.value(6, "b", b"x" * 1500, b"") == b"put 6 b 1500\n" + b"x" * 1500
+def test_frame_head_is_the_line_before_key_and_payload():
+    assert env.frame_head(5, "a", 1) == b"put 5 a 1\n"
+    assert env.frame_head(5, "b", None) == b"put 5 b -\n"
+    assert env.frame_head(6, "b", 1500, env.frame_options(2, None, True)) == b"put 6 b 1500 partition=2 value=null\n"
+    assert env.put_value(6, "b", b"x" * 1500, b"") == b"put 6 b 1500\n" + b"x" * 1500
+
+
+def test_a_str_enum_topic_is_framed_by_its_value():
+    class Topic(str, enum.Enum):
+        ORDERS = "orders"
+
+    assert env.put_value(5, Topic.ORDERS, None, b"v") == b"put 5 orders -\nv"
 
 
 @pytest.mark.parametrize("topic,error", [
@@ -55,7 +62,7 @@ def test_framer_remembers_the_last_head_but_never_mixes_topics_or_times():
 ])
 def test_topics_kafka_refuses_are_refused_before_framing(topic, error):
     with pytest.raises(error, match="topic"):
-        env.PutFramer().value(5, topic, None, b"v")
+        env.put_value(5, topic, None, b"v")
 
 
 @pytest.mark.parametrize("changes", [{}, {"key": None, "partition": None, "headers": []}, {"value": None}])

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import delayq
-from delayq.proxy import check_delay_id
+from delayq.proxy import check_delay_id, parse_buffer_record
 from delayq.proxy import producer as producer_module
 from delayq.proxy.producer import _ticks, due_ms
 
@@ -111,11 +111,11 @@ def test_more_than_4096_ids_in_one_millisecond_stay_unique(producer, monkeypatch
 
 
 def test_a_forked_child_draws_its_own_id_tail():
-    _ticks.new(NOW)
+    _ticks.new(NOW * 1_000_000)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report whether it kept the parent's tick
-        os.write(write_end, b"kept" if _ticks.tick[0] == NOW else b"forgot")
+        os.write(write_end, b"kept" if _ticks.tick[2] == NOW else b"forgot")
         os._exit(0)
     os.close(write_end)
     os.waitpid(pid, 0)
@@ -132,3 +132,19 @@ def test_produce_batch_refuses_delays_it_would_silently_ignore(producer):
 
 def test_produce_batch_without_delays_queues_like_confluent_kafka(producer):
     assert producer.produce_batch("t", [{"value": b"a"}, {"value": b"b", "key": b"k"}]) == 2
+
+
+def test_the_remembered_frame_line_never_leaks_into_another_topic_key_or_due_time(producer, monkeypatch):
+    written = []
+    monkeypatch.setattr(producer_module, "_base_produce", lambda _self, *args: written.append(args))
+    monkeypatch.setattr(producer_module, "_time_ns", lambda: NOW * 1_000_000 + 5)
+    calls = [("a", b"k1", b"v1", 1), ("a", b"k2", b"v2", 1), ("b", b"k3", b"v3", 1), ("b", b"long key", b"v4", 1),
+             ("b", None, b"v5", 1), ("b", None, b"v6", 2), ("b", "str key", "str value", 2), ("a", b"", b"", 2)]
+
+    ids = [producer.produce(topic, value, key, delay=delay) for topic, key, value, delay in calls]
+
+    parsed = [parse_buffer_record(args[2].encode(), args[1], None).envelope for args in written]
+    assert [args[2] for args in written] == ids
+    assert [(e.topic, e.key, e.value, e.deliver_at_ms) for e in parsed] == [
+        (topic, key.encode() if isinstance(key, str) else key, value.encode() if isinstance(value, str) else value,
+         NOW + delay * 1000) for topic, key, value, delay in calls]
