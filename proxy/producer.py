@@ -396,11 +396,11 @@ class Producer(confluent_kafka.Producer):
             due = now_ms + (delay * 1000 if kind is int else round(delay * 1000))
         else:
             due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
-        if key is not None and type(key) is not bytes:
+        if type(key) is not bytes and key is not None:
             key = _as_bytes(key, "key")
+        if type(value) is not bytes and value is not None:
+            value = _as_bytes(value, "value")
         if partition == -1 and value is not None:
-            if type(value) is not bytes:
-                value = _as_bytes(value, "value")
             # A burst to one topic with one delay shares the frame line within a millisecond.
             length = -1 if key is None else len(key)
             last = self._last_frame
@@ -411,8 +411,6 @@ class Producer(confluent_kafka.Producer):
         elif partition == -1:  # a null value
             value = put_value(due, topic, key, None, None, self._partitioner_name)
         elif type(partition) is int and partition >= 0:
-            if value is not None and type(value) is not bytes:
-                value = _as_bytes(value, "value")
             value = put_value(due, topic, key, value, partition)
         else:
             error = ValueError if type(partition) is int else TypeError
