@@ -46,9 +46,12 @@ TOMBSTONE_OPS = (OP_CANCEL, OP_DONE)
 
 # A frame line longer than this is not a frame: topic names stop at 249 characters.
 MAX_FRAME_LINE = 512
-PARTITION_OPTION = b"partition"
-PARTITIONER_OPTION = b"partitioner"
-NULL_VALUE_OPTION = b"value=null"
+PARTITION_OPTION = "partition"
+PARTITIONER_OPTION = "partitioner"
+NULL_VALUE_OPTION = "value=null"
+_PARTITION_NAME = PARTITION_OPTION.encode()
+_PARTITIONER_NAME = PARTITIONER_OPTION.encode()
+_NULL_VALUE = NULL_VALUE_OPTION.encode()
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
@@ -188,11 +191,11 @@ def frame_options(partition: int | None, partitioner: str | None, null_value: bo
     """The options part of a frame line (empty, or each option after a space)."""
     options = ""
     if partition is not None:
-        options += f" partition={partition}"
+        options += f" {PARTITION_OPTION}={partition}"
     if partitioner is not None:
-        options += f" partitioner={partitioner}"
+        options += f" {PARTITIONER_OPTION}={partitioner}"
     if null_value:
-        options += " value=null"
+        options += f" {NULL_VALUE_OPTION}"
     return options
 
 
@@ -261,11 +264,11 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
     null_value = False
     for option in fields[4:]:
         name, sep, text = option.partition(b"=")
-        if option == NULL_VALUE_OPTION:
+        if option == _NULL_VALUE:
             null_value = True
-        elif name == PARTITION_OPTION and sep:
+        elif name == _PARTITION_NAME and sep:
             partition = _digits(text, "partition")
-        elif name == PARTITIONER_OPTION and text:
+        elif name == _PARTITIONER_NAME and text:
             partitioner = text.decode(errors="replace")
         else:
             raise MalformedRecord(f"unknown frame option {option[:40]!r}; expected partition=N, partitioner=NAME "
