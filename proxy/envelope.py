@@ -271,23 +271,21 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
         elif name == _PARTITIONER_NAME and text:
             partitioner = text.decode(errors="replace")
         else:
-            raise MalformedRecord(f"unknown frame option {option[:40]!r}; expected partition=N, partitioner=NAME "
-                                  "or value=null")
+            raise MalformedRecord(f"unknown frame option {option[:40]!r}; expected {PARTITION_OPTION}=N, "
+                                  f"{PARTITIONER_OPTION}=NAME or {NULL_VALUE_OPTION}")
     envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key, partition,
                         user_headers, timestamp_ms, partitioner)
     return BufferRecord(OP_PUT, delay_id, envelope)
 
 
 def _tombstone_op(key: bytes, headers: list[tuple[str, bytes]] | None) -> bytes:
-    op = record_id = None
+    found: dict[str, bytes] = {}
     for name, header_value in headers or ():
         if name == OP or name == ID:
-            if (op if name == OP else record_id) is not None:
+            if name in found:
                 raise MalformedRecord(f"header {name} appears twice")
-            if name == OP:
-                op = header_value
-            else:
-                record_id = header_value
+            found[name] = header_value
+    op, record_id = found.get(OP), found.get(ID)
     if op is None:
         raise MalformedRecord(f"a record with a null value needs header {OP} (cancel or done); it has none")
     if op not in TOMBSTONE_OPS:
