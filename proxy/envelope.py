@@ -34,6 +34,13 @@ OP = "delayq-op"
 ID = "delayq-id"
 DELIVER_AT = "delayq-deliver-at"
 EPOCH = "delayq-epoch"
+# The buffer offset of the put a delivery or a `done` is about: which version of an id
+# (a reschedule is a newer put of the same id) was delivered, and which one a `done` closes.
+VERSION = "delayq-version"
+# On a `done`: the offset of its buffer partition up to which the master had read the buffer
+# before it picked the message. Every record of that partition below it was seen, so a cancel
+# or reschedule there should have won (docs/DESIGN.md, "Cancel and reschedule guarantee").
+CUTOFF = "delayq-cutoff"
 DEAD_LETTER_REASON = "delayq-dead-letter-reason"
 DEAD_LETTER_SOURCE = "delayq-dead-letter-source"
 RESERVED_PREFIX = "delayq-"
@@ -212,8 +219,14 @@ def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | 
 
 
 def control_headers(op: bytes, delay_id: str) -> list[tuple[str, bytes]]:
-    """Headers of a ``cancel`` or ``done`` tombstone."""
+    """Headers of a ``cancel`` tombstone (a ``done`` adds :func:`done_headers`' version and cutoff)."""
     return [(OP, op), (ID, delay_id.encode())]
+
+
+def done_headers(delay_id: str, version: int, cutoff: int) -> list[tuple[str, bytes]]:
+    """Headers of a ``done`` tombstone: it closes the put at offset ``version``; the master had read to ``cutoff``."""
+    return [(OP, OP_DONE), (ID, delay_id.encode()), (VERSION, str(version).encode()),
+            (CUTOFF, str(cutoff).encode())]
 
 
 def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]] | None,
