@@ -40,7 +40,7 @@ from delayq import Settings
 from delayq.delay_service import LocalCluster, Node, NodeProcess, ensure_topics
 from delayq.delay_service.ingest import Ingest
 from delayq.delay_service.metrics import NodeMetrics
-from delayq.delay_service.topics import admin_client, buffer_info
+from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
 from delayq.dev import DevStack
 from delayq.election import connect
 from delayq.proxy import Envelope, envelope, new_delay_id
@@ -168,7 +168,7 @@ def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
         store = TimeIndex(Path(tmp) / "store")
         admin = admin_client(settings)
         info = buffer_info(settings, admin)
-        ingest = Ingest(settings, store, NodeMetrics(), admin, info.partitions)
+        ingest = Ingest(settings, store, NodeMetrics(), EndOffsets(settings, info.partitions, admin))
         task = progress.add_task("ingesting", total=count)
         started = time.perf_counter()
         while store.pending_count() < count:

@@ -6,6 +6,16 @@ producer uses the cluster's one ``transactional.id``, so a new master's
 ``init_transactions`` fences the old one at the broker. The master removes nothing
 from its store itself: ingest does that when it reads the ``done`` back, so the
 store stays a pure view of the buffer; until then, ids already delivered are skipped.
+
+The cancel guarantee (docs/DESIGN.md, "Cancel and reschedule guarantee"): before it
+delivers anything due at or before T, the master has ingested the buffer up to end
+offsets it read at or after T. A cancel or reschedule the producer saw acknowledged
+before a message's due time is therefore in the store before the message is picked.
+Each `done` records that cutoff offset, so the reconciliation can check the rule.
+
+Faults: Kafka errors that can pass (a broker restarting, a leader moving) are waited
+out inside the term, so a broker restart does not turn into an election storm; only a
+fenced or fatally failed producer, or the end of the term, ends delivery.
 """
 
 from __future__ import annotations
@@ -22,15 +32,17 @@ from delayq.proxy import envelope
 from delayq.settings import Settings
 from delayq.store import StoredEntry, TimeIndex
 
-from .ingest import Ingest, now_ms, unpack_payload
+from . import stored
+from .ingest import Ingest, now_ms
 from .metrics import NodeMetrics
 from .partitioners import partition_for
-from .topics import committed_end_offsets
 
 log = logging.getLogger("delayq.delivery")
 
 TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
+# How long to wait before trying again after a Kafka error that can pass.
+KAFKA_RETRY_S = 0.5
 
 
 class LeadershipLost(Exception):
@@ -47,9 +59,53 @@ class Retry:
 @dataclass
 class Outgoing:
     entry: StoredEntry
-    buffer_partition: int
-    message: envelope.Envelope
+    pending: stored.PendingMessage
     target_partition: int
+
+    @property
+    def message(self) -> envelope.Envelope:
+        return self.pending.message
+
+
+class InFlight:
+    """Ids the master committed in a transaction whose `done` ingest has not read back yet.
+
+    Delivery adds ids just before it commits (ingest may read a `done` back before the
+    commit call returns) and takes them back if the commit fails; ingest takes them out
+    when it reads a `done` or `cancel` of the id. Until then the master skips them.
+    """
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, ids: list[str]) -> None:
+        with self._lock:
+            self._ids.update(ids)
+
+    def discard(self, ids: list[str]) -> None:
+        with self._lock:
+            self._ids.difference_update(ids)
+
+    def snapshot(self) -> set[str]:
+        with self._lock:
+            return set(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class Cutoff:
+    """How far the master has read the buffer, and the time before which that covers every write.
+
+    ``covers_ms``: a time at or before which the end offsets were read; ``offsets``:
+    those end offsets, all ingested. Every buffer record acknowledged by ``covers_ms``
+    is below them, so what falls due by ``covers_ms`` may be delivered.
+    """
+
+    def __init__(self) -> None:
+        self.covers_ms = -1
+        self.offsets: dict[int, int] = {}
 
 
 class Wakeup:
@@ -85,70 +141,152 @@ class Delivery:
     """The master's loop for one term; build a new one per term."""
 
     def __init__(self, settings: Settings, store: TimeIndex, ingest: Ingest, metrics: NodeMetrics,
-                 cursor: Cursor, wakeup: Wakeup, delivered_not_done: set[str], lock: threading.Lock):
+                 cursor: Cursor, wakeup: Wakeup, in_flight: InFlight):
         self.settings = settings
         self.store = store
         self.ingest = ingest
         self.metrics = metrics
         self.cursor = cursor
         self.wakeup = wakeup
-        # Ids committed in a transaction whose `done` ingest has not read back yet.
-        self.delivered_not_done = delivered_not_done
-        self.lock = lock
+        self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
+        self.cutoff = Cutoff()
+        # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
+        self._unreadable: set[str] = set()
         self._topics: dict[str, tuple[float, int | None]] = {}
         self.delivered_total = 0
         self.producer: Producer | None = None
+        # Why delivery cannot go on right now, since when (monotonic s); None while it can.
+        self.failing: str | None = None
+        self.failing_since: float | None = None
 
     # -- the term --------------------------------------------------------
 
     def run(self, term: Term) -> None:
+        """Deliver until the term ends or the producer is fenced; never raises a Kafka error."""
         self.metrics.epoch.set(term.epoch)
-        self.producer = Producer(self.settings.kafka_conf(**{
+        try:
+            self.cursor.read()
+            while term.active:
+                if not self._start(term):
+                    return
+                log.info("epoch %d: buffer read to its end; delivering", term.epoch)
+                try:
+                    while term.active:
+                        self.deliver_due(term)
+                        self._recovered()
+                except KafkaException as err:
+                    # Whatever state the transaction was left in, a new producer starts clean
+                    # (its init_transactions aborts what this one left open).
+                    self._close_producer()
+                    self._passing_error(term, err)
+        except (LeadershipLost, FencedError) as err:
+            log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
+        except KafkaException as err:
+            log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err.args[0].str())
+        finally:
+            self._close_producer()
+
+    def _start(self, term: Term) -> bool:
+        """Open the transactional producer (fencing the previous master) and read the buffer to its end.
+
+        Errors that can pass (Kafka restarting) are retried while the term lasts; False if it ended first.
+        """
+        while term.active:
+            try:
+                if self.producer is None:
+                    self.producer = self._new_producer()
+                # Fences the previous master and aborts its open transaction.
+                self.producer.init_transactions(30)
+                # After init_transactions no older master can commit, so once ingest reaches the
+                # last stable offset every `done` of every committed delivery is in the store.
+                if self._cover(term):
+                    self._recovered()
+                    return True
+            except KafkaException as err:
+                error: KafkaError = err.args[0]
+                if error.fatal():
+                    raise
+                # A timed-out init_transactions leaves the producer unusable for another call.
+                self._close_producer()
+                self._passing_error(term, err)
+        return False
+
+    def _new_producer(self) -> Producer:
+        return Producer(self.settings.kafka_conf(**{
             "transactional.id": self.settings.transactional_id,
             "client.id": f"delayq-master-{self.settings.node_id}",
             "linger.ms": 1,
             "transaction.timeout.ms": 60_000,
             "message.timeout.ms": 30_000,
         }))
-        try:
-            # Fences the previous master and aborts its open transaction.
-            self.producer.init_transactions(30)
-            if not self._read_buffer_to_end(term):
-                return
-            self.cursor.read()
-            log.info("epoch %d: buffer read to its end; delivering", term.epoch)
-            while term.active:
-                self.deliver_due(term)
-        except (LeadershipLost, FencedError) as err:
-            log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
-        except KafkaException as err:
-            log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err)
-        finally:
-            self._close_producer()
 
-    def _read_buffer_to_end(self, term: Term) -> bool:
-        # After init_transactions no older master can commit, so once ingest reaches the
-        # last stable offset every `done` of every committed delivery is in the store.
-        ends = committed_end_offsets(self.ingest.admin, self.settings.buffer_topic, self.ingest.partitions)
+    def _cover(self, term: Term) -> bool:
+        """Ingest the buffer up to end offsets read now; False if the term ended first.
+
+        The clock is read before the offsets are asked for, so every write acknowledged
+        by then is below them: what falls due by then may be delivered once they are read.
+
+        Raises:
+            KafkaException: the end offsets could not be read.
+        """
+        read_at = now_ms()
+        ends = self.ingest.end_offsets.read(timeout_s=10.0)
         while term.active:
             if self.ingest.wait_until_read(ends, 1.0, abandon=lambda: not term.active):
+                self.cutoff.covers_ms = read_at
+                self.cutoff.offsets = ends
                 return True
         return False
+
+    def _passing_error(self, term: Term, err: KafkaException) -> None:
+        """Note a Kafka error that may pass, wait a little, and let the loop try again."""
+        error: KafkaError = err.args[0]
+        if error.fatal():
+            raise LeadershipLost(f"the master's producer failed: {error.str()}") from err
+        reason = f"Kafka error, retrying: {error.str()}"
+        if self.failing is None:
+            self.failing_since = time.monotonic()
+            log.warning("epoch %d: %s", term.epoch, reason)
+        self.failing = reason
+        self.wakeup.sleep_until(now_ms() + int(KAFKA_RETRY_S * 1000), term)
+
+    def _recovered(self) -> None:
+        if self.failing is not None:
+            log.info("delivery going again after %.1fs of Kafka errors", time.monotonic() - (self.failing_since or 0))
+            self.failing = self.failing_since = None
 
     # -- one batch -------------------------------------------------------
 
     def deliver_due(self, term: Term) -> int:
+        """Deliver one batch of what is due (or sleep until something is); the number delivered.
+
+        Raises:
+            KafkaException: an error that may pass (the caller waits and calls again).
+            LeadershipLost: the term ended or the producer was fenced.
+        """
         now = now_ms()
-        with self.lock:
-            skip = self.delivered_not_done | {i for i, r in self.retries.items() if r.next_try_ms > now}
-        entries = self.store.due(now, self.settings.delivery_batch_size, skip=skip)
+        skip = self._skip(now)
+        if self.cutoff.covers_ms < now:
+            first = self.store.due(now, 1, skip=skip)
+            if first and first[0].deliver_at_ms > self.cutoff.covers_ms:
+                # Something fell due after the last cutoff: read the buffer up to now first,
+                # so a cancel or reschedule acknowledged before its due time wins.
+                if not self._cover(term):
+                    return 0
+                skip = self._skip(now)
+        entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
         if not entries:
             self.wakeup.sleep_until(self._next_wake(skip), term)
             return 0
         outgoing, dead = self._route(entries, now)
         self._commit(term, outgoing, dead)
         return len(outgoing)
+
+    def _skip(self, now: int) -> set[str]:
+        """Ids not to pick now: in flight, in retry back-off, or unreadable."""
+        return (self.in_flight.snapshot() | self._unreadable
+                | {i for i, r in self.retries.items() if r.next_try_ms > now})
 
     def _next_wake(self, skip: set[str]) -> int | None:
         upcoming = self.store.due(2**62, 1, skip=skip)
@@ -159,7 +297,13 @@ class Delivery:
     def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[tuple[Outgoing, str]]]:
         outgoing, dead = [], []
         for entry in entries:
-            buffer_partition, message = unpack_payload(entry.payload)
+            try:
+                pending = stored.unpack(entry.payload)
+            except stored.MalformedStoredEntry as err:
+                log.error("message %s: %s; leaving it out", entry.delay_id, err)
+                self._unreadable.add(entry.delay_id)
+                continue
+            message = pending.message
             count = self._partition_count(message.topic)
             problem = None
             if count is None:
@@ -170,7 +314,7 @@ class Delivery:
                 target = message.partition
             else:
                 target = partition_for(message.key, count or 1, message.partitioner)
-            item = Outgoing(entry, buffer_partition, message, target)
+            item = Outgoing(entry, pending, target)
             if problem is None:
                 outgoing.append(item)
             elif self._give_up(entry.delay_id, problem, now):
@@ -219,7 +363,7 @@ class Delivery:
         for item in outgoing:
             m = item.message
             producer.produce(m.topic, value=m.value, key=m.key, partition=item.target_partition,
-                             headers=m.delivery_headers(epoch))
+                             headers=m.delivery_headers(epoch, item.pending.version))
             self._done(item)
         for item, reason in dead:
             self._dead_letter(item, reason, epoch)
@@ -228,13 +372,11 @@ class Delivery:
             raise LeadershipLost(term.ended_because or "term ended")
         ids = [i.entry.delay_id for i in outgoing] + [i.entry.delay_id for i, _ in dead]
         # Marked before the commit: ingest may read a `done` back before commit returns.
-        with self.lock:
-            self.delivered_not_done.update(ids)
+        self.in_flight.add(ids)
         try:
             producer.commit_transaction(30)
         except BaseException:
-            with self.lock:
-                self.delivered_not_done.difference_update(ids)
+            self.in_flight.discard(ids)
             raise
         committed_at = now_ms()
         for delay_id in ids:
@@ -253,15 +395,18 @@ class Delivery:
 
     def _done(self, item: Outgoing) -> None:
         delay_id = item.entry.delay_id
-        self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None,
-                              partition=item.buffer_partition,
-                              headers=envelope.control_headers(envelope.OP_DONE, delay_id))
+        partition = item.pending.buffer_partition
+        # The cutoff covers every partition this term reads; 0 if the partition is new to it.
+        cutoff = self.cutoff.offsets.get(partition, 0)
+        self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None, partition=partition,
+                              headers=envelope.done_headers(delay_id, item.pending.version, cutoff))
 
     def _dead_letter(self, item: Outgoing, reason: str, epoch: int) -> None:
         m = item.message
         self.producer.produce(
             self.settings.dead_letter_topic, key=m.delay_id.encode(), value=m.buffer_value(),
             headers=[*m.buffer_headers(), (envelope.EPOCH, str(epoch).encode()),
+                     (envelope.VERSION, str(item.pending.version).encode()),
                      (envelope.DEAD_LETTER_REASON, reason.encode())],
         )
         log.warning("message %s dead-lettered: %s", m.delay_id, reason)
@@ -284,6 +429,11 @@ class Delivery:
         return count
 
     def _close_producer(self) -> None:
-        if self.producer is not None:
-            self.producer.flush(5)
-            self.producer = None
+        producer, self.producer = self.producer, None
+        if producer is None:
+            return
+        try:
+            producer.flush(5)
+        except KafkaException as err:
+            # A fenced producer raises on every call, flush included; it is done with either way.
+            log.info("closing the master's producer: %s", err.args[0].str())

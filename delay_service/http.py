@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from delayq.proxy import check_delay_id
 
-from .ingest import unpack_payload
+from . import stored
 
 if TYPE_CHECKING:
     from .node import Node
@@ -75,7 +75,11 @@ class _Handler(BaseHTTPRequestHandler):
         if entry is None:
             self._json(404, {"id": delay_id, "status": "not_found"})
             return
-        _, message = unpack_payload(entry.payload)
+        try:
+            message = stored.unpack(entry.payload).message
+        except stored.MalformedStoredEntry as err:
+            self._json(500, {"id": delay_id, "error": f"the node's store holds an unreadable entry: {err}"})
+            return
         self._json(200, {"id": delay_id, "status": "pending", "deliver_at_ms": entry.deliver_at_ms,
                          "deliver_at": iso_ms(entry.deliver_at_ms), "topic": message.topic})
 

@@ -10,33 +10,21 @@ before their offsets are stored, so nothing is lost and nothing crashes the node
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from delayq.proxy import MalformedRecord, envelope, parse_buffer_record
 from delayq.settings import Settings
 from delayq.store import Put, Remove, TimeIndex
 
+from . import stored
 from .metrics import NodeMetrics
-from .topics import committed_end_offsets
+from .topics import EndOffsets
 
 log = logging.getLogger("delayq.ingest")
-
-_PARTITION = struct.Struct(">i")
-
-
-def pack_payload(partition: int, env: envelope.Envelope) -> bytes:
-    """Store payload: the buffer partition the put came from (where its `done` goes), then the envelope."""
-    return _PARTITION.pack(partition) + env.to_bytes()
-
-
-def unpack_payload(payload: bytes) -> tuple[int, envelope.Envelope]:
-    return _PARTITION.unpack_from(payload)[0], envelope.Envelope.from_bytes(payload[_PARTITION.size:])
-
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -50,8 +38,7 @@ class Ingest:
         settings: Settings,
         store: TimeIndex,
         metrics: NodeMetrics,
-        admin,
-        partitions: list[int],
+        end_offsets: EndOffsets,
         *,
         on_earlier_due: Callable[[int], None] = lambda _ms: None,
         on_removed: Callable[[list[str]], None] = lambda _ids: None,
@@ -60,12 +47,15 @@ class Ingest:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.admin = admin
-        self.partitions = partitions
+        self.end_offsets = end_offsets
+        self.partitions = partitions = end_offsets.partitions
         self.on_earlier_due = on_earlier_due
         self.on_removed = on_removed
         self.batch_size = batch_size
         self.lag: int | None = None
+        # Why the buffer's end offsets cannot be read, since when (monotonic s); None while they can.
+        self.failing: str | None = None
+        self.failing_since: float | None = None
         self._positions: dict[int, int] = {}
         self._end_offsets: dict[int, int] = {}
         self._progress = threading.Condition()
@@ -130,11 +120,13 @@ class Ingest:
             counts[record.op] += 1
             if record.op == envelope.OP_PUT:
                 env = record.envelope
-                ops.append(Put(record.delay_id, env.deliver_at_ms, pack_payload(message.partition(), env)))
+                version = message.offset()
+                ops.append(Put(record.delay_id, env.deliver_at_ms, stored.pack(message.partition(), version, env),
+                               version))
                 if earliest_put is None or env.deliver_at_ms < earliest_put:
                     earliest_put = env.deliver_at_ms
             else:
-                ops.append(Remove(record.delay_id))
+                ops.append(Remove(record.delay_id, record.closes_version))
                 removed.append(record.delay_id)
         if dead:
             # The copies must be durable before the offsets that skip their originals are stored.
@@ -181,10 +173,16 @@ class Ingest:
 
     def refresh_lag(self) -> int | None:
         try:
-            self._end_offsets = committed_end_offsets(self.admin, self.settings.buffer_topic, self.partitions)
-        except Exception as err:
-            log.warning("cannot read the buffer's end offsets: %s", err)
+            self._end_offsets = self.end_offsets.read(timeout_s=5.0)
+        except KafkaException as err:
+            if self.failing is None:
+                self.failing_since = time.monotonic()
+                log.warning("cannot read the buffer's end offsets: %s", err.args[0].str())
+            self.failing = f"cannot read the buffer's end offsets: {err.args[0].str()}"
             return self.lag
+        if self.failing is not None:
+            log.info("buffer end offsets readable again after %.1fs", time.monotonic() - (self.failing_since or 0))
+            self.failing = self.failing_since = None
         self.lag = sum(max(0, end - self._positions.get(p, 0)) for p, end in self._end_offsets.items())
         self.metrics.buffer_lag.set(self.lag)
         return self.lag

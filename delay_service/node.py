@@ -12,22 +12,25 @@ import logging
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 from delayq.election import Cursor, Leadership, Membership, Term, connect
 from delayq.settings import Settings
-from delayq.store import StoreOptions, TimeIndex
+from delayq.store import StoreFormatError, StoreOptions, TimeIndex
 
-from .delivery import Delivery, Wakeup
+from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
 from .ingest import Ingest, now_ms
 from .metrics import NodeMetrics
-from .topics import BufferInfo, admin_client, buffer_info, committed_end_offsets
+from .topics import BufferInfo, EndOffsets, admin_client, buffer_info, committed_end_offsets
 
 log = logging.getLogger("delayq.node")
 
 STORE_DIR = "store"
 META_TOPIC_ID = "buffer_topic_id"
+# A loop failing this long makes the node not ready (a blip of one retry does not).
+FAILING_NOT_READY_S = 2.0
 
 
 class Node:
@@ -43,9 +46,9 @@ class Node:
         self.settings = settings
         self.metrics = NodeMetrics()
         self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.delivered_not_done: set[str] = set()
+        self.in_flight = InFlight()
         self.wakeup = Wakeup()
+        self.delivery: Delivery | None = None
         self.role = "starting"
         self.epoch = 0
         self.store: TimeIndex | None = None
@@ -62,8 +65,8 @@ class Node:
         self.admin = admin_client(s)
         info = buffer_info(s, self.admin)
         self.store = self._open_store(info)
-        self.ingest = Ingest(s, self.store, self.metrics, self.admin, info.partitions,
-                             on_earlier_due=self.wakeup.earlier_due, on_removed=self._removed)
+        self.ingest = Ingest(s, self.store, self.metrics, EndOffsets(s, info.partitions, self.admin),
+                             on_earlier_due=self.wakeup.earlier_due, on_removed=self.in_flight.discard)
         self.http = NodeHTTPServer(self, s.http_host, s.http_port)
         self.http.start()
         self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)
@@ -128,7 +131,14 @@ class Node:
         options = StoreOptions(block_cache_mb=self.settings.store_block_cache_mb,
                                write_buffer_mb=self.settings.store_write_buffer_mb,
                                sync_writes=self.settings.store_sync_writes)
-        store = TimeIndex(path, options)
+        try:
+            store = TimeIndex(path, options)
+        except StoreFormatError as err:
+            # The store is a view of the buffer: a store of another form is rebuilt, not migrated.
+            log.warning("store %s will be rebuilt from the buffer: %s", path, err)
+            self.metrics.rebuilds.labels("format").inc()
+            TimeIndex.destroy(path)
+            store = TimeIndex(path, options)
         reason = self._rebuild_reason(store, info)
         if reason is not None:
             log.warning("store %s will be rebuilt from the buffer: %s", path, reason)
@@ -158,20 +168,20 @@ class Node:
 
     # -- state shared by the loops ---------------------------------------
 
-    def _removed(self, ids: list[str]) -> None:
-        with self.lock:
-            self.delivered_not_done.difference_update(ids)
-
     def _lead(self, term: Term) -> None:
         self.role = "master"
         self.epoch = term.epoch
         self.metrics.is_master.set(1)
         self.metrics.elections.inc()
         self._publish_once()
+        self.delivery = Delivery(self.settings, self.store, self.ingest, self.metrics, self.cursor, self.wakeup,
+                                 self.in_flight)
         try:
-            Delivery(self.settings, self.store, self.ingest, self.metrics, self.cursor, self.wakeup,
-                     self.delivered_not_done, self.lock).run(term)
+            self.delivery.run(term)
+            log.warning("stepped down as master, epoch %d: %s", term.epoch,
+                        term.ended_because or "delivery stopped (see above)")
         finally:
+            self.delivery = None
             self.role = "standby"
             self.metrics.is_master.set(0)
             self._publish_once()
@@ -193,7 +203,7 @@ class Node:
                 "epoch": self.epoch, "updated_at_ms": now_ms(),
             })
         except Exception as err:
-            log.info("membership not published: %s", err)
+            log.info("membership not published: %s", str(err) or type(err).__name__)
 
     def alive(self) -> bool:
         return self.failure is None and all(t.is_alive() for t in self.threads)
@@ -203,6 +213,10 @@ class Node:
             return False, "a loop stopped"
         if self.ingest is None or self.ingest.lag is None:
             return False, "buffer end offsets not known yet"
+        for loop in (self.ingest, self.delivery):
+            since = None if loop is None else loop.failing_since
+            if since is not None and time.monotonic() - since > FAILING_NOT_READY_S:
+                return False, f"{loop.failing} (for {time.monotonic() - since:.0f}s)"
         if not self.ingest.caught_up:
             return False, f"ingest is {self.ingest.lag} records behind the buffer"
         return True, f"caught up ({self.role})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
@@ -118,8 +119,40 @@ def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
     return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions), retention)
 
 
-def committed_end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+def committed_end_offsets(admin: AdminClient, topic: str, partitions: list[int],
+                          timeout_s: float = 15.0) -> dict[int, int]:
     """The last stable offset of each partition: where a read_committed reader is caught up."""
     requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
-    futures = admin.list_offsets(requests, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=15)
+    futures = admin.list_offsets(requests, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
     return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+
+class EndOffsets:
+    """Reads the buffer's last stable offsets, replacing its AdminClient after any failure.
+
+    After a broker restart, librdkafka's admin client can keep a partition's old leader
+    epoch and be answered FENCED_LEADER_EPOCH on every ListOffsets from then on; a new
+    client asks for fresh metadata. Thread-safe: ingest and delivery both read.
+    """
+
+    def __init__(self, settings: Settings, partitions: list[int], admin: AdminClient | None = None):
+        self.settings = settings
+        self.partitions = partitions
+        self._admin = admin or admin_client(settings)
+        self._lock = threading.Lock()
+
+    def read(self, timeout_s: float = 15.0) -> dict[int, int]:
+        """Partition -> last stable offset of the buffer.
+
+        Raises:
+            KafkaException: Kafka did not answer; the next call starts from a new client.
+        """
+        with self._lock:
+            admin = self._admin
+        try:
+            return committed_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s)
+        except KafkaException:
+            with self._lock:
+                if self._admin is admin:
+                    self._admin = admin_client(self.settings)
+            raise

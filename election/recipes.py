@@ -231,7 +231,7 @@ class Leadership:
                 log.info("%s is master, epoch %d", self.identifier, term.epoch)
                 lead(term)
             except KazooException as err:
-                log.warning("leadership ended by ZooKeeper: %s", err)
+                log.warning("leadership ended by ZooKeeper: %s", str(err) or type(err).__name__)
             finally:
                 if self._term is not None:
                     self._term.end("leadership given up")

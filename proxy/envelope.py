@@ -23,7 +23,6 @@ every node consumes the record.
 
 from __future__ import annotations
 
-import marshal
 import os
 import re
 import time
@@ -127,31 +126,18 @@ class Envelope:
         """The value of this message's ``put`` record: frame, key, payload."""
         return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner)
 
-    def delivery_headers(self, epoch: int) -> list[tuple[str, bytes]]:
-        """Headers of the delivered record: the user's, then who and when (DESIGN.md)."""
+    def delivery_headers(self, epoch: int, version: int) -> list[tuple[str, bytes]]:
+        """Headers of the delivered record: the user's, then which message, when, by whom (DESIGN.md).
+
+        ``version`` is the buffer offset of the put delivered: a reschedule is a newer version.
+        """
         return [
             *self.headers,
             (ID, self.delay_id.encode()),
             (DELIVER_AT, str(self.deliver_at_ms).encode()),
             (EPOCH, str(epoch).encode()),
+            (VERSION, str(version).encode()),
         ]
-
-    # The node's store form (not the wire format): marshal is C-fast for tuples of
-    # bytes/str/int, and the store is a rebuildable view, so a format change only costs
-    # a rebuild (the leading version says which).
-    def to_bytes(self) -> bytes:
-        return marshal.dumps((_STORE_FORM, self.delay_id, self.topic, self.deliver_at_ms, self.value, self.key,
-                              self.partition, self.headers, self.created_at_ms, self.partitioner))
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Envelope:
-        fields = marshal.loads(data)
-        if fields[0] != _STORE_FORM:
-            raise ValueError(f"stored envelope form {fields[0]} is unknown to this delayq: rebuild the store")
-        return cls(*fields[1:])
-
-
-_STORE_FORM = 2
 
 
 # -- reading buffer records --------------------------------------------------
@@ -159,11 +145,16 @@ _STORE_FORM = 2
 
 @dataclass(slots=True)
 class BufferRecord:
-    """A parsed buffer record: ``op`` is one of OPS; ``envelope`` is set for a put."""
+    """A parsed buffer record: ``op`` is one of OPS; ``envelope`` is set for a put.
+
+    ``closes_version`` is set for a ``done`` that names the put it closes (its buffer
+    offset); a ``done`` without one, and a ``cancel``, close whatever is pending.
+    """
 
     op: bytes
     delay_id: str
     envelope: Envelope | None = None
+    closes_version: int | None = None
 
 
 def check_topic(topic: object) -> str:
@@ -245,7 +236,8 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
         raise MalformedRecord("record key is not ASCII text")
     delay_id = key.decode()
     if value is None:
-        return BufferRecord(_tombstone_op(key, headers), delay_id)
+        op, closes_version = _tombstone(key, headers)
+        return BufferRecord(op, delay_id, None, closes_version)
     if headers:
         for name, _ in headers:
             if name.startswith(RESERVED_PREFIX):
@@ -291,10 +283,11 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
     return BufferRecord(OP_PUT, delay_id, envelope)
 
 
-def _tombstone_op(key: bytes, headers: list[tuple[str, bytes]] | None) -> bytes:
+def _tombstone(key: bytes, headers: list[tuple[str, bytes]] | None) -> tuple[bytes, int | None]:
+    """The op of a tombstone and, for a ``done``, the version it closes (None: any)."""
     found: dict[str, bytes] = {}
     for name, header_value in headers or ():
-        if name == OP or name == ID:
+        if name in (OP, ID, VERSION, CUTOFF):
             if name in found:
                 raise MalformedRecord(f"header {name} appears twice")
             found[name] = header_value
@@ -306,7 +299,21 @@ def _tombstone_op(key: bytes, headers: list[tuple[str, bytes]] | None) -> bytes:
                               "(a put has a value)")
     if record_id is not None and record_id != key:
         raise MalformedRecord(f"header {ID} {record_id[:40]!r} differs from the record key {key[:40]!r}")
-    return op
+    version, cutoff = found.get(VERSION), found.get(CUTOFF)
+    if op != OP_DONE:
+        if version is not None or cutoff is not None:
+            raise MalformedRecord(f"a {op.decode()} carries header {VERSION if version is not None else CUTOFF}, "
+                                  "which only a done has")
+        return op, None
+    if cutoff is not None:
+        _header_digits(cutoff, CUTOFF)
+    return op, None if version is None else _header_digits(version, VERSION)
+
+
+def _header_digits(raw: bytes | None, name: str) -> int:
+    if raw is None or not raw.isdigit() or len(raw) > 18:
+        raise MalformedRecord(f"header {name} is {(raw or b'')[:40]!r}; expected a buffer offset in ASCII digits")
+    return int(raw)
 
 
 def _digits(raw: bytes, what: str) -> int:

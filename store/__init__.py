@@ -2,17 +2,18 @@
 
 Public surface::
 
-    from delayq.store import TimeIndex, StoreOptions, Put, Remove, StoredEntry, ApplyResult, StoreError
+    from delayq.store import TimeIndex, StoreOptions, Put, Remove, StoredEntry, ApplyResult, StoreError, StoreFormatError
 """
 
 from .options import StoreOptions
-from .time_index import ApplyResult, Put, Remove, StoredEntry, StoreError, StoreOp, TimeIndex
+from .time_index import ApplyResult, Put, Remove, StoredEntry, StoreError, StoreFormatError, StoreOp, TimeIndex
 
 __all__ = [
     "ApplyResult",
     "Put",
     "Remove",
     "StoreError",
+    "StoreFormatError",
     "StoreOp",
     "StoreOptions",
     "StoredEntry",

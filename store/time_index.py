@@ -4,11 +4,12 @@ Layout, one column family each:
 
 - ``time``: ``deliver_at_ms`` (8 bytes big-endian) + delay id (ASCII) -> payload.
   Byte order is (time, id) order, so iterating from the front yields what is due next.
-- ``ids``: delay id -> ``deliver_at_ms`` (8 bytes big-endian): cancel, reschedule,
-  lookup, and recognising a re-read `put`.
+- ``ids``: delay id -> ``deliver_at_ms`` then the version (8 bytes big-endian each):
+  cancel, reschedule, lookup, and recognising a re-read `put`. The version is the
+  buffer offset of the put stored, so a `done` removes only the version it closes.
 - ``offsets``: buffer partition (4 bytes big-endian) -> next offset to read (8 bytes).
 - ``meta``: ``sys/...`` for the store's own bookkeeping (format, pending count, last
-  ingest time) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
+  ingest time, ``sys/shadowed/<id>`` marks) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
 
 The store is a view of the buffer topic: every change arrives through :meth:`TimeIndex.apply`
 together with the buffer offsets that produced it, in one WriteBatch.
@@ -37,15 +38,20 @@ from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, Stor
 MAX_DELIVER_AT_MS = 2**63 - 1
 _MAX_PARTITION = 2**31 - 1
 
-_FORMAT = b"delayq-time-index-1"
+_FORMAT = b"delayq-time-index-2"
 _META_FORMAT = b"sys/format"
 _META_PENDING = b"sys/pending"
 _META_LAST_INGEST = b"sys/last_ingest_ms"
+_META_SHADOWED = b"sys/shadowed/"
 _USER_META = b"user/"
 
 
 class StoreError(RuntimeError):
     """The store cannot be opened, read or written; the message says why and what to do."""
+
+
+class StoreFormatError(StoreError):
+    """The directory holds a delayq store of another format: it must be deleted and rebuilt from the buffer."""
 
 
 def _check_ms(value: object, argument: str) -> int:
@@ -66,36 +72,49 @@ def _check_id(value: object, argument: str = "delay_id") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Put:
-    """A buffer `put`: add ``delay_id``, or move it if it is stored at another time (reschedule).
+    """A buffer `put`: add ``delay_id``, or replace what is stored of it (reschedule).
+
+    ``version`` is the put's buffer offset: a later put of one id has a higher one.
 
     Raises:
         TypeError: a field has the wrong type.
-        ValueError: ``delay_id`` is empty or not ASCII, or ``deliver_at_ms`` is outside [0, 2**63).
+        ValueError: ``delay_id`` is empty or not ASCII, or ``deliver_at_ms`` or ``version`` is outside [0, 2**63).
     """
 
     delay_id: str
     deliver_at_ms: int
     payload: bytes
+    version: int = 0
 
     def __post_init__(self) -> None:
         _check_id(self.delay_id)
         _check_ms(self.deliver_at_ms, "deliver_at_ms")
+        _check_ms(self.version, "version")
         if not isinstance(self.payload, bytes):
-            raise TypeError(f"payload must be bytes (e.g. Envelope.to_bytes()), not {type(self.payload).__name__}")
+            raise TypeError(f"payload must be bytes, not {type(self.payload).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
 class Remove:
-    """A buffer `cancel` or `done`: drop ``delay_id`` if it is stored.
+    """A buffer `cancel` (``version`` None: whatever is stored) or `done` (the version it closes).
+
+    A remove of an older version than the one stored keeps the stored one: the put that
+    replaced it (a reschedule) reached the buffer after the master picked the old one.
+    The id is then *shadowed* (:meth:`TimeIndex.shadowed`): its newest put lies before a
+    `done` of its id in the buffer, where compaction would drop it, so the master writes
+    it again.
 
     Raises:
-        TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str.
+        TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str, or ``version`` not None or an offset.
     """
 
     delay_id: str
+    version: int | None = None
 
     def __post_init__(self) -> None:
         _check_id(self.delay_id)
+        if self.version is not None:
+            _check_ms(self.version, "version")
 
 
 StoreOp = Put | Remove
@@ -108,21 +127,24 @@ class StoredEntry:
     delay_id: str
     deliver_at_ms: int
     payload: bytes
+    version: int = 0
 
 
 @dataclass(frozen=True)
 class ApplyResult:
     """What one :meth:`TimeIndex.apply` did, op by op.
 
-    ``moved`` counts puts of a stored id with another time or another payload (a
+    ``moved`` counts puts of a stored id with another time, payload or version (a
     reschedule); ``unchanged`` counts a put identical to what is stored (a re-read
-    record) and a remove of an id that is not stored (e.g. a `done` after a `cancel`).
+    record) and a remove of an id that is not stored (e.g. a `done` after a `cancel`);
+    ``kept`` counts removes of an older version than the one stored (the newer stays).
     """
 
     added: int
     moved: int
     removed: int
     unchanged: int
+    kept: int = 0
 
 
 # The deliver_at_ms of a time key, as a 1-tuple (twice as fast as int.from_bytes(key[:8])).
@@ -135,6 +157,10 @@ def _u64(value: int) -> bytes:
 
 def _time_key(deliver_at_ms: int, id_bytes: bytes) -> bytes:
     return deliver_at_ms.to_bytes(8, "big") + id_bytes
+
+
+# An ids-CF value: (deliver_at_ms, version).
+_id_value = struct.Struct(">QQ")
 
 
 class TimeIndex:
@@ -243,13 +269,15 @@ class TimeIndex:
                                  "delete it (TimeIndex.destroy) and rebuild it from the buffer topic")
             self._meta[_META_FORMAT] = _FORMAT
         elif fmt != _FORMAT:
-            raise StoreError(f"{self.path} has store format {fmt!r}, this delayq reads {_FORMAT!r}: run the "
+            raise StoreFormatError(f"{self.path} has store format {fmt!r}, this delayq reads {_FORMAT!r}: run the "
                              "delayq version that wrote it, or delete it and rebuild from the buffer topic")
         pending = self._meta.get(_META_PENDING)
         self._pending = int.from_bytes(pending, "big") if pending is not None else 0
         last = self._meta.get(_META_LAST_INGEST)
         self._last_ingest = int.from_bytes(last, "big") if last is not None else None
         self._offsets = {int.from_bytes(k, "big"): int.from_bytes(v, "big") for k, v in self._offsets_cf.items()}
+        self._shadowed = {key[len(_META_SHADOWED):].decode("ascii")
+                          for key in self._meta.keys(from_key=_META_SHADOWED) if key.startswith(_META_SHADOWED)}
 
     # -- writing -------------------------------------------------------------
 
@@ -283,7 +311,7 @@ class TimeIndex:
             _check_ms(ingested_at_ms, "ingested_at_ms")
         with self._write_lock:
             self._check_open()
-            batch, result, pending, lowest_put, moved_away = self._plan(ops)
+            batch, result, pending, lowest_put, moved_away, shadow = self._plan(ops)
             merged = dict(self._offsets)
             offsets_cf = self._handles[OFFSETS_CF]
             for partition, offset in new_offsets.items():
@@ -306,6 +334,11 @@ class TimeIndex:
                                      f"applied: {err}") from err
                 self._pending = pending
                 self._offsets = merged
+                for delay_id, marked in shadow.items():
+                    if marked:
+                        self._shadowed.add(delay_id)
+                    else:
+                        self._shadowed.discard(delay_id)
                 if ingested_at_ms is not None:
                     self._last_ingest = ingested_at_ms
         return result
@@ -360,7 +393,8 @@ class TimeIndex:
             for delay_id in moved_away:
                 self._skipped.pop(delay_id, None)
 
-    def _plan(self, ops: list[StoreOp]) -> tuple[rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str]]:
+    def _plan(self, ops: list[StoreOp]) -> tuple[rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str],
+                                                 dict[str, bool]]:
         """The WriteBatch that takes the store from its state to the state after ``ops``.
 
         The ops are replayed on an in-memory view of the ids they touch, so later ops see
@@ -369,68 +403,85 @@ class TimeIndex:
         touched = list(dict.fromkeys(op.delay_id for op in ops))
         id_keys = [delay_id.encode("ascii") for delay_id in touched]
         stored = self._multi_get(IDS_CF, id_keys)
-        before: dict[str, int | None] = {
-            delay_id: None if raw is None else int.from_bytes(raw, "big") for delay_id, raw in zip(touched, stored)
+        # before[id] = (deliver_at_ms, version) as stored, or None.
+        before: dict[str, tuple[int, int] | None] = {
+            delay_id: None if raw is None else _id_value.unpack(raw) for delay_id, raw in zip(touched, stored)
         }
         # A put at the stored time is a no-op only if its payload matches too.
-        same_time = {op.delay_id for op in ops if type(op) is Put and before[op.delay_id] == op.deliver_at_ms}
+        same_time = {op.delay_id for op in ops
+                     if type(op) is Put and (at := before[op.delay_id]) is not None and at[0] == op.deliver_at_ms}
         stored_payload: dict[str, bytes] = {}
         if same_time:
             names = list(same_time)
-            keys = [_time_key(before[name], name.encode("ascii")) for name in names]
+            keys = [_time_key(before[name][0], name.encode("ascii")) for name in names]  # type: ignore[index]
             stored_payload = dict(zip(names, self._multi_get(TIME_CF, keys)))
 
-        # now[id] = (deliver_at_ms, payload) or None; payload None = as stored.
-        now: dict[str, tuple[int, bytes | None] | None] = {
-            delay_id: None if at is None else (at, stored_payload.get(delay_id)) for delay_id, at in before.items()
+        # now[id] = (deliver_at_ms, version, payload) or None; payload None = as stored.
+        now: dict[str, tuple[int, int, bytes | None] | None] = {
+            delay_id: None if at is None else (at[0], at[1], stored_payload.get(delay_id))
+            for delay_id, at in before.items()
         }
-        added = moved = removed = unchanged = 0
+        # Shadow marks after the ops: any op of an id after a kept remove settles it again.
+        shadow: dict[str, bool] = {}
+        added = moved = removed = unchanged = kept = 0
         for op in ops:
             current = now[op.delay_id]
             if type(op) is Put:
+                shadow[op.delay_id] = False
                 if current is None:
                     added += 1
-                elif current[0] != op.deliver_at_ms or current[1] != op.payload:
+                elif current[0] != op.deliver_at_ms or current[1] != op.version or current[2] != op.payload:
                     moved += 1
                 else:
                     unchanged += 1
                     continue
-                now[op.delay_id] = (op.deliver_at_ms, op.payload)
+                now[op.delay_id] = (op.deliver_at_ms, op.version, op.payload)
             elif current is None:
+                shadow[op.delay_id] = False
                 unchanged += 1
+            elif op.version is not None and op.version < current[1]:  # type: ignore[union-attr]
+                shadow[op.delay_id] = True
+                kept += 1
             else:
+                shadow[op.delay_id] = False
                 removed += 1
                 now[op.delay_id] = None
 
         batch = rocksdict.WriteBatch(raw_mode=True)
-        time_cf, ids_cf = self._handles[TIME_CF], self._handles[IDS_CF]
+        time_cf, ids_cf, meta_cf = self._handles[TIME_CF], self._handles[IDS_CF], self._handles[META_CF]
         pending = self._pending
         lowest_put: bytes | None = None
         moved_away: list[str] = []
         for delay_id, id_key in zip(touched, id_keys):
-            old_at, new = before[delay_id], now[delay_id]
+            marked = shadow.get(delay_id)
+            if marked is not None and marked != (delay_id in self._shadowed):
+                if marked:
+                    batch.put(_META_SHADOWED + id_key, b"", meta_cf)
+                else:
+                    batch.delete(_META_SHADOWED + id_key, meta_cf)
+            old, new = before[delay_id], now[delay_id]
             if new is None:
-                if old_at is not None:
-                    batch.delete(_time_key(old_at, id_key), time_cf)
+                if old is not None:
+                    batch.delete(_time_key(old[0], id_key), time_cf)
                     batch.delete(id_key, ids_cf)
                     moved_away.append(delay_id)
                     pending -= 1
                 continue
-            new_at, payload = new
-            if old_at == new_at and payload == stored_payload.get(delay_id):
+            new_at, new_version, payload = new
+            if old is not None and old == (new_at, new_version) and payload == stored_payload.get(delay_id):
                 continue
-            if old_at is None:
+            if old is None:
                 pending += 1
-            elif old_at != new_at:
-                batch.delete(_time_key(old_at, id_key), time_cf)
+            elif old[0] != new_at:
+                batch.delete(_time_key(old[0], id_key), time_cf)
                 moved_away.append(delay_id)
             key = _time_key(new_at, id_key)
             batch.put(key, payload, time_cf)
-            if old_at != new_at:
-                batch.put(id_key, _u64(new_at), ids_cf)
+            if old != (new_at, new_version):
+                batch.put(id_key, _id_value.pack(new_at, new_version), ids_cf)
             if lowest_put is None or key < lowest_put:
                 lowest_put = key
-        return batch, ApplyResult(added, moved, removed, unchanged), pending, lowest_put, moved_away
+        return batch, ApplyResult(added, moved, removed, unchanged, kept), pending, lowest_put, moved_away, shadow
 
     def _multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
@@ -578,12 +629,22 @@ class TimeIndex:
             raw = self._ids.get(id_key)
             if raw is None:
                 return None
-            deliver_at_ms = int.from_bytes(raw, "big")
+            deliver_at_ms, version = _id_value.unpack(raw)
             payload = self._time.get(_time_key(deliver_at_ms, id_key))
             if payload is not None:
-                return StoredEntry(delay_id, deliver_at_ms, payload)
+                return StoredEntry(delay_id, deliver_at_ms, payload, version)
         raise StoreError(f"{delay_id} kept moving while being read from {self.path}; the id index and the "
                          "time index may disagree: rebuild the store from the buffer topic")
+
+    def shadowed(self) -> list[str]:
+        """Ids whose stored (newest) put lies before a `done` of an older version in the buffer.
+
+        Compaction keeps only the newest record of a key, so that put would vanish from the
+        buffer while still pending here; the master writes it again, and the mark goes when
+        ingest reads any later record of the id.
+        """
+        self._check_open()
+        return sorted(self._shadowed)
 
     def pending_count(self) -> int:
         """How many entries are stored (kept as a counter, not counted)."""

@@ -19,64 +19,34 @@ def sample(**changes) -> Envelope:
     return Envelope(**base)
 
 
-@pytest.mark.parametrize("changes", [{}, {"key": None, "partition": None, "partitioner": None, "headers": []},
-                                     {"value": None}, {"value": b""}])
-def test_put_round_trips_through_buffer_headers(changes):
-    original = sample(**changes)
-
-    parsed = parse_buffer_record(original.delay_id.encode(), original.buffer_value(), original.buffer_headers(),
-                                 original.created_at_ms)
-
-    assert parsed.op == env.OP_PUT and parsed.delay_id == original.delay_id
-    assert parsed.envelope == original
-
-
-def test_a_put_value_is_the_frame_line_then_key_then_payload():
-    message = sample(key=b"k 1\n", partition=None, partitioner=None, value=b"\x00pay")
-    assert message.buffer_value() == b"put 1800000000123 orders 4\nk 1\n\x00pay"
-    assert message.buffer_headers() == message.headers
-
-
-def test_options_carry_partition_partitioner_and_null_value():
-    assert sample(key=None, partition=3, partitioner="murmur2", value=None).buffer_value() == (
-        b"put 1800000000123 orders - partition=3 partitioner=murmur2 value=null\n")
-
-
-def test_frame_head_is_the_line_before_key_and_payload():
-    assert env.frame_head(5, "a", 1) == b"put 5 a 1\n"
-    assert env.frame_head(5, "b", None) == b"put 5 b -\n"
-    assert env.frame_head(6, "b", 1500, env.frame_options(2, None, True)) == b"put 6 b 1500 partition=2 value=null\n"
-    assert env.put_value(6, "b", b"x" * 1500, b"") == b"put 6 b 1500\n" + b"x" * 1500
-
-
-def test_a_str_enum_topic_is_framed_by_its_value():
-    class Topic(str, enum.Enum):
-        ORDERS = "orders"
-
-    assert env.put_value(5, Topic.ORDERS, None, b"v") == b"put 5 orders -\nv"
-
-
-@pytest.mark.parametrize("topic,error", [
-    ("", ValueError), ("a b", ValueError), ("a\nb", ValueError), ("..", ValueError), ("x" * 250, ValueError),
-    ("caf\u00e9", ValueError), (b"orders", TypeError), (None, TypeError),
-])
-def test_topics_kafka_refuses_are_refused_before_framing(topic, error):
-    with pytest.raises(error, match="topic"):
-        env.put_value(5, topic, None, b"v")
-
-
-@pytest.mark.parametrize("changes", [{}, {"key": None, "partition": None, "headers": []}, {"value": None}])
-def test_store_form_round_trips(changes):
-    original = sample(**changes)
-    assert Envelope.from_bytes(original.to_bytes()) == original
-
-
-def test_delivery_headers_keep_user_headers_in_order_then_add_id_due_time_epoch():
+def test_delivery_headers_keep_user_headers_in_order_then_add_id_due_time_epoch_version():
     original = sample()
-    assert original.delivery_headers(7) == [
+    assert original.delivery_headers(7, 711) == [
         *original.headers, (env.ID, original.delay_id.encode()),
-        (env.DELIVER_AT, b"1800000000123"), (env.EPOCH, b"7"),
+        (env.DELIVER_AT, b"1800000000123"), (env.EPOCH, b"7"), (env.VERSION, b"711"),
     ]
+
+
+def test_a_done_names_the_version_it_closes_and_a_cancel_closes_any():
+    delay_id = sample().delay_id
+    done = env.parse_buffer_record(delay_id.encode(), None, env.done_headers(delay_id, 711, 790))
+    cancel = env.parse_buffer_record(delay_id.encode(), None, env.control_headers(env.OP_CANCEL, delay_id))
+    old_done = env.parse_buffer_record(delay_id.encode(), None, env.control_headers(env.OP_DONE, delay_id))
+
+    assert (done.op, done.closes_version) == (env.OP_DONE, 711)
+    assert (cancel.op, cancel.closes_version) == (env.OP_CANCEL, None)
+    assert (old_done.op, old_done.closes_version) == (env.OP_DONE, None)
+
+
+@pytest.mark.parametrize("headers,reason", [
+    ([(env.OP, b"done"), (env.VERSION, b"7x")], "delayq-version"),
+    ([(env.OP, b"done"), (env.VERSION, b"1"), (env.CUTOFF, b"-1")], "delayq-cutoff"),
+    ([(env.OP, b"done"), (env.VERSION, b"1"), (env.VERSION, b"2")], "twice"),
+    ([(env.OP, b"cancel"), (env.VERSION, b"1")], "only a done"),
+])
+def test_bad_version_or_cutoff_headers_make_a_tombstone_malformed(headers, reason):
+    with pytest.raises(env.MalformedRecord, match=reason):
+        env.parse_buffer_record(b"k", None, headers)
 
 
 def test_cancel_and_done_parse_as_tombstones():

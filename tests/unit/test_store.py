@@ -193,6 +193,58 @@ def test_remove_drops_the_entry_and_remove_of_an_absent_id_is_unchanged(store):
     assert store.pending_count() == 1
 
 
+def test_a_done_of_an_older_version_keeps_the_newer_put_and_marks_the_id_shadowed(store):
+    # put v711, reschedule v777, then the done of v711 (the master picked the old version).
+    store.apply([Put("a", T0, b"old", version=711), Put("a", T0 + 50, b"new", version=777)], {0: 778})
+    result = store.apply([Remove("a", version=711)], {0: 781})
+
+    assert result == ApplyResult(added=0, moved=0, removed=0, unchanged=0, kept=1)
+    assert store.get("a") == StoredEntry("a", T0 + 50, b"new", 777)
+    assert store.pending_count() == 1
+    assert store.shadowed() == ["a"]
+
+
+def test_a_done_of_the_stored_version_or_a_cancel_removes_and_clears_the_shadow_mark(store):
+    store.apply([Put("a", T0, b"new", version=9), Remove("a", version=3)], {})
+    assert store.shadowed() == ["a"]
+
+    store.apply([Remove("a", version=9)], {})
+    assert store.get("a") is None and store.shadowed() == []
+
+    store.apply([Put("b", T0, b"p", version=9), Remove("b", version=3), Remove("b")], {})
+    assert store.get("b") is None and store.shadowed() == []
+
+
+def test_a_later_put_of_a_shadowed_id_clears_its_mark_and_the_mark_survives_reopen(tmp_path):
+    with TimeIndex(tmp_path / "s") as index:
+        index.apply([Put("a", T0, b"new", version=9), Remove("a", version=3)], {})
+    with TimeIndex(tmp_path / "s") as index:
+        assert index.shadowed() == ["a"]
+        index.apply([Put("a", T0, b"new again", version=12)], {})
+        assert index.shadowed() == []
+        assert index.get("a") == StoredEntry("a", T0, b"new again", 12)
+
+
+def test_a_put_of_the_same_time_and_payload_with_a_new_version_records_the_version(store):
+    store.apply([Put("a", T0, b"p", version=1)], {})
+    assert store.apply([Put("a", T0, b"p", version=5)], {}).moved == 1
+    assert store.get("a").version == 5
+
+
+def test_opening_a_store_of_an_older_format_raises_a_format_error(tmp_path):
+    from delayq.store import StoreFormatError
+
+    with TimeIndex(tmp_path / "s"):
+        pass
+    db = rocksdict.Rdict(str(tmp_path / "s"), column_families={n: rocksdict.Options(raw_mode=True)
+                                                               for n in ("time", "ids", "offsets", "meta")},
+                         options=rocksdict.Options(raw_mode=True))
+    db.get_column_family("meta")[b"sys/format"] = b"delayq-time-index-1"
+    db.close()
+    with pytest.raises(StoreFormatError, match="delayq-time-index-1"):
+        TimeIndex(tmp_path / "s")
+
+
 def test_reapplying_the_same_batch_changes_nothing(store):
     batch = [Put("a", T0, b"1"), Put("b", T0 + 1, b"2"), Remove("c"), Put("d", T0 + 2, b"3"), Remove("d")]
     first = store.apply(batch, {0: 5})

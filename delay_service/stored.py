@@ -1,0 +1,84 @@
+"""The stored form of a pending message: what a node keeps in its time index per delay id.
+
+Not a wire format: only the node that wrote it reads it. The store is a view of the
+buffer topic, rebuilt from it at will, so a change of this form costs a rebuild and
+never data (the leading form number says which form a value is in).
+
+A stored value holds what delivery needs without going back to the buffer:
+
+- the buffer partition of the put (the master writes the `done` there, whatever
+  partitioner the producing client used),
+- the version: the put's offset in that partition (a `done` names the version it
+  closes, so a reschedule that lands after the master picked the old version survives),
+- the envelope: target topic, due time, key, value, headers, creation time, partitioner.
+
+Why marshal: C-fast for tuples of bytes/str/int, and every byte it reads was written
+by this module in this node's own store.
+"""
+
+from __future__ import annotations
+
+import marshal
+from dataclasses import dataclass
+
+from delayq.proxy.envelope import Envelope
+
+STORED_FORM = 3
+
+
+class MalformedStoredEntry(ValueError):
+    """A stored value this node cannot read (damaged, or written in another form): rebuild the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """One pending message as the node stores it."""
+
+    buffer_partition: int
+    version: int
+    message: Envelope
+
+
+def pack(buffer_partition: int, version: int, message: Envelope) -> bytes:
+    """The stored value of ``message``, read from ``buffer_partition`` at offset ``version``."""
+    m = message
+    return marshal.dumps((STORED_FORM, buffer_partition, version, m.delay_id, m.topic, m.deliver_at_ms, m.value,
+                          m.key, m.partition, m.headers, m.created_at_ms, m.partitioner))
+
+
+def unpack(value: bytes) -> PendingMessage:
+    """Read a stored value back.
+
+    Raises:
+        MalformedStoredEntry: ``value`` is not a stored value of this form; never any other exception.
+    """
+    try:
+        fields = marshal.loads(value)
+    except (EOFError, ValueError, TypeError) as err:
+        raise MalformedStoredEntry(f"stored value is not readable ({err}): rebuild the store") from None
+    if type(fields) is not tuple or len(fields) != 12 or fields[0] != STORED_FORM:
+        form = fields[0] if type(fields) is tuple and fields else None
+        raise MalformedStoredEntry(f"stored value has form {form!r:.40}, this delayq reads form {STORED_FORM}: "
+                                   "rebuild the store")
+    (_, buffer_partition, version, delay_id, topic, deliver_at_ms, payload, key, partition, headers,
+     created_at_ms, partitioner) = fields
+    if not (_is_int(buffer_partition) and _is_int(version) and type(delay_id) is str and type(topic) is str
+            and _is_int(deliver_at_ms) and _bytes_or_none(payload) and _bytes_or_none(key)
+            and (partition is None or _is_int(partition)) and _is_headers(headers) and _is_int(created_at_ms)
+            and (partitioner is None or type(partitioner) is str)):
+        raise MalformedStoredEntry("stored value has fields of the wrong types: rebuild the store")
+    message = Envelope(delay_id, topic, deliver_at_ms, payload, key, partition, headers, created_at_ms, partitioner)
+    return PendingMessage(buffer_partition, version, message)
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _bytes_or_none(value: object) -> bool:
+    return value is None or type(value) is bytes
+
+
+def _is_headers(value: object) -> bool:
+    return type(value) is list and all(
+        type(h) is tuple and len(h) == 2 and type(h[0]) is str and _bytes_or_none(h[1]) for h in value)
