@@ -1,0 +1,205 @@
+"""Routine faults the chaos soak found breaking the promise, each reproduced on the real stack.
+
+- a Kafka broker killed and restarted under running nodes (delivery stalled until a node restart);
+- a reschedule that reaches the buffer after the master picked the old version (it vanished);
+- a master frozen past its ZooKeeper session and resumed (its node crashed on the fenced producer);
+- cancels acknowledged just before the due time (they must win).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+from kafka_testing import create_topics, read_topic
+from process_testing import wait_until
+from service_testing import Cluster, Feeder, free_port, now_ms
+
+from delayq import Settings
+from delayq.dev import DevStack, StackError
+from delayq.proxy import Producer, buffer_partition
+from delayq.proxy import envelope as env
+
+pytestmark = pytest.mark.integration
+
+
+def delivered_ids(records) -> Counter:
+    return Counter(dict(r.headers())[env.ID].decode() for r in records)
+
+
+# -- a broker restart --------------------------------------------------------------
+
+
+@pytest.fixture
+def private_stack(tmp_path):
+    """A Kafka and ZooKeeper of this test's own (its broker gets killed), on free ports."""
+    kafka_port = free_port()
+    while kafka_port >= 65535:  # the controller listens on the next port
+        kafka_port = free_port()
+    stack = DevStack(state_dir=tmp_path / "stack", kafka_port=kafka_port, zk_port=free_port())
+    try:
+        stack.up(say=lambda _text: None)
+    except StackError as err:
+        pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
+    yield stack
+    stack.down()
+
+
+def kill_kafka(stack: DevStack) -> None:
+    pid = int((stack.state_dir / "kafka" / "kafka.pid").read_text())
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not stack.status()[0].running, timeout_s=15)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_delivery_resumes_after_a_broker_restart_without_restarting_any_node(private_stack, names, tmp_path):
+    settings = Settings(bootstrap_servers=private_stack.bootstrap_servers, zk_connect=private_stack.zk_connect,
+                        cluster=names.cluster, buffer_partitions=3, zk_session_timeout_ms=4000)
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target], partitions=2)
+    cluster = Cluster(settings, tmp_path / "nodes")
+    try:
+        nodes = [cluster.start(node_id) for node_id in ("node-a", "node-b", "node-c")]
+        cluster.master()
+        feeder = Feeder(settings)
+        before = {feeder.put(target, b"before", now_ms() + 300) for _ in range(50)}
+        feeder.flush()
+        assert set(delivered_ids(read_topic(settings.bootstrap_servers, target, expect=50, timeout_s=30))) == before
+
+        kill_kafka(private_stack)
+        # A node whose loops cannot reach Kafka says so on /readyz.
+        assert wait_until(lambda: all(n.get("/readyz")[0] == 503 for n in nodes), timeout_s=20), \
+            [n.get("/readyz") for n in nodes]
+        time.sleep(3)
+        private_stack.up(say=lambda _text: None)
+        restarted_at = time.monotonic()
+
+        feeder = Feeder(settings)
+        after = {feeder.put(target, b"after", now_ms() + 200) for _ in range(50)}
+        feeder.flush()
+        bound_s = settings.zk_session_timeout_ms / 1000 + 10
+        assert wait_until(
+            lambda: set(delivered_ids(read_topic(settings.bootstrap_servers, target, idle_s=0.5))) >= before | after,
+            timeout_s=bound_s + 20, interval_s=1.0)
+        resumed_s = time.monotonic() - restarted_at
+        assert resumed_s < bound_s, f"delivery resumed {resumed_s:.1f}s after the broker restart; bound {bound_s}s"
+
+        counts = delivered_ids(read_topic(settings.bootstrap_servers, target, expect=100, timeout_s=30, idle_s=2))
+        assert set(counts) == before | after and max(counts.values()) == 1
+        assert all(n.process.poll() is None for n in nodes), "a node exited"
+        assert wait_until(lambda: all(n.get("/readyz")[0] == 200 for n in nodes), timeout_s=20)
+        # No election storm: at most a handful of terms for one broker restart.
+        elections = sum(n.metric("delayq_elections_total") for n in nodes)
+        assert elections <= 3, f"{elections} elections for one broker restart"
+    finally:
+        cluster.close()
+
+
+# -- a late reschedule --------------------------------------------------------------
+
+
+def test_a_reschedule_written_between_pick_and_done_is_delivered_at_its_new_time(cluster, settings, names):
+    """The buffer as the race leaves it: put v1, the reschedule's put v2, then the master's done of v1.
+
+    The master's side of the race is written here exactly as the master writes it, so
+    the outcome does not depend on timing: v1 was delivered; v2 must be, once, at its time.
+    """
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    delay_id = env.new_delay_id()
+    partition = buffer_partition(delay_id, settings.buffer_partitions)
+    feeder = Feeder(settings)
+    offsets: list[int] = []
+
+    def put(due_ms: int, value: bytes) -> None:
+        message = env.Envelope(delay_id, target, due_ms, value, None, None, [], now_ms())
+        feeder.producer.produce(settings.buffer_topic, key=delay_id.encode(), value=message.buffer_value(),
+                                partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
+        feeder.flush()
+
+    put(now_ms() - 1000, b"v1")
+    new_due = now_ms() + 3000
+    put(new_due, b"v2")
+    feeder.producer.produce(settings.buffer_topic, key=delay_id.encode(), value=None, partition=partition,
+                            headers=env.done_headers(delay_id, offsets[0], offsets[0] + 1))
+    feeder.flush()
+
+    node = cluster.start("node-a")
+    records = read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=20, idle_s=2)
+    assert [(r.value(), dict(r.headers())[env.VERSION]) for r in records] == [(b"v2", str(offsets[1]).encode())]
+    assert records[0].timestamp()[1] >= new_due
+    # The new version's own done removes it; a node rebuilt from the buffer has nothing pending.
+    assert wait_until(lambda: node.metric("delayq_pending") == 0, timeout_s=10)
+
+
+# -- a frozen master -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_master_frozen_past_its_session_and_resumed_returns_to_standby(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target], partitions=3)
+    nodes = {node_id: cluster.start(node_id) for node_id in ("node-a", "node-b")}
+    feeder = Feeder(settings)
+    # Messages fall due all the time, so the master is mid-transaction when it freezes.
+    ids = {feeder.put(target, f"m{i}".encode(), now_ms() + 1000 + i * 10) for i in range(3000)}
+    feeder.flush()
+    session_s = settings.zk_session_timeout_ms / 1000
+    for _cycle in range(3):
+        frozen = cluster.master()
+        frozen.signal(signal.SIGSTOP)
+        taker = cluster.master(timeout_s=20, other_than=frozen)
+        time.sleep(session_s / 2)
+        frozen.signal(signal.SIGCONT)
+        # Resumed, it learns its session is gone, steps down, and stays up as a ready standby.
+        assert wait_until(lambda f=frozen: f.metric("delayq_is_master") == 0, timeout_s=30), frozen.log_tail()
+        assert wait_until(lambda f=frozen: f.get("/readyz")[0] == 200, timeout_s=30), frozen.log_tail()
+        assert frozen.process.poll() is None, f"the resumed master's node exited:\n{frozen.log_tail()}"
+        assert taker.metric("delayq_is_master") == 1
+    assert all(n.process.poll() is None for n in nodes.values())
+    counts = delivered_ids(read_topic(settings.bootstrap_servers, target, expect=3000, timeout_s=90, idle_s=3))
+    assert set(counts) == ids and max(counts.values()) == 1
+
+
+# -- the cancel guarantee --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cancels_acknowledged_shortly_before_the_due_time_always_win(cluster, settings, names):
+    """Puts due soon, each cancelled 1 to 40 ms before its due time; none may be delivered."""
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    cluster.start("node-b")
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster,
+                         "linger.ms": 0})
+    keep: set[str] = set()
+    cancelled: list[tuple[str, int, int]] = []  # (id, due ms, acknowledged ms)
+    start = now_ms() + 1500
+    for i in range(150):
+        due = start + i * 20
+        delay_id = producer.produce(target, f"m{i}".encode(), deliver_at=due)
+        if i % 3 == 0:
+            keep.add(delay_id)
+        else:
+            cancelled.append((delay_id, due, 0))
+    producer.flush(10)
+    for index, (delay_id, due, _) in enumerate(cancelled):
+        lead_ms = 1 + index % 40
+        while now_ms() < due - lead_ms - 2:
+            time.sleep(0.0005)
+        acked: list[int] = []
+        producer.cancel(delay_id, on_delivery=lambda err, msg, acked=acked: acked.append(now_ms()))
+        producer.flush(5)
+        cancelled[index] = (delay_id, due, acked[0] if acked else 2**62)
+    records = read_topic(settings.bootstrap_servers, target, expect=len(keep), timeout_s=30, idle_s=3)
+    counts = delivered_ids(records)
+    should_have_won = {d for d, due, acked in cancelled if acked < due}
+    assert len(should_have_won) > 50, "too few cancels were acknowledged in time to test anything"
+    assert not should_have_won & set(counts), f"{len(should_have_won & set(counts))} cancels acknowledged in time lost"
+    assert keep <= set(counts) and max(counts.values()) == 1
