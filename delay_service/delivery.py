@@ -68,11 +68,12 @@ class Outgoing:
 
 
 class InFlight:
-    """Ids the master committed in a transaction whose `done` ingest has not read back yet.
+    """Ids the master committed a write for (a `done`, or a copy of a put) that ingest has not read back yet.
 
-    Delivery adds ids just before it commits (ingest may read a `done` back before the
+    Delivery adds ids just before it commits (ingest may read a record back before the
     commit call returns) and takes them back if the commit fails; ingest takes them out
-    when it reads a `done` or `cancel` of the id. Until then the master skips them.
+    when it reads a `done`, a `cancel` or a master's copy of the id. Until then the
+    master neither delivers nor repairs them.
     """
 
     def __init__(self) -> None:
@@ -275,6 +276,10 @@ class Delivery:
                 if not self._cover(term):
                     return 0
                 skip = self._skip(now)
+        shadowed = self.store.shadowed()
+        if shadowed.keys() - skip:
+            self._repair(term, {i: copy for i, copy in shadowed.items() if i not in skip})
+            skip = self._skip(now)
         entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
         if not entries:
             self.wakeup.sleep_until(self._next_wake(skip), term)
@@ -355,6 +360,53 @@ class Delivery:
             for item in outgoing:
                 if self._give_up(item.entry.delay_id, f"rejected: {error.str()}", now):
                     self._commit(term, [], [(item, f"rejected by Kafka: {error.str()}")])
+
+    def _repair(self, term: Term, shadowed: dict[str, bytes | None]) -> None:
+        """Make each shadowed id's newest buffer record say what is stored of it, before compaction.
+
+        A pending id whose put a `done` of an older version follows gets its stored put
+        written again (``restores=`` its version); a copy of a message no longer pending
+        gets a `done` of the copy's version. One transaction; the ids are in flight until
+        ingest reads the writes back (TimeIndex.shadowed has the rules).
+        """
+        writes: list[tuple[str, stored.PendingMessage, bool]] = []
+        for delay_id, copy in shadowed.items():
+            value = copy
+            if value is None:
+                entry = self.store.get(delay_id)
+                if entry is None:
+                    continue  # settled since the marks were read
+                value = entry.payload
+            try:
+                writes.append((delay_id, stored.unpack(value), copy is None))
+            except stored.MalformedStoredEntry as err:
+                log.error("message %s: %s; not repairing it", delay_id, err)
+                self._unreadable.add(delay_id)
+        if not writes:
+            return
+        producer = self.producer
+        producer.begin_transaction()
+        for delay_id, pending, put_again in writes:
+            m = pending.message
+            if put_again:
+                producer.produce(self.settings.buffer_topic, key=delay_id.encode(),
+                                 value=m.buffer_value(restores=pending.version), headers=m.buffer_headers() or None,
+                                 partition=pending.buffer_partition, timestamp=m.created_at_ms)
+            else:
+                producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None,
+                                 partition=pending.buffer_partition,
+                                 headers=envelope.done_headers(delay_id, pending.version,
+                                                               self.cutoff.offsets.get(pending.buffer_partition, 0)))
+        if not term.active:
+            raise LeadershipLost(term.ended_because or "term ended")
+        ids = [delay_id for delay_id, _, _ in writes]
+        self.in_flight.add(ids)
+        try:
+            producer.commit_transaction(30)
+        except BaseException:
+            self.in_flight.discard(ids)
+            raise
+        log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(ids))
 
     def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
         producer = self.producer

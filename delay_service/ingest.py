@@ -26,6 +26,10 @@ from .topics import EndOffsets
 
 log = logging.getLogger("delayq.ingest")
 
+# How long one consume() may wait for a full batch; shorter while delivery waits on ingest.
+POLL_S = 0.02
+HURRIED_POLL_S = 0.002
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -41,7 +45,7 @@ class Ingest:
         end_offsets: EndOffsets,
         *,
         on_earlier_due: Callable[[int], None] = lambda _ms: None,
-        on_removed: Callable[[list[str]], None] = lambda _ids: None,
+        on_settled: Callable[[list[str]], None] = lambda _ids: None,
         batch_size: int = 10_000,
     ):
         self.settings = settings
@@ -50,7 +54,7 @@ class Ingest:
         self.end_offsets = end_offsets
         self.partitions = partitions = end_offsets.partitions
         self.on_earlier_due = on_earlier_due
-        self.on_removed = on_removed
+        self.on_settled = on_settled
         self.batch_size = batch_size
         self.lag: int | None = None
         # Why the buffer's end offsets cannot be read, since when (monotonic s); None while they can.
@@ -59,6 +63,7 @@ class Ingest:
         self._positions: dict[int, int] = {}
         self._end_offsets: dict[int, int] = {}
         self._progress = threading.Condition()
+        self._waiters = 0  # threads in wait_until_read
         self.consumer = Consumer(settings.kafka_conf(**{
             "group.id": f"delayq-{settings.cluster}-ingest-{settings.node_id}",
             "client.id": f"delayq-ingest-{settings.node_id}",
@@ -86,7 +91,9 @@ class Ingest:
     def run(self, stop: threading.Event) -> None:
         next_lag_check = 0.0
         while not stop.is_set():
-            self.poll_once(timeout_s=0.05)
+            # consume() returns when the batch is full or the timeout passes, not when the
+            # first record arrives: while the master waits to be covered, poll in short steps.
+            self.poll_once(timeout_s=HURRIED_POLL_S if self._waiters else POLL_S)
             if time.monotonic() >= next_lag_check:
                 next_lag_check = time.monotonic() + 0.5
                 self.refresh_lag()
@@ -99,7 +106,8 @@ class Ingest:
             return 0
         ops: list[Put | Remove] = []
         offsets: dict[int, int] = {}
-        removed: list[str] = []
+        # Ids of records that settle a master's write: a done, a cancel, a master's copy.
+        settled: list[str] = []
         earliest_put: int | None = None
         counts = {b"put": 0, b"cancel": 0, b"done": 0}
         dead = 0
@@ -122,12 +130,14 @@ class Ingest:
                 env = record.envelope
                 version = message.offset()
                 ops.append(Put(record.delay_id, env.deliver_at_ms, stored.pack(message.partition(), version, env),
-                               version))
+                               version, record.restores))
+                if record.restores is not None:
+                    settled.append(record.delay_id)
                 if earliest_put is None or env.deliver_at_ms < earliest_put:
                     earliest_put = env.deliver_at_ms
             else:
                 ops.append(Remove(record.delay_id, record.closes_version))
-                removed.append(record.delay_id)
+                settled.append(record.delay_id)
         if dead:
             # The copies must be durable before the offsets that skip their originals are stored.
             remaining = self.dead_letters.flush(30)
@@ -140,8 +150,8 @@ class Ingest:
             if count:
                 self.metrics.ingested.labels(op.decode()).inc(count)
         self.metrics.pending.set(self.store.pending_count())
-        if removed:
-            self.on_removed(removed)
+        if settled:
+            self.on_settled(settled)
         if earliest_put is not None:
             self.on_earlier_due(earliest_put)
         self._update_positions()
@@ -195,11 +205,15 @@ class Ingest:
         """Block until ingest has read every partition up to ``targets`` (or ``abandon()``); True if it did."""
         deadline = time.monotonic() + timeout_s
         with self._progress:
-            while not all(self._positions.get(p, 0) >= end for p, end in targets.items()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or abandon():
-                    return False
-                self._progress.wait(min(remaining, 0.1))
+            self._waiters += 1
+            try:
+                while not all(self._positions.get(p, 0) >= end for p, end in targets.items()):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or abandon():
+                        return False
+                    self._progress.wait(min(remaining, 0.1))
+            finally:
+                self._waiters -= 1
         return True
 
     def close(self) -> None:

@@ -66,7 +66,7 @@ class Node:
         info = buffer_info(s, self.admin)
         self.store = self._open_store(info)
         self.ingest = Ingest(s, self.store, self.metrics, EndOffsets(s, info.partitions, self.admin),
-                             on_earlier_due=self.wakeup.earlier_due, on_removed=self.in_flight.discard)
+                             on_earlier_due=self.wakeup.earlier_due, on_settled=self.in_flight.discard)
         self.http = NodeHTTPServer(self, s.http_host, s.http_port)
         self.http.start()
         self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)

@@ -55,9 +55,14 @@ MAX_FRAME_LINE = 512
 PARTITION_OPTION = "partition"
 PARTITIONER_OPTION = "partitioner"
 NULL_VALUE_OPTION = "value=null"
+# Only a master writes it: this put is a copy of the put at offset N of its partition,
+# written again because a `done` of an older version now follows that put in the buffer
+# (docs/DESIGN.md, "Cancel and reschedule guarantee").
+RESTORES_OPTION = "restores"
 _PARTITION_NAME = PARTITION_OPTION.encode()
 _PARTITIONER_NAME = PARTITIONER_OPTION.encode()
 _NULL_VALUE = NULL_VALUE_OPTION.encode()
+_RESTORES_NAME = RESTORES_OPTION.encode()
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
@@ -122,9 +127,10 @@ class Envelope:
         """The headers of this message's ``put`` record on the buffer topic: the user's."""
         return list(self.headers)
 
-    def buffer_value(self) -> bytes:
-        """The value of this message's ``put`` record: frame, key, payload."""
-        return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner)
+    def buffer_value(self, restores: int | None = None) -> bytes:
+        """The value of this message's ``put`` record: frame, key, payload (``restores``: a master's copy)."""
+        return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner,
+                         restores)
 
     def delivery_headers(self, epoch: int, version: int) -> list[tuple[str, bytes]]:
         """Headers of the delivered record: the user's, then which message, when, by whom (DESIGN.md).
@@ -149,12 +155,14 @@ class BufferRecord:
 
     ``closes_version`` is set for a ``done`` that names the put it closes (its buffer
     offset); a ``done`` without one, and a ``cancel``, close whatever is pending.
+    ``restores`` is set for a put a master copied from the put at that offset.
     """
 
     op: bytes
     delay_id: str
     envelope: Envelope | None = None
     closes_version: int | None = None
+    restores: int | None = None
 
 
 def check_topic(topic: object) -> str:
@@ -185,7 +193,8 @@ def frame_head(deliver_at_ms: int, topic: str, key_length: int | None, options: 
     return f"put {deliver_at_ms} {check_topic(topic)} {length}{options}\n".encode()
 
 
-def frame_options(partition: int | None, partitioner: str | None, null_value: bool) -> str:
+def frame_options(partition: int | None, partitioner: str | None, null_value: bool,
+                  restores: int | None = None) -> str:
     """The options part of a frame line (empty, or each option after a space)."""
     options = ""
     if partition is not None:
@@ -194,18 +203,20 @@ def frame_options(partition: int | None, partitioner: str | None, null_value: bo
         options += f" {PARTITIONER_OPTION}={partitioner}"
     if null_value:
         options += f" {NULL_VALUE_OPTION}"
+    if restores is not None:
+        options += f" {RESTORES_OPTION}={restores}"
     return options
 
 
 def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, partitioner: str | None = None) -> bytes:
+              partition: int | None = None, partitioner: str | None = None, restores: int | None = None) -> bytes:
     """The value of a ``put`` record: the frame line, the user's key, then the payload.
 
     Raises:
         TypeError, ValueError: ``topic`` is not a Kafka topic name.
     """
     head = frame_head(deliver_at_ms, topic, None if key is None else len(key),
-                      frame_options(partition, partitioner, value is None))
+                      frame_options(partition, partitioner, value is None, restores))
     return b"".join((head, key or b"", value or b""))
 
 
@@ -241,7 +252,7 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
     if headers:
         for name, _ in headers:
             if name.startswith(RESERVED_PREFIX):
-                raise MalformedRecord(f"a put (a record with a value) carries header {name}: names starting "
+                raise MalformedRecord(f"a put (a record with a value) carries header {name[:60]}: names starting "
                                       f"{RESERVED_PREFIX} are delayq's; a cancel or done has a null value")
         user_headers = headers
     else:
@@ -256,6 +267,9 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
         topic = fields[2].decode()
     except UnicodeDecodeError:
         raise MalformedRecord(f"the topic in the frame is not UTF-8: {fields[2][:40]!r}") from None
+    # A name Kafka refuses would fail at delivery, where it cannot even be dead-lettered as written.
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise MalformedRecord(f"the frame's topic {topic[:40]!r} is not a Kafka topic name")
     start = end + 1
     if fields[3] == b"-":
         user_key = None
@@ -266,21 +280,29 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
         if start > len(value):
             raise MalformedRecord(f"the frame's key length {length} runs past the end of the value")
     partition = partitioner = None
+    restores: int | None = None
     null_value = False
     for option in fields[4:]:
         name, sep, text = option.partition(b"=")
         if option == _NULL_VALUE:
-            null_value = True
+            repeated, null_value = null_value, True
         elif name == _PARTITION_NAME and sep:
-            partition = _digits(text, "partition")
+            repeated, partition = partition is not None, _digits(text, "partition")
         elif name == _PARTITIONER_NAME and text:
-            partitioner = text.decode(errors="replace")
+            repeated, partitioner = partitioner is not None, text.decode(errors="replace")
+        elif name == _RESTORES_NAME and sep:
+            repeated, restores = restores is not None, _digits(text, "restores offset")
         else:
             raise MalformedRecord(f"unknown frame option {option[:40]!r}; expected {PARTITION_OPTION}=N, "
-                                  f"{PARTITIONER_OPTION}=NAME or {NULL_VALUE_OPTION}")
+                                  f"{PARTITIONER_OPTION}=NAME, {NULL_VALUE_OPTION} or {RESTORES_OPTION}=N")
+        if repeated:
+            # Which one would win is a guess; the producer writes each at most once.
+            raise MalformedRecord(f"frame option {name.decode()} appears twice")
+    if null_value and start != len(value):
+        raise MalformedRecord(f"the frame says {NULL_VALUE_OPTION} but {len(value) - start} bytes follow the key")
     envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key, partition,
                         user_headers, timestamp_ms, partitioner)
-    return BufferRecord(OP_PUT, delay_id, envelope)
+    return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
 
 
 def _tombstone(key: bytes, headers: list[tuple[str, bytes]] | None) -> tuple[bytes, int | None]:
@@ -299,15 +321,15 @@ def _tombstone(key: bytes, headers: list[tuple[str, bytes]] | None) -> tuple[byt
                               "(a put has a value)")
     if record_id is not None and record_id != key:
         raise MalformedRecord(f"header {ID} {record_id[:40]!r} differs from the record key {key[:40]!r}")
-    version, cutoff = found.get(VERSION), found.get(CUTOFF)
+    # Present with a null value is not absent: a done whose version is null must not close any version.
     if op != OP_DONE:
-        if version is not None or cutoff is not None:
-            raise MalformedRecord(f"a {op.decode()} carries header {VERSION if version is not None else CUTOFF}, "
+        if VERSION in found or CUTOFF in found:
+            raise MalformedRecord(f"a {op.decode()} carries header {VERSION if VERSION in found else CUTOFF}, "
                                   "which only a done has")
         return op, None
-    if cutoff is not None:
-        _header_digits(cutoff, CUTOFF)
-    return op, None if version is None else _header_digits(version, VERSION)
+    if CUTOFF in found:
+        _header_digits(found[CUTOFF], CUTOFF)
+    return op, _header_digits(found[VERSION], VERSION) if VERSION in found else None
 
 
 def _header_digits(raw: bytes | None, name: str) -> int:

@@ -2,7 +2,8 @@
 
 Public surface::
 
-    from delayq.store import TimeIndex, StoreOptions, Put, Remove, StoredEntry, ApplyResult, StoreError, StoreFormatError
+    from delayq.store import TimeIndex, StoreOptions, Put, Remove, StoredEntry, ApplyResult
+    from delayq.store import StoreError, StoreFormatError
 """
 
 from .options import StoreOptions

@@ -75,6 +75,9 @@ class Put:
     """A buffer `put`: add ``delay_id``, or replace what is stored of it (reschedule).
 
     ``version`` is the put's buffer offset: a later put of one id has a higher one.
+    ``restores`` marks a master's copy of the put at that offset (see :class:`Remove`):
+    it replaces only that version; if another is stored, or none, it changes nothing
+    but the id's shadow mark (the copy is now the id's newest buffer record).
 
     Raises:
         TypeError: a field has the wrong type.
@@ -85,11 +88,14 @@ class Put:
     deliver_at_ms: int
     payload: bytes
     version: int = 0
+    restores: int | None = None
 
     def __post_init__(self) -> None:
         _check_id(self.delay_id)
         _check_ms(self.deliver_at_ms, "deliver_at_ms")
         _check_ms(self.version, "version")
+        if self.restores is not None:
+            _check_ms(self.restores, "restores")
         if not isinstance(self.payload, bytes):
             raise TypeError(f"payload must be bytes, not {type(self.payload).__name__}")
 
@@ -102,7 +108,7 @@ class Remove:
     replaced it (a reschedule) reached the buffer after the master picked the old one.
     The id is then *shadowed* (:meth:`TimeIndex.shadowed`): its newest put lies before a
     `done` of its id in the buffer, where compaction would drop it, so the master writes
-    it again.
+    it again (a :class:`Put` with ``restores``).
 
     Raises:
         TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str, or ``version`` not None or an offset.
@@ -161,6 +167,15 @@ def _time_key(deliver_at_ms: int, id_bytes: bytes) -> bytes:
 
 # An ids-CF value: (deliver_at_ms, version).
 _id_value = struct.Struct(">QQ")
+
+# Shadow marks as stored: write the stored put again, or close a copy (its payload follows).
+_REPUT = b""
+_COPY = b"c"
+_UNMARKED = b"-"  # in memory only, compared by identity
+
+
+def _shadow_mark(stored: bytes) -> bytes | None:
+    return None if stored == _REPUT else stored[len(_COPY):]
 
 
 class TimeIndex:
@@ -276,8 +291,9 @@ class TimeIndex:
         last = self._meta.get(_META_LAST_INGEST)
         self._last_ingest = int.from_bytes(last, "big") if last is not None else None
         self._offsets = {int.from_bytes(k, "big"): int.from_bytes(v, "big") for k, v in self._offsets_cf.items()}
-        self._shadowed = {key[len(_META_SHADOWED):].decode("ascii")
-                          for key in self._meta.keys(from_key=_META_SHADOWED) if key.startswith(_META_SHADOWED)}
+        self._shadowed: dict[str, bytes | None] = {
+            key[len(_META_SHADOWED):].decode("ascii"): _shadow_mark(value)
+            for key, value in self._meta.items(from_key=_META_SHADOWED) if key.startswith(_META_SHADOWED)}
 
     # -- writing -------------------------------------------------------------
 
@@ -334,11 +350,11 @@ class TimeIndex:
                                      f"applied: {err}") from err
                 self._pending = pending
                 self._offsets = merged
-                for delay_id, marked in shadow.items():
-                    if marked:
-                        self._shadowed.add(delay_id)
+                for delay_id, mark in shadow.items():
+                    if mark is _UNMARKED:
+                        self._shadowed.pop(delay_id, None)
                     else:
-                        self._shadowed.discard(delay_id)
+                        self._shadowed[delay_id] = _shadow_mark(mark)
                 if ingested_at_ms is not None:
                     self._last_ingest = ingested_at_ms
         return result
@@ -394,7 +410,7 @@ class TimeIndex:
                 self._skipped.pop(delay_id, None)
 
     def _plan(self, ops: list[StoreOp]) -> tuple[rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str],
-                                                 dict[str, bool]]:
+                                                 dict[str, bytes]]:
         """The WriteBatch that takes the store from its state to the state after ``ops``.
 
         The ops are replayed on an in-memory view of the ids they touch, so later ops see
@@ -421,13 +437,20 @@ class TimeIndex:
             delay_id: None if at is None else (at[0], at[1], stored_payload.get(delay_id))
             for delay_id, at in before.items()
         }
-        # Shadow marks after the ops: any op of an id after a kept remove settles it again.
-        shadow: dict[str, bool] = {}
+        # Shadow marks after the ops (stored value, or _UNMARKED): any record of an id after
+        # the one that shadowed it settles it again, unless it shadows it anew.
+        shadow: dict[str, bytes] = {}
         added = moved = removed = unchanged = kept = 0
         for op in ops:
             current = now[op.delay_id]
+            if type(op) is Put and op.restores is not None and (current is None or current[1] != op.restores):
+                # A stale copy: nothing of it is stored, but it is now the id's newest record.
+                # Pending: write the stored put again; not pending: close the copy with a done.
+                shadow[op.delay_id] = _REPUT if current is not None else _COPY + op.payload
+                kept += 1
+                continue
             if type(op) is Put:
-                shadow[op.delay_id] = False
+                shadow[op.delay_id] = _UNMARKED
                 if current is None:
                     added += 1
                 elif current[0] != op.deliver_at_ms or current[1] != op.version or current[2] != op.payload:
@@ -437,13 +460,13 @@ class TimeIndex:
                     continue
                 now[op.delay_id] = (op.deliver_at_ms, op.version, op.payload)
             elif current is None:
-                shadow[op.delay_id] = False
+                shadow[op.delay_id] = _UNMARKED
                 unchanged += 1
             elif op.version is not None and op.version < current[1]:  # type: ignore[union-attr]
-                shadow[op.delay_id] = True
+                shadow[op.delay_id] = _REPUT
                 kept += 1
             else:
-                shadow[op.delay_id] = False
+                shadow[op.delay_id] = _UNMARKED
                 removed += 1
                 now[op.delay_id] = None
 
@@ -453,12 +476,12 @@ class TimeIndex:
         lowest_put: bytes | None = None
         moved_away: list[str] = []
         for delay_id, id_key in zip(touched, id_keys):
-            marked = shadow.get(delay_id)
-            if marked is not None and marked != (delay_id in self._shadowed):
-                if marked:
-                    batch.put(_META_SHADOWED + id_key, b"", meta_cf)
-                else:
+            mark = shadow.get(delay_id)
+            if mark is _UNMARKED:
+                if delay_id in self._shadowed:
                     batch.delete(_META_SHADOWED + id_key, meta_cf)
+            elif mark is not None:
+                batch.put(_META_SHADOWED + id_key, mark, meta_cf)
             old, new = before[delay_id], now[delay_id]
             if new is None:
                 if old is not None:
@@ -636,15 +659,18 @@ class TimeIndex:
         raise StoreError(f"{delay_id} kept moving while being read from {self.path}; the id index and the "
                          "time index may disagree: rebuild the store from the buffer topic")
 
-    def shadowed(self) -> list[str]:
-        """Ids whose stored (newest) put lies before a `done` of an older version in the buffer.
+    def shadowed(self) -> dict[str, bytes | None]:
+        """Ids whose newest buffer record does not say what is stored of them, and what would.
 
-        Compaction keeps only the newest record of a key, so that put would vanish from the
-        buffer while still pending here; the master writes it again, and the mark goes when
-        ingest reads any later record of the id.
+        Compaction keeps only the newest record of a key. ``None``: the id is pending here,
+        but a `done` of an older version (or a stale copy) follows its put in the buffer;
+        the master writes the stored put again. Bytes: nothing is pending, but a master's
+        copy is the id's newest record; the value is that copy's payload (as its
+        :class:`Put` had it), and the master closes the copy with a `done` of its version.
+        The mark goes when ingest reads any later record of the id.
         """
         self._check_open()
-        return sorted(self._shadowed)
+        return dict(self._shadowed)
 
     def pending_count(self) -> int:
         """How many entries are stored (kept as a counter, not counted)."""

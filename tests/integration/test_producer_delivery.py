@@ -72,7 +72,7 @@ def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, s
         record = delayed[delay_id]
         assert (record.value(), record.key()) == (value, key)
         assert record.headers()[:len(headers)] == headers
-        assert [name for name, _ in record.headers()[len(headers):]] == [env.ID, env.DELIVER_AT, env.EPOCH]
+        assert [name for name, _ in record.headers()[len(headers):]] == [env.ID, env.DELIVER_AT, env.EPOCH, env.VERSION]
         if partition is not None:
             assert record.partition() == partition
     assert due[moved] - due[keyed] < 5_000, "reschedule did not move the due time"

@@ -201,28 +201,57 @@ def test_a_done_of_an_older_version_keeps_the_newer_put_and_marks_the_id_shadowe
     assert result == ApplyResult(added=0, moved=0, removed=0, unchanged=0, kept=1)
     assert store.get("a") == StoredEntry("a", T0 + 50, b"new", 777)
     assert store.pending_count() == 1
-    assert store.shadowed() == ["a"]
+    assert store.shadowed() == {"a": None}
 
 
 def test_a_done_of_the_stored_version_or_a_cancel_removes_and_clears_the_shadow_mark(store):
     store.apply([Put("a", T0, b"new", version=9), Remove("a", version=3)], {})
-    assert store.shadowed() == ["a"]
+    assert store.shadowed() == {"a": None}
 
     store.apply([Remove("a", version=9)], {})
-    assert store.get("a") is None and store.shadowed() == []
+    assert store.get("a") is None and store.shadowed() == {}
 
     store.apply([Put("b", T0, b"p", version=9), Remove("b", version=3), Remove("b")], {})
-    assert store.get("b") is None and store.shadowed() == []
+    assert store.get("b") is None and store.shadowed() == {}
 
 
 def test_a_later_put_of_a_shadowed_id_clears_its_mark_and_the_mark_survives_reopen(tmp_path):
     with TimeIndex(tmp_path / "s") as index:
         index.apply([Put("a", T0, b"new", version=9), Remove("a", version=3)], {})
     with TimeIndex(tmp_path / "s") as index:
-        assert index.shadowed() == ["a"]
+        assert index.shadowed() == {"a": None}
         index.apply([Put("a", T0, b"new again", version=12)], {})
-        assert index.shadowed() == []
+        assert index.shadowed() == {}
         assert index.get("a") == StoredEntry("a", T0, b"new again", 12)
+
+
+def test_a_masters_copy_of_the_stored_version_replaces_it_and_clears_the_mark(store):
+    store.apply([Put("a", T0, b"new", version=9), Remove("a", version=3)], {})
+    store.apply([Put("a", T0, b"new", version=15, restores=9)], {})
+
+    assert store.get("a") == StoredEntry("a", T0, b"new", 15)
+    assert store.shadowed() == {}
+
+
+def test_a_stale_copy_of_a_replaced_version_keeps_the_newer_one_and_asks_for_another_copy(store):
+    # done of v3 after v9 (shadowed), then the user's v12, then the master's copy of v9.
+    store.apply([Put("a", T0, b"v9", version=9), Remove("a", version=3), Put("a", T0 + 5, b"v12", version=12),
+                 Put("a", T0, b"v9", version=15, restores=9)], {})
+
+    assert store.get("a") == StoredEntry("a", T0 + 5, b"v12", 12)
+    assert store.shadowed() == {"a": None}
+
+
+def test_a_copy_of_a_message_no_longer_pending_asks_for_a_done_of_the_copy_and_keeps_its_payload(tmp_path):
+    with TimeIndex(tmp_path / "s") as index:
+        index.apply([Put("a", T0, b"v9", version=9), Remove("a", version=3), Remove("a")], {})
+        result = index.apply([Put("a", T0, b"copy of v9", version=15, restores=9)], {})
+        assert result.kept == 1 and index.get("a") is None
+        assert index.shadowed() == {"a": b"copy of v9"}
+    with TimeIndex(tmp_path / "s") as index:
+        assert index.shadowed() == {"a": b"copy of v9"}
+        index.apply([Remove("a", version=15)], {})
+        assert index.shadowed() == {} and index.pending_count() == 0
 
 
 def test_a_put_of_the_same_time_and_payload_with_a_new_version_records_the_version(store):
