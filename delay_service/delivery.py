@@ -43,6 +43,8 @@ TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
+# How long to wait before reading the end offsets again while commit markers are pending.
+MARKER_WAIT_S = 0.002
 
 
 class LeadershipLost(Exception):
@@ -152,6 +154,8 @@ class Delivery:
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
         self.cutoff = Cutoff()
+        # Buffer partition -> offset of the last record this term's committed transactions wrote there.
+        self._written: dict[int, int] = {}
         # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
         self._unreadable: set[str] = set()
         self._topics: dict[str, tuple[float, int | None]] = {}
@@ -233,6 +237,16 @@ class Delivery:
         """
         read_at = now_ms()
         ends = self.ingest.end_offsets.read(timeout_s=10.0)
+        # commit_transaction returns before the broker has written the commit markers, and
+        # until it has, the last stable offset stays below this master's last transaction:
+        # writes acknowledged after that transaction began would not be covered. Read again
+        # until the offsets are past every buffer record the last transactions wrote.
+        while any(ends.get(p, 0) <= offset for p, offset in self._written.items()):
+            if not term.active:
+                return False
+            time.sleep(MARKER_WAIT_S)
+            ends = self.ingest.end_offsets.read(timeout_s=10.0)
+        self._written.clear()
         while term.active:
             if self.ingest.wait_until_read(ends, 1.0, abandon=lambda: not term.active):
                 self.cutoff.covers_ms = read_at
@@ -384,29 +398,16 @@ class Delivery:
                 self._unreadable.add(delay_id)
         if not writes:
             return
-        producer = self.producer
-        producer.begin_transaction()
+        self.producer.begin_transaction()
         for delay_id, pending, put_again in writes:
             m = pending.message
             if put_again:
-                producer.produce(self.settings.buffer_topic, key=delay_id.encode(),
-                                 value=m.buffer_value(restores=pending.version), headers=m.buffer_headers() or None,
-                                 partition=pending.buffer_partition, timestamp=m.created_at_ms)
+                self._to_buffer(delay_id, pending.buffer_partition, m.buffer_value(restores=pending.version),
+                                m.buffer_headers() or None, timestamp=m.created_at_ms)
             else:
-                producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None,
-                                 partition=pending.buffer_partition,
-                                 headers=envelope.done_headers(delay_id, pending.version,
-                                                               self.cutoff.offsets.get(pending.buffer_partition, 0)))
-        if not term.active:
-            raise LeadershipLost(term.ended_because or "term ended")
-        ids = [delay_id for delay_id, _, _ in writes]
-        self.in_flight.add(ids)
-        try:
-            producer.commit_transaction(30)
-        except BaseException:
-            self.in_flight.discard(ids)
-            raise
-        log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(ids))
+                self._write_done(delay_id, pending)
+        self._commit_transaction(term, [delay_id for delay_id, _, _ in writes])
+        log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(writes))
 
     def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
         producer = self.producer
@@ -416,20 +417,12 @@ class Delivery:
             m = item.message
             producer.produce(m.topic, value=m.value, key=m.key, partition=item.target_partition,
                              headers=m.delivery_headers(epoch, item.pending.version))
-            self._done(item)
+            self._write_done(item.entry.delay_id, item.pending)
         for item, reason in dead:
             self._dead_letter(item, reason, epoch)
-            self._done(item)
-        if not term.active:
-            raise LeadershipLost(term.ended_because or "term ended")
+            self._write_done(item.entry.delay_id, item.pending)
         ids = [i.entry.delay_id for i in outgoing] + [i.entry.delay_id for i, _ in dead]
-        # Marked before the commit: ingest may read a `done` back before commit returns.
-        self.in_flight.add(ids)
-        try:
-            producer.commit_transaction(30)
-        except BaseException:
-            self.in_flight.discard(ids)
-            raise
+        self._commit_transaction(term, ids)
         committed_at = now_ms()
         for delay_id in ids:
             self.retries.pop(delay_id, None)
@@ -445,13 +438,40 @@ class Delivery:
             "last_id": last.delay_id, "delivered": self.delivered_total, "committed_at_ms": committed_at,
         })
 
-    def _done(self, item: Outgoing) -> None:
-        delay_id = item.entry.delay_id
-        partition = item.pending.buffer_partition
-        # The cutoff covers every partition this term reads; 0 if the partition is new to it.
-        cutoff = self.cutoff.offsets.get(partition, 0)
-        self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None, partition=partition,
-                              headers=envelope.done_headers(delay_id, item.pending.version, cutoff))
+    def _commit_transaction(self, term: Term, ids: list[str]) -> None:
+        """Commit the open transaction whose buffer writes concern ``ids``; they are in flight from now.
+
+        Raises:
+            LeadershipLost: the term ended before the commit.
+            KafkaException: the commit failed (the ids are no longer in flight then).
+        """
+        if not term.active:
+            raise LeadershipLost(term.ended_because or "term ended")
+        # Marked before the commit: ingest may read a record back before commit returns.
+        self.in_flight.add(ids)
+        try:
+            self.producer.commit_transaction(30)
+        except BaseException:
+            self.in_flight.discard(ids)
+            raise
+        self.producer.poll(0)  # serve the delivery reports: _written learns the offsets
+
+    def _write_done(self, delay_id: str, pending: stored.PendingMessage) -> None:
+        """The `done` closing ``pending``'s version, with the cutoff it was picked under (0: none read there)."""
+        partition = pending.buffer_partition
+        self._to_buffer(delay_id, partition, None,
+                        envelope.done_headers(delay_id, pending.version, self.cutoff.offsets.get(partition, 0)))
+
+    def _to_buffer(self, delay_id: str, partition: int, value: bytes | None, headers: list | None,
+                   timestamp: int = 0) -> None:
+        self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=value, partition=partition,
+                              headers=headers, timestamp=timestamp, on_delivery=self._note_written)
+
+    def _note_written(self, err: KafkaError | None, message) -> None:
+        if err is None:
+            partition, offset = message.partition(), message.offset()
+            if offset > self._written.get(partition, -1):
+                self._written[partition] = offset
 
     def _dead_letter(self, item: Outgoing, reason: str, epoch: int) -> None:
         m = item.message

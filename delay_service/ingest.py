@@ -62,6 +62,8 @@ class Ingest:
         self.failing_since: float | None = None
         self._positions: dict[int, int] = {}
         self._end_offsets: dict[int, int] = {}
+        # Whether ingest had read up to the previous end offsets when the last ones were read.
+        self._kept_up = False
         self._progress = threading.Condition()
         self._waiters = 0  # threads in wait_until_read
         self.consumer = Consumer(settings.kafka_conf(**{
@@ -182,6 +184,7 @@ class Ingest:
             self._progress.notify_all()
 
     def refresh_lag(self) -> int | None:
+        previous = self._end_offsets
         try:
             self._end_offsets = self.end_offsets.read(timeout_s=5.0)
         except KafkaException as err:
@@ -194,12 +197,14 @@ class Ingest:
             log.info("buffer end offsets readable again after %.1fs", time.monotonic() - (self.failing_since or 0))
             self.failing = self.failing_since = None
         self.lag = sum(max(0, end - self._positions.get(p, 0)) for p, end in self._end_offsets.items())
+        self._kept_up = bool(previous) and all(self._positions.get(p, 0) >= end for p, end in previous.items())
         self.metrics.buffer_lag.set(self.lag)
         return self.lag
 
     @property
     def caught_up(self) -> bool:
-        return self.lag == 0
+        """At the end of the buffer, or (under steady traffic, never quite at it) past where it ended a refresh ago."""
+        return self.lag == 0 or self._kept_up
 
     def wait_until_read(self, targets: dict[int, int], timeout_s: float, abandon: Callable[[], bool]) -> bool:
         """Block until ingest has read every partition up to ``targets`` (or ``abandon()``); True if it did."""

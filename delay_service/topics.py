@@ -150,7 +150,14 @@ class EndOffsets:
         with self._lock:
             admin = self._admin
         try:
-            return committed_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s)
+            ends = committed_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s)
+            unknown = sorted(p for p, offset in ends.items() if offset < 0)
+            if unknown:
+                # librdkafka reports a partition it got no answer for as offset -1001 (invalid)
+                # rather than as an error: that is no end offset to cover anything with.
+                raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
+                                                f"no end offset for buffer partitions {unknown}"))
+            return ends
         except KafkaException:
             with self._lock:
                 if self._admin is admin:
