@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install up down status test test-fast demo bench clean
+.PHONY: install up down status test test-fast demo bench soak clean
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ demo: install
 # The benchmark suite (about 45 minutes); writes bench/results.json and BENCHMARKS.md.
 bench: install
 	$(BIN)/delayq bench
+
+# The chaos soak (30 minutes + drain + reconciliation) on a stack of its own: faults from a printed seed,
+# every delayed message checked. SOAK_ARGS="--duration 2m --seed 7" for a short one or a replay.
+SOAK_ARGS ?= --duration 30m --rate 500
+soak: install
+	$(BIN)/delayq soak $(SOAK_ARGS)
 
 clean: down
 	rm -rf $(VENV) build *.egg-info

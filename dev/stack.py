@@ -26,6 +26,8 @@ from .runtime import KAFKA, ZOOKEEPER, StackError, ensure_runtime, java_executab
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_ZK_PORT = 2181
 HOST = "127.0.0.1"
+# The stack's services, in the order `up` starts them.
+SERVICES = ("zookeeper", "kafka")
 
 
 def default_state_dir() -> Path:
@@ -99,16 +101,59 @@ class DevStack:
         """
         java = java_executable()
         started: list[str] = []
-        if not self._running("zookeeper"):
-            self._start_zookeeper(java, ensure_runtime(ZOOKEEPER, say=say))
-            started.append("zookeeper")
-        if not self._running("kafka"):
-            self._start_kafka(java, ensure_runtime(KAFKA, say=say))
-            started.append("kafka")
+        for name in SERVICES:
+            if not self._running(name):
+                self._launch(name, java, say)
+                started.append(name)
         deadline = time.monotonic() + self.start_timeout_s
-        self._wait("zookeeper", self._zookeeper_answers, deadline)
-        self._wait("kafka", self._kafka_answers, deadline)
+        for name in SERVICES:
+            self._wait(name, self._probe(name), deadline)
         return started
+
+    def start(self, name: str, *, say=print) -> bool:
+        """Start one service (``"kafka"`` or ``"zookeeper"``) unless it runs; return when it answers.
+
+        What a chaos test needs after :meth:`kill`; :meth:`up` starts both.
+
+        Returns:
+            True if this call started it, False if it was running already.
+
+        Raises:
+            ValueError: ``name`` is not one of :data:`SERVICES`.
+            StackError: as :meth:`up`.
+        """
+        _check_service(name)
+        started = not self._running(name)
+        if started:
+            self._launch(name, java_executable(), say)
+        self._wait(name, self._probe(name), time.monotonic() + self.start_timeout_s)
+        return started
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> bool:
+        """Send ``sig`` to the process group of the service ``up`` started: a crash, by default.
+
+        After SIGKILL (or SIGTERM) this returns once the process is gone, so a
+        :meth:`start` right after finds its ports free. The pid file stays, so
+        :meth:`status` shows the service as stopped rather than unknown.
+
+        Returns:
+            True if the service was running and got the signal, False if it was not running.
+
+        Raises:
+            ValueError: ``name`` is not one of :data:`SERVICES`.
+            StackError: it was still alive ``timeout_s`` after a SIGKILL or SIGTERM.
+        """
+        _check_service(name)
+        pid = self._pid(name)
+        if pid is None or not self._is_ours(name, pid):
+            return False
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return False
+        if sig in (signal.SIGKILL, signal.SIGTERM) and not _wait_gone(pid, timeout_s):
+            raise StackError(f"{name} (pid {pid}) was still alive {timeout_s:.0f}s after signal {sig}")
+        return True
 
     def down(self, services: tuple[str, ...] = ("kafka", "zookeeper"), timeout_s: float = 30.0) -> list[str]:
         """Stop the processes ``up`` started (by pid file); return the names of those stopped."""
@@ -145,6 +190,15 @@ class DevStack:
 
         self.down()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _launch(self, name: str, java: str, say) -> None:
+        if name == "zookeeper":
+            self._start_zookeeper(java, ensure_runtime(ZOOKEEPER, say=say))
+        else:
+            self._start_kafka(java, ensure_runtime(KAFKA, say=say))
+
+    def _probe(self, name: str):
+        return self._zookeeper_answers if name == "zookeeper" else self._kafka_answers
 
     # -- ZooKeeper -------------------------------------------------------
 
@@ -360,9 +414,39 @@ def _port_open(port: int) -> bool:
 
 def _kafka_cluster_id() -> str:
     # Kafka wants 16 random bytes, base64url without padding (what `kafka-storage random-uuid` prints).
+    # One id in 64 begins with "-", which StorageTool's argument parser takes for an option: draw again.
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def _check_service(name: str) -> None:
+    if name not in SERVICES:
+        raise ValueError(f"service {name!r} is not part of the stack: choose one of {', '.join(SERVICES)}")
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped by its parent) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the parenthesised command name, which may itself hold spaces or parentheses.
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not _alive(pid):
+            _reap(pid)
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _terminate(pid: int, timeout_s: float) -> None:
@@ -370,14 +454,8 @@ def _terminate(pid: int, timeout_s: float) -> None:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        _reap(pid)
-        time.sleep(0.2)
+    if _wait_gone(pid, timeout_s):
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -1,0 +1,509 @@
+"""``delayq soak``: delayed messages through a cluster under faults, every one checked against the promise.
+
+One run, on an embedded stack of its own (so it runs beside ``delayq dev``)::
+
+    stack up (own ports) -> topics -> N nodes -> traffic + consumer + faults
+      -> drain -> nodes stopped -> judge -> Spark reconciliation -> verdict beside the soak's
+
+The traffic (:mod:`.soak_workload`) is the public ``delayq.Producer`` at ``--rate``,
+delays 0.5 s to ``min(60 s, duration / 3)``, 10 % cancelled and 5 % rescheduled, some
+of those within a second of the due time. The faults (:mod:`.soak_faults`) come
+from the seed, every kind at least once. The judge (:mod:`.soak_check`) applies the
+product's rules to every message. The seed is printed first: the same seed replays
+the same traffic and fault plan (the timings of a real cluster still vary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from delayq.delay_service import LocalCluster, NodeError
+from delayq.delay_service.local import settings_env
+from delayq.dev import DevStack
+from delayq.errors import DelayqError
+from delayq.proxy import Producer
+from delayq.settings import Settings
+
+from .soak_check import (
+    ANOMALY_KINDS,
+    Comparison,
+    Findings,
+    Stall,
+    compare_with_reconcile,
+    failures,
+    judge,
+    owed_versions,
+)
+from .soak_faults import FAULT_KINDS, Chaos, log_excerpt, log_warnings, plan_faults
+from .soak_workload import Recorder, Watcher, Workload, WorkloadOptions, now_ms
+
+# Anomalies shown per kind in the summary and in --json (soak-report.json has them all).
+SHOWN_PER_KIND = 20
+RECONCILE_TIMEOUT_S = 900
+
+
+class SoakError(DelayqError):
+    """The soak itself could not run (its stack, its nodes, its own threads); the message says which."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "delayq" / "soak"
+
+
+@dataclass
+class SoakOptions:
+    """One soak run. ``duration_s`` is the traffic and fault phase; draining and the reconciliation follow."""
+
+    duration_s: float = 1800.0
+    rate: float = 500.0
+    nodes: int = 3
+    seed: int | None = None
+    reconcile: bool = True
+    state_dir: Path = field(default_factory=default_state_dir)
+    zk_session_timeout_ms: int = 5000
+    buffer_partitions: int = 6
+    target_topics: int = 3
+    keep_runs: int = 3
+
+    def __post_init__(self) -> None:
+        if self.duration_s < 60:
+            raise ValueError(f"--duration {self.duration_s:g}s is too short to fit every fault kind: give 60s or more")
+        if self.rate <= 0:
+            raise ValueError(f"--rate must be positive, got {self.rate:g}")
+        if self.nodes < 2:
+            raise ValueError(f"--nodes {self.nodes}: a soak needs a master and at least one standby (2 or more)")
+
+    @property
+    def max_delay_s(self) -> float:
+        """Longest delay: a third of the run (at most 60 s), so most messages fall due while it runs."""
+        return min(60.0, self.duration_s / 3)
+
+    @property
+    def produce_s(self) -> float:
+        """New messages stop one longest delay before the end: everything falls due within the run."""
+        return self.duration_s - self.max_delay_s
+
+    @property
+    def warmup_s(self) -> float:
+        return min(15.0, self.duration_s / 12)
+
+    @property
+    def drain_s(self) -> float:
+        """How long past the run and the last due time the soak waits for what is still owed."""
+        return min(60.0, max(30.0, self.duration_s / 4))
+
+    @property
+    def session_timeout_s(self) -> float:
+        return self.zk_session_timeout_ms / 1000
+
+    @property
+    def heal_limit_s(self) -> float:
+        """How long the cluster may take to be healthy after a fault: failover plus a margin that grows
+        with the run (a broken cluster must not stretch a 2-minute soak much beyond its budget)."""
+        return self.session_timeout_s + min(40.0, max(15.0, self.duration_s / 8))
+
+    @property
+    def stall_limit_s(self) -> float:
+        """A longer stall fails the run: failover takes a session timeout, anything else is a stuck node."""
+        return self.session_timeout_s + 10
+
+
+def run_soak(options: SoakOptions, *, as_json: bool = False, out: Console | None = None,
+             err: Console | None = None) -> int:
+    """Run one soak; print the summary (or one JSON object); return 0 if every rule held, else 1.
+
+    Raises:
+        SoakError, StackError: the soak could not run (a port taken, no Java, a node that never started).
+    """
+    soak = Soak(options, out or Console(), err or Console(stderr=True), as_json)
+    previous = signal.getsignal(signal.SIGTERM)
+    # SIGTERM tears down like Ctrl-C: the stack and nodes this run started must not outlive it.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return soak.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(*_args: Any) -> None:
+    raise KeyboardInterrupt
+
+
+class Soak:
+    def __init__(self, options: SoakOptions, out: Console, err: Console, as_json: bool):
+        self.options = options
+        self.out = out
+        self.err = err
+        self.as_json = as_json
+        self.seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1, 2**31)
+        self.run_dir = options.state_dir / time.strftime(f"run-%Y%m%d-%H%M%S-seed{self.seed}")
+        self.recorder = Recorder()
+        self.stack: DevStack | None = None
+        self.cluster: LocalCluster | None = None
+        self.chaos: Chaos | None = None
+        self.workload: Workload | None = None
+        self.watcher: Watcher | None = None
+        self.topics = [f"soak-{self.seed}-target-{i}" for i in range(options.target_topics)]
+        self.started = time.monotonic()  # of the traffic, once it starts
+        self.phase = "starting"
+        self.owed_left = 0  # while draining: versions that must still arrive
+
+    # -- the run -------------------------------------------------------------
+
+    def run(self) -> int:
+        o = self.options
+        self.err.print(f"[bold]soak seed {self.seed}[/] (replay: delayq soak --seed {self.seed} "
+                       f"--duration {o.duration_s:g}s --rate {o.rate:g} --nodes {o.nodes})", highlight=False)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            settings = self._start_cluster()
+            started_ms = now_ms()
+            self._start_traffic(settings)
+            until_ms = self._watch()
+            findings, comparison = self._finish(settings, started_ms, until_ms)
+            return self._report(findings, comparison, started_ms, until_ms)
+        finally:
+            self._tear_down()
+
+    def _start_cluster(self) -> Settings:
+        o = self.options
+        kafka_port, zk_port = _free_ports()
+        self.stack = DevStack(self.run_dir / "stack", kafka_port=kafka_port, zk_port=zk_port, start_timeout_s=120)
+        with self.err.status(f"starting the soak's own Kafka (:{kafka_port}) and ZooKeeper (:{zk_port})"):
+            self.stack.up(say=self.err.print)
+        settings = Settings(bootstrap_servers=self.stack.bootstrap_servers, zk_connect=self.stack.zk_connect,
+                            cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions,
+                            zk_session_timeout_ms=o.zk_session_timeout_ms, data_dir=self.run_dir / "nodes")
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
+        for future in admin.create_topics([NewTopic(t, 3, 1) for t in self.topics]).values():
+            future.result(30)
+        self.cluster = LocalCluster(settings, self.run_dir / "nodes")  # creates the buffer and dead-letter topics
+        try:
+            with self.err.status(f"starting {o.nodes} nodes"):
+                for i in range(o.nodes):
+                    self.cluster.start(f"node-{chr(ord('a') + i)}")
+                master = self.cluster.master(60)
+        except NodeError as err:
+            raise SoakError(f"the soak's nodes did not start: {err}") from err
+        self.err.print(f"{o.nodes} nodes up, {master.node_id} is master; logs in {self.run_dir / 'nodes'}")
+        return settings
+
+    def _start_traffic(self, settings: Settings) -> None:
+        o = self.options
+        assert self.stack is not None and self.cluster is not None
+        plan = plan_faults(self.seed, o.duration_s, o.session_timeout_s)
+        first_round = ", ".join(f.describe() for f in plan[:len(FAULT_KINDS)])
+        self.err.print(f"faults (first round, in order): {first_round}", highlight=False)
+        self.started = time.monotonic()
+        self.watcher = Watcher(settings.bootstrap_servers, self.topics, self.recorder)
+        self.watcher.start()
+        producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster,
+                             "linger.ms": 5, "enable.idempotence": True, "log_level": 0})
+        options = WorkloadOptions(rate=o.rate, produce_s=o.produce_s, max_delay_s=o.max_delay_s,
+                                  latest_due_ms=now_ms() + round(o.duration_s * 1000))
+        self.workload = Workload(producer, self.topics, options, self.seed, self.recorder)
+        self.workload.start()
+        self.chaos = Chaos(plan, self.stack, self.cluster, session_timeout_s=o.session_timeout_s,
+                           heal_limit_s=o.heal_limit_s, warmup_s=o.warmup_s, deadline=self.started + o.duration_s,
+                           say=self._say)
+        self.chaos.start()
+        self.phase = "running"
+
+    def _watch(self) -> int:
+        """Show progress until the run and its drain are over; return the judging cutoff (epoch ms)."""
+        o = self.options
+        assert self.chaos is not None and self.workload is not None and self.watcher is not None
+        end = self.started + o.duration_s
+        owed: set[tuple[str, int]] | None = None
+        drain_deadline = 0.0
+        with Live(self._progress(), console=self.err, refresh_per_second=2, transient=True) as live:
+            while True:
+                self._check_threads()
+                now = time.monotonic()
+                if owed is None and now >= end and not self.workload.is_alive() and self.chaos.finished.is_set():
+                    # Acks are all in: which versions must arrive is known now.
+                    self.phase = "draining"
+                    owed = set(owed_versions(self.recorder.messages.values()))
+                    last_due = (self.recorder.last_due_ms - now_ms()) / 1000
+                    drain_deadline = now + max(0.0, last_due) + o.drain_s
+                if owed is not None:
+                    seen = self.recorder.seen_versions
+                    owed = {version for version in owed if version not in seen}
+                    self.owed_left = len(owed)
+                    if not owed or now >= drain_deadline:
+                        break
+                live.update(self._progress())
+                time.sleep(0.5)
+        return now_ms()
+
+    def _check_threads(self) -> None:
+        for name, thread in (("traffic", self.workload), ("watcher", self.watcher), ("fault", self.chaos)):
+            failure = getattr(thread, "failure", None)
+            if failure is not None:
+                raise SoakError(f"the soak's {name} thread failed: {failure!r}") from failure
+
+    def _finish(self, settings: Settings, started_ms: int, until_ms: int) -> tuple[Findings, Comparison | None]:
+        assert self.chaos is not None and self.cluster is not None and self.watcher is not None
+        self.phase = "stopping nodes"
+        self.chaos.stop.set()
+        self.chaos.join(30)
+        self.chaos.check_crashes()
+        with self.err.status("stopping the nodes, reading the target topics to their end"):
+            for node in self.cluster.nodes.values():
+                if node.process is not None and node.process.poll() is None:
+                    self.chaos.stop_node(node)
+            self.watcher.read_to_end()
+        history = self.recorder.history(until_ms, now_ms(), self.chaos.windows)
+        findings = judge(history)
+        comparison = None
+        if self.options.reconcile:
+            with self.err.status("reconciling with Spark (delayq reconcile)"):
+                comparison = self._reconcile(settings, findings, started_ms, until_ms)
+        return findings, comparison
+
+    def _reconcile(self, settings: Settings, findings: Findings, started_ms: int, until_ms: int) -> Comparison:
+        from delayq.spark.options import iso
+
+        out = self.run_dir / "reconcile"
+        command = [sys.executable, "-m", "delayq", "reconcile", "--since", iso(started_ms - 60_000),
+                   "--until", iso(until_ms), "--grace", "0ms", "--early-tolerance", "0ms", "--lookback", "10m",
+                   "--out", str(out), "--topics", ",".join(self.topics), "--master", "local[2]",
+                   "--list-limit", "10000000"]
+        log = self.run_dir / "reconcile.log"
+        env = {**os.environ, **settings_env(settings), "COLUMNS": "160"}
+        try:
+            with open(log, "wb") as sink:
+                done = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                      timeout=RECONCILE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return compare_with_reconcile(findings, None, None, f"no answer within {RECONCILE_TIMEOUT_S}s; see {log}")
+        report_path = out / "report.json"
+        if done.returncode not in (0, 1) or not report_path.exists():
+            tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+            return compare_with_reconcile(findings, None, done.returncode,
+                                          f"exit code {done.returncode}: {tail} (log: {log})")
+        report = json.loads(report_path.read_text())
+        return compare_with_reconcile(findings, report, done.returncode)
+
+    def _tear_down(self) -> None:
+        for thread in (self.chaos, self.workload, self.watcher):
+            if thread is not None:
+                thread.stop.set()
+        if self.chaos is not None:
+            self.chaos.join(30)
+        if self.cluster is not None:
+            self.cluster.close()  # SIGCONT then SIGKILL whatever still runs
+        if self.stack is not None:
+            self.stack.down()
+        _clean_runs(self.options.state_dir, self.options.keep_runs)
+
+    def _stall_evidence(self, stall: Stall | None) -> dict[str, Any] | None:
+        """A stall, with what each node logged from 5 s before it until it ended."""
+        if stall is None:
+            return None
+        logs = {}
+        for folder in sorted((self.run_dir / "nodes").glob("node-*")):
+            excerpt = log_excerpt(folder / f"{folder.name}.log", stall.start_ms - 5000, stall.end_ms)
+            if excerpt:
+                logs[folder.name] = excerpt
+        return {**stall.as_dict(), "node_logs": logs}
+
+    # -- what the user sees --------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        elapsed = time.monotonic() - self.started
+        self.err.print(f"[dim]{elapsed:6.1f}s[/] {text}", highlight=False)
+
+    def _progress(self) -> Text:
+        o, r = self.options, self.recorder
+        chaos = self.chaos
+        elapsed = time.monotonic() - self.started
+        faults = sum(chaos.done.values()) if chaos else 0
+        current = "-"
+        if chaos is not None and chaos.current is not None:
+            kind, since = chaos.current
+            current = f"{kind} ({time.monotonic() - since:.0f}s)"
+        line = (f"{self.phase} {_clock(elapsed)}/{_clock(o.duration_s)} · sent {r.puts:,} · acked {r.acked:,} · "
+                f"delivered {len(r.deliveries):,} · pending {max(0, r.pending):,} · dup {r.duplicates} · "
+                f"early {r.early} · faults {faults} · now {current}")
+        if self.phase == "draining":
+            line += f" · owed {self.owed_left:,}"
+        return Text(line)
+
+    def _report(self, findings: Findings, comparison: Comparison | None, started_ms: int, until_ms: int) -> int:
+        assert self.chaos is not None
+        o, chaos = self.options, self.chaos
+        crashes = [c.as_dict() for c in chaos.crashes]
+        missing_kinds = [k for k in FAULT_KINDS if not chaos.done[k]]
+        reasons = failures(findings, crashes=len(crashes), stall_limit_s=o.stall_limit_s, comparison=comparison,
+                           missing_fault_kinds=missing_kinds)
+        counts = findings.counts
+        anomalies = {kind: [a.as_dict() for a in findings.by_kind(kind)] for kind in ANOMALY_KINDS}
+        document: dict[str, Any] = {
+            "seed": self.seed,
+            "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "max_delay_s": o.max_delay_s,
+            "started_ms": started_ms, "judged_until_ms": until_ms,
+            "sent": counts["messages"], "cancelled": counts["cancelled"], "rescheduled": counts["rescheduled"],
+            "write_errors": self.recorder.write_errors,
+            "versions": {"total": counts["versions"], "must": counts["must"], "may": counts["may"],
+                         "must_not": counts["must_not"]},
+            "delivered": counts["delivered"], "delivered_records": counts["delivered_records"],
+            **{kind: counts[kind] for kind in ANOMALY_KINDS},
+            "crashes": len(crashes),
+            "max_stall_s": round(findings.max_stall_s, 3),
+            "max_stall_beyond_outages_s": round(findings.max_stall_beyond_outages_s, 3),
+            "stall_limit_s": o.stall_limit_s,
+            "stall": self._stall_evidence(findings.stall),
+            "stall_beyond_outages": self._stall_evidence(findings.stall_beyond_outages),
+            "lateness_ms": {"in_faults": findings.lateness_in_faults.as_dict(),
+                            "outside_faults": findings.lateness_outside_faults.as_dict()},
+            "faults": {kind: chaos.done[kind] for kind in FAULT_KINDS},
+            "fault_windows": [{"kind": w.kind, "start_ms": w.start_ms, "end_ms": w.end_ms,
+                               "seconds": round((w.end_ms - w.start_ms) / 1000, 1), "outage_ms": w.outage_ms,
+                               "detail": w.detail} for w in chaos.windows],
+            "node_crashes": crashes,
+            "faults_skipped": chaos.skipped,
+            "node_log_warnings": {folder.name: log_warnings(folder / f"{folder.name}.log")
+                                  for folder in sorted((self.run_dir / "nodes").glob("node-*"))},
+            "reconcile": comparison.as_dict() if comparison else None,
+            "failures": reasons,
+            "passed": not reasons,
+            "run_dir": str(self.run_dir),
+            "report": str(self.run_dir / "soak-report.json"),
+        }
+        (self.run_dir / "soak-report.json").write_text(json.dumps({**document, "anomalies": anomalies}, indent=2)
+                                                        + "\n")
+        shown = {kind: items[:SHOWN_PER_KIND] for kind, items in anomalies.items() if items}
+        if self.as_json:
+            # Plain print: a console would wrap long strings (log tails) at its width.
+            print(json.dumps({**document, "anomalies": shown}, indent=2), flush=True)
+        else:
+            self._print_summary(document, shown, comparison)
+        return 1 if reasons else 0
+
+    def _print_summary(self, doc: dict[str, Any], shown: dict[str, list[dict[str, Any]]],
+                       comparison: Comparison | None) -> None:
+        table = Table(title=f"delayq soak, seed {doc['seed']}", show_header=True)
+        table.add_column("figure")
+        table.add_column("soak", justify="right")
+        table.add_column("reconcile", justify="right")
+        rec = comparison.totals if comparison and comparison.ran else {}
+
+        def bad(value: Any) -> str:
+            return f"[bold red]{value}[/]" if value else str(value)
+
+        for label, value, other in (
+            ("sent", f"{doc['sent']:,}", ""),
+            ("cancelled", f"{doc['cancelled']:,}", _show(rec.get("cancelled"))),
+            ("rescheduled", f"{doc['rescheduled']:,}", ""),
+            ("delivered (versions)", f"{doc['delivered']:,}", _show(rec.get("delivered"))),
+            ("duplicated", bad(doc["duplicated"]), _show(rec.get("duplicated"))),
+            ("missing", bad(doc["missing"]), _show(rec.get("missing"))),
+            ("early", bad(doc["early"]), _show(rec.get("early"))),
+            ("cancel ignored", bad(doc["cancel_ignored"]), _show(rec.get("cancel_ignored"))),
+            ("unexpected", bad(doc["unexpected"]), _show(rec.get("unexpected"))),
+        ):
+            table.add_row(label, value, other)
+        for where in ("in_faults", "outside_faults"):
+            late = doc["lateness_ms"][where]
+            table.add_row(f"lateness ms p50/p99/max {where.replace('_', ' ')}",
+                          f"{_show(late['p50'])} / {_show(late['p99'])} / {_show(late['max'])}", "")
+        for label, key in (("longest stall", "stall"),
+                           ("longest stall beyond Kafka/ZK outages", "stall_beyond_outages")):
+            stall = doc[key]
+            seconds = stall["seconds" if key == "stall" else "beyond_outages_s"] if stall else 0.0
+            text = f"{seconds:.1f}s" + (f" (during {', '.join(stall['during_faults'])})"
+                                        if stall and stall["during_faults"] else "")
+            too_long = key == "stall_beyond_outages" and seconds > doc["stall_limit_s"]
+            table.add_row(label, bad(text) if too_long else text, "")
+        table.add_row("faults", str(sum(doc["faults"].values())), "")
+        table.add_row("unexplained node crashes", bad(doc["crashes"]), "")
+        if comparison is not None:
+            verdict = (f"exit {comparison.exit_code}, " + ("agrees" if comparison.agrees else "[bold red]disagrees[/]")
+                       if comparison.ran else f"[bold red]did not run[/]: {comparison.error}")
+            table.add_row("reconciliation", "", verdict)
+        self.out.print(table)
+        stall = doc["stall_beyond_outages"]
+        if stall and stall["beyond_outages_s"] > doc["stall_limit_s"] and stall["node_logs"]:
+            self.out.print(f"stall of {stall['seconds']:.1f}s ({stall['beyond_outages_s']:.1f}s beyond outages), "
+                           f"first owed {stall['first_owed_id']}; node logs then:", highlight=False)
+            for node, lines in stall["node_logs"].items():
+                self.out.print(Text(f"  {node}:\n    " + "\n    ".join(lines)))
+        self.out.print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in doc["faults"].items()), highlight=False)
+        for window in doc["fault_windows"]:
+            self.out.print(f"  {window['kind']:<15} {window['seconds']:6.1f}s  {window['detail']}", highlight=False)
+        for kind, items in shown.items():
+            self.out.print(f"[bold]{kind}[/] ({doc[kind]}; first {len(items)}):")
+            for item in items:
+                self.out.print(f"  {item['id']}: {item['rule']}; faults: {', '.join(item.get('faults', [])) or '-'}",
+                               highlight=False)
+        for crash in doc["node_crashes"]:
+            self.out.print(f"[bold red]crash[/] {crash['node']} pid {crash['pid']} exit {crash['exit_code']} "
+                           f"({crash['cause']}, during {crash['during_fault'] or 'no fault'}); log tail:")
+            self.out.print(Text("    " + crash["log_tail"].replace("\n", "\n    ")))
+        for node, groups in doc["node_log_warnings"].items():
+            for group in groups[:3]:
+                self.out.print(Text(f"{node} logged {group['count']}x: {group['first'][:240]}"))
+        if comparison is not None and comparison.ran and not comparison.agrees:
+            for side, ids in (("soak only", comparison.soak_only), ("reconcile only", comparison.reconcile_only)):
+                sample = list(ids.items())[:SHOWN_PER_KIND]
+                if sample:
+                    self.out.print(f"flagged by {side} ({len(ids)}): "
+                                   + "; ".join(f"{i} {'/'.join(k)}" for i, k in sample), highlight=False)
+        verdict = "[bold green]PASS[/]" if doc["passed"] else "[bold red]FAIL[/]: " + "; ".join(doc["failures"])
+        self.out.print(f"{verdict}\nfull report: {doc['report']}", highlight=False)
+
+
+def _show(value: Any) -> str:
+    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _free_ports() -> tuple[int, int]:
+    """A Kafka port whose next port (its controller's) is free too, and a ZooKeeper port."""
+    for _ in range(50):
+        kafka = _free_port()
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", kafka + 1))
+        except OSError:
+            continue
+        zk = _free_port()
+        if zk not in (kafka, kafka + 1):
+            return kafka, zk
+    raise SoakError("found no free pair of loopback ports for the soak's Kafka broker and controller")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _clean_runs(state_dir: Path, keep: int) -> None:
+    """Old runs (node logs, Kafka data) are only for looking at; keep the last few."""
+    runs = sorted(state_dir.glob("run-*"))
+    for old in runs[:-keep] if keep else runs:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,508 @@
+"""The soak's judge: what was asked of delayq against what it delivered, by the product's rules.
+
+Pure logic on a recorded :class:`History`, no server: the soak fills one while it
+runs, the unit tests build them by hand.
+
+A message is a list of versions (its put, then each reschedule: a put under the same
+id with another due time) and maybe a cancel. Deliveries are matched to a version by
+id and the ``delayq-deliver-at`` header (reschedules always move the due time by at
+least 1 ms, so the header names the version). What each version may do depends on
+the write that ended it (the next version's put, or the cancel) and on when the
+producer saw that write acknowledged:
+
+==========================================  ===========================================
+the version ...                              must be delivered
+==========================================  ===========================================
+is the last one, nothing cancels it          exactly once, never before its due time
+was ended by a write acked before its due    never (else ``cancel_ignored``)
+was ended by a write acked at/after its due  at most once (the documented race)
+has a write of its own or of its ender that  at most once: the producer cannot know
+failed or was never acknowledged             whether the write landed
+==========================================  ===========================================
+
+Every delivery is checked too: ``early`` (record timestamp before the due time),
+``duplicated`` (one version delivered more than once), ``unexpected`` (an id or due
+time the soak never produced). The ``delayq-version`` header (a buffer offset) is kept
+as evidence, not matched: a master may deliver a version from a copy it re-put
+(``restores=`` in the frame), whose offset is not the one the producer was given.
+
+Ack times are taken when the producer's delivery callback ran, a little after the
+broker acknowledged: a write judged "acked before the due time" surely was.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+# A version counts as owed (for the stall figure) from this long after it fell due.
+STALL_GRACE_MS = 1000
+ANOMALY_KINDS = ("duplicated", "missing", "early", "cancel_ignored", "unexpected")
+
+
+class Fate(Enum):
+    """What the rules allow for one version."""
+
+    MUST = "must be delivered exactly once"
+    MAY = "may be delivered at most once"
+    MUST_NOT = "must never be delivered"
+
+
+@dataclass(slots=True)
+class Write:
+    """One write to the buffer topic, as the producer saw it."""
+
+    sent_ms: int
+    acked_ms: int | None = None
+    error: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        """The broker confirmed it (a report without an error)."""
+        return self.acked_ms is not None and self.error is None
+
+    def evidence(self) -> dict[str, Any]:
+        return {"sent_ms": self.sent_ms, "acked_ms": self.acked_ms, "error": self.error,
+                "buffer_partition": self.partition, "buffer_offset": self.offset}
+
+
+@dataclass(slots=True)
+class Version:
+    due_ms: int
+    put: Write
+
+
+@dataclass(slots=True)
+class Message:
+    """One delay id: its versions in the order they were put, and its cancel if any."""
+
+    delay_id: str
+    topic: str
+    versions: list[Version]
+    cancel: Write | None = None
+
+    def ender(self, index: int) -> Write | None:
+        """The write that replaced or cancelled version ``index``, if any."""
+        if index + 1 < len(self.versions):
+            return self.versions[index + 1].put
+        return self.cancel
+
+    def fate(self, index: int) -> Fate:
+        version = self.versions[index]
+        ender = self.ender(index)
+        if ender is not None and ender.acknowledged and ender.acked_ms < version.due_ms:  # type: ignore[operator]
+            return Fate.MUST_NOT
+        if ender is not None or not version.put.acknowledged:
+            return Fate.MAY
+        return Fate.MUST
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One record on a target topic, as a read_committed consumer saw it."""
+
+    delay_id: str | None
+    due_ms: int | None
+    timestamp_ms: int
+    topic: str
+    partition: int
+    offset: int
+    epoch: int | None = None
+    version: int | None = None
+    received_ms: int | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
+                "timestamp_ms": self.timestamp_ms, "deliver_at_ms": self.due_ms, "epoch": self.epoch,
+                "version": self.version, "received_ms": self.received_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultWindow:
+    """One injected fault, from the moment it was done until the cluster was healthy again.
+
+    ``outage_ms`` is the part during which Kafka or ZooKeeper itself was down (killed until it
+    answered again): no delivery is possible then, whatever the nodes do.
+    """
+
+    kind: str
+    start_ms: int
+    end_ms: int
+    detail: str = ""
+    outage_ms: tuple[int, int] | None = None
+
+    def overlaps(self, start_ms: int, end_ms: int) -> bool:
+        return start_ms <= self.end_ms and end_ms >= self.start_ms
+
+
+@dataclass
+class History:
+    """Everything one soak did and saw.
+
+    Args:
+        messages: every delayed message produced, by delay id.
+        deliveries: every record read from the target topics.
+        faults: the fault windows.
+        judged_until_ms: a version due before this must have been delivered by the end.
+        ended_ms: when observation ended (a stall still running then ends here).
+    """
+
+    messages: dict[str, Message]
+    deliveries: list[Delivery]
+    faults: list[FaultWindow] = field(default_factory=list)
+    judged_until_ms: int = 0
+    ended_ms: int = 0
+
+
+@dataclass
+class Anomaly:
+    """One broken rule: which id, which rule, and the evidence (writes, deliveries, faults)."""
+
+    kind: str
+    delay_id: str | None
+    rule: str
+    evidence: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.delay_id, "rule": self.rule, **self.evidence}
+
+
+@dataclass
+class Lateness:
+    """Record timestamp minus due time of the first delivery of each delivered version, in ms."""
+
+    count: int
+    p50: int | None
+    p99: int | None
+    max: int | None
+
+    @classmethod
+    def of(cls, values: list[int]) -> Lateness:
+        ordered = sorted(values)
+        return cls(len(ordered), _nearest_rank(ordered, 0.5), _nearest_rank(ordered, 0.99),
+                   ordered[-1] if ordered else None)
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {"count": self.count, "p50": self.p50, "p99": self.p99, "max": self.max}
+
+
+@dataclass
+class Stall:
+    """A time during which something owed was due (by more than 1 s) and nothing was delivered."""
+
+    start_ms: int
+    end_ms: int
+    first_owed_id: str | None
+    during_faults: list[str]
+    outage_ms: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ms - self.start_ms) / 1000
+
+    @property
+    def beyond_outages_s(self) -> float:
+        """The stall less the time Kafka or ZooKeeper was down: what the nodes are answerable for."""
+        return (self.end_ms - self.start_ms - self.outage_ms) / 1000
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3), "beyond_outages_s": round(self.beyond_outages_s, 3),
+                "start_ms": self.start_ms, "end_ms": self.end_ms, "first_owed_id": self.first_owed_id,
+                "during_faults": self.during_faults}
+
+
+@dataclass
+class Findings:
+    """The judgement of one history."""
+
+    counts: dict[str, int]
+    anomalies: list[Anomaly]
+    lateness_in_faults: Lateness
+    lateness_outside_faults: Lateness
+    stall: Stall | None
+    stall_beyond_outages: Stall | None
+
+    def by_kind(self, kind: str) -> list[Anomaly]:
+        return [a for a in self.anomalies if a.kind == kind]
+
+    def flagged_ids(self) -> dict[str, set[str]]:
+        """Every delay id with an anomaly, and the kinds it has."""
+        flagged: dict[str, set[str]] = defaultdict(set)
+        for anomaly in self.anomalies:
+            if anomaly.delay_id is not None:
+                flagged[anomaly.delay_id].add(anomaly.kind)
+        return dict(flagged)
+
+    @property
+    def max_stall_s(self) -> float:
+        return self.stall.seconds if self.stall else 0.0
+
+    @property
+    def max_stall_beyond_outages_s(self) -> float:
+        return self.stall_beyond_outages.beyond_outages_s if self.stall_beyond_outages else 0.0
+
+
+def judge(history: History) -> Findings:
+    """Apply the rules (module docstring) to every version and every delivery of ``history``."""
+    by_version: dict[tuple[str, int], list[Delivery]] = defaultdict(list)
+    anomalies: list[Anomaly] = []
+    for delivery in history.deliveries:
+        message = history.messages.get(delivery.delay_id) if delivery.delay_id is not None else None
+        due = delivery.due_ms
+        if message is None or due is None or not any(v.due_ms == due for v in message.versions):
+            anomalies.append(_unexpected(delivery, message))
+            continue
+        by_version[(message.delay_id, due)].append(delivery)
+
+    counts = dict.fromkeys(("messages", "versions", "cancelled", "rescheduled", "must", "may", "must_not",
+                            "delivered", "delivered_records", *ANOMALY_KINDS), 0)
+    counts["messages"] = len(history.messages)
+    counts["delivered_records"] = len(history.deliveries)
+    inside: list[int] = []
+    outside: list[int] = []
+    for message in history.messages.values():
+        counts["cancelled"] += message.cancel is not None
+        counts["rescheduled"] += len(message.versions) > 1
+        for index, version in enumerate(message.versions):
+            counts["versions"] += 1
+            fate = message.fate(index)
+            counts[fate.name.lower()] += 1
+            delivered = sorted(by_version.get((message.delay_id, version.due_ms), ()), key=_delivery_order)
+            if delivered:
+                counts["delivered"] += 1
+                first = delivered[0]
+                lateness = first.timestamp_ms - version.due_ms
+                window = (version.due_ms, max(version.due_ms, first.timestamp_ms))
+                (inside if _faults_overlapping(history.faults, *window) else outside).append(lateness)
+            anomalies.extend(_version_anomalies(history, message, index, fate, delivered))
+    for anomaly in anomalies:
+        counts[anomaly.kind] += 1
+    return Findings(counts, anomalies, Lateness.of(inside), Lateness.of(outside), longest_stall(history),
+                    longest_stall(history, beyond_outages=True))
+
+
+def owed_versions(messages: Iterable[Message]) -> list[tuple[str, int]]:
+    """(id, due) of every version that must be delivered exactly once."""
+    return [(m.delay_id, v.due_ms) for m in messages for i, v in enumerate(m.versions) if m.fate(i) is Fate.MUST]
+
+
+def longest_stall(history: History, *, beyond_outages: bool = False) -> Stall | None:
+    """The longest interval with an owed version due for more than a second and no delivery at all.
+
+    A version is owed from ``max(due, put acked) + 1 s``: a put the broker only took after
+    its due time (Kafka was down) was not delayq's to deliver before then. Any delivery,
+    of any message, ends a stall (it shows delivery works); a new stall starts right
+    after it if something owed is still undelivered.
+
+    Args:
+        history: what was asked and delivered.
+        beyond_outages: rank stalls by their length less the time Kafka or ZooKeeper was
+            down during them (the fault windows' ``outage_ms``), not by their whole length.
+    """
+    first_delivery: dict[tuple[str, int], int] = {}
+    for d in history.deliveries:
+        if d.delay_id is not None and d.due_ms is not None:
+            key = (d.delay_id, d.due_ms)
+            first_delivery[key] = min(first_delivery.get(key, d.timestamp_ms), d.timestamp_ms)
+    owed: list[tuple[int, str, float]] = []  # (owed from, id, first delivery or inf)
+    for message in history.messages.values():
+        for index, version in enumerate(message.versions):
+            if message.fate(index) is not Fate.MUST:
+                continue
+            owed_from = max(version.due_ms, version.put.acked_ms or version.put.sent_ms) + STALL_GRACE_MS
+            delivered = first_delivery.get((message.delay_id, version.due_ms), math.inf)
+            if delivered > owed_from:
+                owed.append((owed_from, message.delay_id, delivered))
+    if not owed:
+        return None
+    settles: dict[float, int] = defaultdict(int)
+    for _, _, delivered in owed:
+        settles[delivered] += 1
+    # At one instant a version falls due (kind 0) before deliveries happen (kind 1).
+    events = sorted([(o[0], 0, i) for i, o in enumerate(owed)]
+                    + [(t, 1, -1) for t in {d.timestamp_ms for d in history.deliveries}])
+    outages = [f.outage_ms for f in history.faults if f.outage_ms is not None]
+
+    def length(start: int, end: int) -> int:
+        return end - start - (_overlap(outages, start, end) if beyond_outages else 0)
+
+    waiting: list[tuple[int, str, float]] = []  # owed, not yet delivered, earliest first
+    owing = 0
+    stall_start = 0
+    best: tuple[int, int, str | None] | None = None
+
+    def consider(start: int, end: int, first_owed: str) -> None:
+        nonlocal best
+        if best is None or length(start, end) > length(best[0], best[1]):
+            best = (start, end, first_owed)
+
+    for instant, kind, index in events:
+        if kind == 0:
+            if owing == 0:
+                stall_start = instant
+            owing += 1
+            heapq.heappush(waiting, owed[index])
+            continue
+        if owing > 0:
+            consider(stall_start, instant, waiting[0][1])
+        owing -= settles.get(instant, 0)
+        while waiting and waiting[0][2] <= instant:
+            heapq.heappop(waiting)
+        stall_start = instant
+    if owing > 0:
+        consider(stall_start, max(history.ended_ms, stall_start), waiting[0][1])
+    if best is None:
+        return None
+    start, end, first_owed = best
+    return Stall(start, end, first_owed, [f.kind for f in history.faults if f.overlaps(start, end)],
+                 _overlap(outages, start, end))
+
+
+def _overlap(intervals: list[tuple[int, int]], start: int, end: int) -> int:
+    """How much of [start, end] the (disjoint) intervals cover, in ms."""
+    return sum(max(0, min(end, b) - max(start, a)) for a, b in intervals)
+
+
+def _delivery_order(delivery: Delivery) -> tuple[int, str, int, int]:
+    return (delivery.timestamp_ms, delivery.topic, delivery.partition, delivery.offset)
+
+
+def _faults_overlapping(faults: list[FaultWindow], start_ms: int, end_ms: int) -> list[FaultWindow]:
+    return [f for f in faults if f.overlaps(start_ms, end_ms)]
+
+
+def _version_anomalies(history: History, message: Message, index: int, fate: Fate,
+                       delivered: list[Delivery]) -> list[Anomaly]:
+    version = message.versions[index]
+    found: list[Anomaly] = []
+
+    def anomaly(kind: str, rule: str) -> Anomaly:
+        # The faults that could explain it: those between the due time and the last delivery
+        # (for a version never delivered, the end of the run).
+        end = max(d.timestamp_ms for d in delivered) if delivered else history.judged_until_ms
+        return Anomaly(kind, message.delay_id, rule, {
+            "topic": message.topic,
+            "version_index": index,
+            "versions": [{"due_ms": v.due_ms, "put": v.put.evidence()} for v in message.versions],
+            "cancel": message.cancel.evidence() if message.cancel else None,
+            "fate": fate.value,
+            "deliveries": [d.evidence() for d in delivered],
+            "faults": [f.kind for f in _faults_overlapping(history.faults, version.due_ms,
+                                                           max(end, version.due_ms))],
+        })
+
+    ender = message.ender(index)
+    if fate is Fate.MUST_NOT and delivered and ender is not None:
+        what = "cancel" if ender is message.cancel else "reschedule"
+        found.append(anomaly("cancel_ignored", f"a {what} acknowledged at {ender.acked_ms} ms, before the due time "
+                                               f"{version.due_ms} ms, lost: the version was delivered anyway"))
+    if len(delivered) > 1:
+        found.append(anomaly("duplicated", f"version due {version.due_ms} ms delivered {len(delivered)} times"))
+    if fate is Fate.MUST and not delivered and version.due_ms < history.judged_until_ms:
+        found.append(anomaly("missing", f"version due {version.due_ms} ms {fate.value}, never delivered"))
+    early = [d for d in delivered if d.timestamp_ms < version.due_ms]
+    if early:
+        found.append(anomaly("early", f"delivered at {early[0].timestamp_ms} ms, "
+                                      f"{version.due_ms - early[0].timestamp_ms} ms before its due time"))
+    return found
+
+
+def _unexpected(delivery: Delivery, message: Message | None) -> Anomaly:
+    if delivery.delay_id is None:
+        rule = "a record without a delayq-id header on a target topic"
+    elif message is None:
+        rule = "a delivery of an id the soak never produced"
+    else:
+        rule = (f"a delivery with deliver-at {delivery.due_ms} ms, which is no version of this id "
+                f"(versions due {[v.due_ms for v in message.versions]})")
+    return Anomaly("unexpected", delivery.delay_id, rule, {"deliveries": [delivery.evidence()]})
+
+
+def _nearest_rank(ordered: list[int], fraction: float) -> int | None:
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+# -- the verdict and the reconciliation ----------------------------------------
+
+# The soak's anomaly kinds and the reconciliation report's names for them.
+RECONCILE_NAMES = {"duplicated": "duplicates", "missing": "missing", "early": "early",
+                   "cancel_ignored": "cancel_ignored", "unexpected": "unexpected"}
+
+
+@dataclass
+class Comparison:
+    """The soak's findings beside the reconciliation's report, id by id."""
+
+    ran: bool
+    exit_code: int | None
+    totals: dict[str, int | None]
+    soak_only: dict[str, list[str]]
+    reconcile_only: dict[str, list[str]]
+    error: str | None = None
+
+    @property
+    def agrees(self) -> bool:
+        return self.ran and not self.soak_only and not self.reconcile_only
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ran": self.ran, "exit_code": self.exit_code, "totals": self.totals, "agrees": self.agrees,
+                "soak_only": self.soak_only, "reconcile_only": self.reconcile_only, "error": self.error}
+
+
+def compare_with_reconcile(findings: Findings, report: Mapping[str, Any] | None, exit_code: int | None,
+                           error: str | None = None) -> Comparison:
+    """Which ids the soak flags and the reconciliation does not, and the other way round.
+
+    Both judge the same frozen topics, so an id flagged by one side only is a
+    disagreement: the soak's rule the reconciliation misses, or a reconciliation
+    alarm the soak finds unfounded. The kinds may differ (a lost reschedule is
+    ``cancel_ignored`` here, and ``early`` or ``duplicates`` to a job that only keeps
+    the latest put); each side's kinds are listed for the id.
+    """
+    if report is None:
+        return Comparison(False, exit_code, {}, {}, {}, error or "no report.json")
+    lists: Mapping[str, list[str]] = report.get("anomalies", {})
+    reconcile_flagged: dict[str, set[str]] = defaultdict(set)
+    for kind, ids in lists.items():
+        for delay_id in ids:
+            reconcile_flagged[delay_id].add(kind)
+    soak_flagged = findings.flagged_ids()
+    soak_only = {i: sorted(k) for i, k in soak_flagged.items() if i not in reconcile_flagged}
+    reconcile_only = {i: sorted(k) for i, k in reconcile_flagged.items() if i not in soak_flagged}
+    report_totals = report.get("totals", {})
+    totals = {soak_kind: report_totals.get(name) for soak_kind, name in RECONCILE_NAMES.items()}
+    totals.update({name: report_totals.get(name) for name in ("expected", "delivered", "cancelled",
+                                                              "cancelled_too_late")})
+    return Comparison(True, exit_code, totals, soak_only, reconcile_only, error)
+
+
+def failures(findings: Findings, *, crashes: int, stall_limit_s: float, comparison: Comparison | None,
+             missing_fault_kinds: Iterable[str] = ()) -> list[str]:
+    """Why the soak fails, one line each; empty when it passes."""
+    reasons = [f"{findings.counts[kind]} {kind.replace('_', ' ')}" for kind in ANOMALY_KINDS if findings.counts[kind]]
+    if crashes:
+        reasons.append(f"{crashes} node crash(es) no fault caused")
+    worst = findings.stall_beyond_outages
+    if worst is not None and worst.beyond_outages_s > stall_limit_s:
+        outage = (f" ({worst.outage_ms / 1000:.1f}s of it with Kafka or ZooKeeper down, "
+                  f"{worst.beyond_outages_s:.1f}s beyond)" if worst.outage_ms else "")
+        reasons.append(f"delivery stalled {worst.seconds:.1f}s{outage}, longer than {stall_limit_s:.0f}s")
+    if comparison is not None and not comparison.agrees:
+        if not comparison.ran:
+            reasons.append(f"the reconciliation did not run: {comparison.error}")
+        else:
+            disputed = len(comparison.soak_only) + len(comparison.reconcile_only)
+            reasons.append(f"the reconciliation disagrees on {disputed} id(s)")
+    missing = list(missing_fault_kinds)
+    if missing:
+        reasons.append(f"faults never injected: {', '.join(missing)}")
+    return reasons
