@@ -33,6 +33,7 @@ from delayq.settings import Settings
 from delayq.store import StoredEntry, TimeIndex
 
 from . import stored
+from .dead_letters import produce_copy
 from .ingest import Ingest, now_ms
 from .metrics import NodeMetrics
 from .partitioners import partition_for
@@ -49,6 +50,20 @@ MARKER_WAIT_S = 0.002
 
 class LeadershipLost(Exception):
     """The term ended or the producer was fenced: stop delivering now."""
+
+
+# Errors produce() raises for the record itself: retrying the same record cannot help.
+_RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._INVALID_ARG, KafkaError._UNKNOWN_PARTITION,
+                            KafkaError._UNKNOWN_TOPIC})
+
+
+class RecordRejected(Exception):
+    """produce() refused one delivery for what it is (too large, ...): dead-letter it, deliver the rest."""
+
+    def __init__(self, item: Outgoing, error: KafkaError):
+        super().__init__(error.str())
+        self.item = item
+        self.error = error
 
 
 @dataclass
@@ -356,6 +371,11 @@ class Delivery:
             return  # all in back-off: the next deliver_due() sleeps until the first retry
         try:
             self._transaction(term, outgoing, dead)
+        except RecordRejected as rejected:
+            self._abort(term)
+            log.warning("message %s: Kafka refuses the record: %s", rejected.item.entry.delay_id, rejected.error.str())
+            rest = [item for item in outgoing if item is not rejected.item]
+            self._commit(term, rest, [*dead, (rejected.item, f"rejected by Kafka: {rejected.error.str()}")])
         except KafkaException as err:
             error: KafkaError = err.args[0]
             if error.fatal() or not term.active:
@@ -415,8 +435,13 @@ class Delivery:
         producer.begin_transaction()
         for item in outgoing:
             m = item.message
-            producer.produce(m.topic, value=m.value, key=m.key, partition=item.target_partition,
-                             headers=m.delivery_headers(epoch, item.pending.version))
+            try:
+                producer.produce(m.topic, value=m.value, key=m.key, partition=item.target_partition,
+                                 headers=m.delivery_headers(epoch, item.pending.version))
+            except KafkaException as err:
+                if err.args[0].code() in _RECORD_ERRORS:
+                    raise RecordRejected(item, err.args[0]) from err
+                raise
             self._write_done(item.entry.delay_id, item.pending)
         for item, reason in dead:
             self._dead_letter(item, reason, epoch)
@@ -475,12 +500,10 @@ class Delivery:
 
     def _dead_letter(self, item: Outgoing, reason: str, epoch: int) -> None:
         m = item.message
-        self.producer.produce(
-            self.settings.dead_letter_topic, key=m.delay_id.encode(), value=m.buffer_value(),
-            headers=[*m.buffer_headers(), (envelope.EPOCH, str(epoch).encode()),
-                     (envelope.VERSION, str(item.pending.version).encode()),
-                     (envelope.DEAD_LETTER_REASON, reason.encode())],
-        )
+        produce_copy(self.producer, self.settings.dead_letter_topic, m.delay_id.encode(), m.buffer_value(),
+                     [*m.buffer_headers(), (envelope.EPOCH, str(epoch).encode()),
+                      (envelope.VERSION, str(item.pending.version).encode()),
+                      (envelope.DEAD_LETTER_REASON, reason.encode())])
         log.warning("message %s dead-lettered: %s", m.delay_id, reason)
 
     def _abort(self, term: Term) -> None:

@@ -20,8 +20,13 @@ if TYPE_CHECKING:
 MESSAGES = "/v1/messages/"
 
 
-def iso_ms(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_ms(epoch_ms: int) -> str | None:
+    """``epoch_ms`` as ISO 8601 UTC; None past the year 9999, which a frame's 18 digits reach and datetime cannot."""
+    try:
+        moment = datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class NodeHTTPServer:

@@ -21,6 +21,7 @@ from delayq.settings import Settings
 from delayq.store import Put, Remove, TimeIndex
 
 from . import stored
+from .dead_letters import produce_copy
 from .metrics import NodeMetrics
 from .topics import EndOffsets
 
@@ -166,8 +167,7 @@ class Ingest:
             (envelope.DEAD_LETTER_SOURCE,
              f"{message.topic()}/{message.partition()}/{message.offset()}".encode()),
         ]
-        self.dead_letters.produce(self.settings.dead_letter_topic, key=message.key(), value=message.value(),
-                                  headers=headers)
+        produce_copy(self.dead_letters, self.settings.dead_letter_topic, message.key(), message.value(), headers)
         self.metrics.dead_lettered.labels("malformed").inc()
         log.warning("buffer record %s/%d/%d is malformed (%s): dead-lettered", message.topic(),
                     message.partition(), message.offset(), reason)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from delayq.proxy.envelope import Envelope
 
 STORED_FORM = 3
+# marshal's type code of a small tuple (at most 255 items), without and with its ref flag.
+_SMALL_TUPLE = (b")", b"\xa9")
 
 
 class MalformedStoredEntry(ValueError):
@@ -52,10 +54,15 @@ def unpack(value: bytes) -> PendingMessage:
     Raises:
         MalformedStoredEntry: ``value`` is not a stored value of this form; never any other exception.
     """
+    # pack() writes a small tuple. Checked first: a damaged value that claims to be a list of 2**30
+    # items makes marshal allocate gigabytes and spend seconds before it fails.
+    if value[:1] not in _SMALL_TUPLE:
+        raise MalformedStoredEntry(f"stored value starts {value[:8]!r}, not as a stored entry: rebuild the store")
     try:
         fields = marshal.loads(value)
-    except (EOFError, ValueError, TypeError) as err:
-        raise MalformedStoredEntry(f"stored value is not readable ({err}): rebuild the store") from None
+    except Exception as err:  # noqa: BLE001 - damaged marshal data raises EOFError, ValueError, SystemError, ...
+        raise MalformedStoredEntry(f"stored value is not readable ({type(err).__name__}: {err}): "
+                                   "rebuild the store") from None
     if type(fields) is not tuple or len(fields) != 12 or fields[0] != STORED_FORM:
         form = fields[0] if type(fields) is tuple and fields else None
         raise MalformedStoredEntry(f"stored value has form {form!r:.40}, this delayq reads form {STORED_FORM}: "
@@ -64,7 +71,7 @@ def unpack(value: bytes) -> PendingMessage:
      created_at_ms, partitioner) = fields
     if not (_is_int(buffer_partition) and _is_int(version) and type(delay_id) is str and type(topic) is str
             and _is_int(deliver_at_ms) and _bytes_or_none(payload) and _bytes_or_none(key)
-            and (partition is None or _is_int(partition)) and _is_headers(headers) and _is_int(created_at_ms)
+            and (partition is None or _is_int(partition)) and _is_headers(headers) and type(created_at_ms) is int
             and (partitioner is None or type(partitioner) is str)):
         raise MalformedStoredEntry("stored value has fields of the wrong types: rebuild the store")
     message = Envelope(delay_id, topic, deliver_at_ms, payload, key, partition, headers, created_at_ms, partitioner)
