@@ -44,8 +44,10 @@ TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
-# How long to wait before reading the end offsets again while commit markers are pending.
+# How long to wait before reading the end offsets again while commit markers are pending,
+# and how long at most (longer, another producer's open transaction holds them back).
 MARKER_WAIT_S = 0.002
+MARKER_PATIENCE_S = 5.0
 
 
 class LeadershipLost(Exception):
@@ -169,8 +171,8 @@ class Delivery:
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
         self.cutoff = Cutoff()
-        # Buffer partition -> offset of the last record this term's committed transactions wrote there.
-        self._written: dict[int, int] = {}
+        # Buffer partitions this term's transactions wrote to since the last cover.
+        self._written: set[int] = set()
         # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
         self._unreadable: set[str] = set()
         self._topics: dict[str, tuple[float, int | None]] = {}
@@ -252,22 +254,40 @@ class Delivery:
         """
         read_at = now_ms()
         ends = self.ingest.end_offsets.read(timeout_s=10.0)
-        # commit_transaction returns before the broker has written the commit markers, and
-        # until it has, the last stable offset stays below this master's last transaction:
-        # writes acknowledged after that transaction began would not be covered. Read again
-        # until the offsets are past every buffer record the last transactions wrote.
-        while any(ends.get(p, 0) <= offset for p, offset in self._written.items()):
-            if not term.active:
-                return False
-            time.sleep(MARKER_WAIT_S)
-            ends = self.ingest.end_offsets.read(timeout_s=10.0)
-        self._written.clear()
+        if self._written:
+            ends = self._after_markers(term, ends)
         while term.active:
             if self.ingest.wait_until_read(ends, 1.0, abandon=lambda: not term.active):
                 self.cutoff.covers_ms = read_at
                 self.cutoff.offsets = ends
                 return True
         return False
+
+    def _after_markers(self, term: Term, ends: dict[int, int]) -> dict[int, int]:
+        """End offsets past this master's last transactions, once the broker has written their markers.
+
+        commit_transaction returns before the commit markers are written, and until they
+        are, the last stable offset of a partition stays at this master's transaction: a
+        write acknowledged after that transaction began would not be covered. The high
+        watermark read now is past every record those transactions wrote; wait until the
+        last stable offset reaches it. A producer's own open transaction on the buffer can
+        hold it back longer (writes behind it count from its commit, docs/DESIGN.md), so
+        after MARKER_PATIENCE_S the offsets are taken as they are.
+        """
+        written, self._written = self._written, set()
+        watermarks = self.ingest.end_offsets.read(timeout_s=10.0, committed=False)
+        deadline = time.monotonic() + MARKER_PATIENCE_S
+        while term.active:
+            behind = [p for p in written if ends.get(p, 0) < watermarks.get(p, 0)]
+            if not behind:
+                return ends
+            if time.monotonic() > deadline:
+                log.warning("buffer partitions %s: the last stable offset stays below the high watermark for "
+                            "%.0fs: a producer's transaction is open there", behind, MARKER_PATIENCE_S)
+                return ends
+            time.sleep(MARKER_WAIT_S)
+            ends = self.ingest.end_offsets.read(timeout_s=10.0)
+        return ends
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
@@ -479,7 +499,6 @@ class Delivery:
         except BaseException:
             self.in_flight.discard(ids)
             raise
-        self.producer.poll(0)  # serve the delivery reports: _written learns the offsets
 
     def _write_done(self, delay_id: str, pending: stored.PendingMessage) -> None:
         """The `done` closing ``pending``'s version, with the cutoff it was picked under (0: none read there)."""
@@ -490,13 +509,8 @@ class Delivery:
     def _to_buffer(self, delay_id: str, partition: int, value: bytes | None, headers: list | None,
                    timestamp: int = 0) -> None:
         self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=value, partition=partition,
-                              headers=headers, timestamp=timestamp, on_delivery=self._note_written)
-
-    def _note_written(self, err: KafkaError | None, message) -> None:
-        if err is None:
-            partition, offset = message.partition(), message.offset()
-            if offset > self._written.get(partition, -1):
-                self._written[partition] = offset
+                              headers=headers, timestamp=timestamp)
+        self._written.add(partition)
 
     def _dead_letter(self, item: Outgoing, reason: str, epoch: int) -> None:
         m = item.message
@@ -529,6 +543,5 @@ class Delivery:
             return
         try:
             producer.flush(5)
-        except KafkaException as err:
-            # A fenced producer raises on every call, flush included; it is done with either way.
-            log.info("closing the master's producer: %s", err.args[0].str())
+        except Exception as err:  # noqa: BLE001 - a fenced producer raises on every call; it is done with either way
+            log.info("closing the master's producer: %s", err)

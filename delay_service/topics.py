@@ -120,10 +120,15 @@ def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
 
 
 def committed_end_offsets(admin: AdminClient, topic: str, partitions: list[int],
-                          timeout_s: float = 15.0) -> dict[int, int]:
-    """The last stable offset of each partition: where a read_committed reader is caught up."""
+                          timeout_s: float = 15.0, *, committed: bool = True) -> dict[int, int]:
+    """The last stable offset of each partition: where a read_committed reader is caught up.
+
+    With ``committed=False``, the high watermark: the end of every acknowledged write,
+    open transactions included.
+    """
     requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
-    futures = admin.list_offsets(requests, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
+    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets(requests, isolation_level=isolation, request_timeout=timeout_s)
     return {tp.partition: future.result().offset for tp, future in futures.items()}
 
 
@@ -141,8 +146,8 @@ class EndOffsets:
         self._admin = admin or admin_client(settings)
         self._lock = threading.Lock()
 
-    def read(self, timeout_s: float = 15.0) -> dict[int, int]:
-        """Partition -> last stable offset of the buffer.
+    def read(self, timeout_s: float = 15.0, *, committed: bool = True) -> dict[int, int]:
+        """Partition -> last stable offset of the buffer (``committed=False``: high watermark).
 
         Raises:
             KafkaException: Kafka did not answer; the next call starts from a new client.
@@ -150,7 +155,8 @@ class EndOffsets:
         with self._lock:
             admin = self._admin
         try:
-            ends = committed_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s)
+            ends = committed_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s,
+                                         committed=committed)
             unknown = sorted(p for p, offset in ends.items() if offset < 0)
             if unknown:
                 # librdkafka reports a partition it got no answer for as offset -1001 (invalid)
