@@ -11,7 +11,7 @@ Public surface::
     from delayq.spark import reconcile, ReconcileOptions, Report
 
     report = reconcile(Settings(), ReconcileOptions(since_ms=..., until_ms=..., out=Path("report")))
-    sys.exit(report.exit_code)      # 0: nothing missing, nothing duplicated
+    sys.exit(report.exit_code)      # 0: no anomaly of any kind (ANOMALY_KINDS)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def reconcile(settings: Settings, options: ReconcileOptions, *, spark: SparkSess
 
     Returns:
         The report; its files are in ``options.out`` and ``report.exit_code`` is 0 when no
-        message is missing or duplicated.
+        message is missing, duplicated, early or unexpected and no cancel or reschedule was ignored.
 
     Raises:
         ReconcileError: Kafka did not answer, the buffer topic does not exist, or Spark could not start.

@@ -2,8 +2,8 @@
 
 Under spark-submit the master and the Kafka source come from spark-submit's own
 ``--master`` and ``--packages``; the connection comes from DELAYQ_* settings as
-for every delayq part. Exit code 0: nothing missing or duplicated; 1: some; 2: the
-job could not run.
+for every delayq part. Exit code 0: no anomaly (missing, duplicated, early,
+unexpected, cancel or reschedule ignored); 1: some; 2: the job could not run.
 """
 
 import argparse

@@ -6,9 +6,11 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .options import MAVEN_CENTRAL, ReconcileOptions, parse_duration, parse_instant
+from .report import ANOMALY_KINDS, alert_text
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None) -> None:
@@ -97,9 +99,9 @@ def print_summary(report, console: Console) -> None:
     table = Table(title=f"delayq reconciliation, due {report.window['since']} → {report.window['until']}")
     table.add_column("finding")
     table.add_column("ids", justify="right")
-    alarming = {"missing", "duplicates", "unexpected", "early"}
-    for name in ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "in_grace", "cancelled",
-                 "cancelled_too_late"):
+    alarming = set(ANOMALY_KINDS)
+    for name in ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "cancel_ignored",
+                 "in_grace", "cancelled", "cancelled_too_late", "rescheduled_too_late"):
         value = str(totals[name])
         table.add_row(name.replace("_", " "), f"[bold red]{value}[/]" if name in alarming and totals[name] else value)
     console.print(table)
@@ -107,5 +109,5 @@ def print_summary(report, console: Console) -> None:
         console.print("lateness ms: " + ", ".join(f"{k} {lateness[k]}" for k in ("p50", "p90", "p99", "max")))
     if report.source["topics_not_found"]:
         console.print(f"[yellow]target topics not found:[/] {', '.join(report.source['topics_not_found'])}")
-    verdict = "[green]OK[/]" if report.ok else "[bold red]ALERT: missing or duplicated messages[/]"
+    verdict = "[green]OK[/]" if report.ok else f"[bold red]ALERT: {escape(alert_text(totals))}[/]"
     console.print(f"{verdict}; report: {report.files.get('html')}")

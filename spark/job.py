@@ -1,27 +1,56 @@
 """The reconciliation itself: the buffer topic against the target topics, one row per delay id.
 
-Rules (docs/DESIGN.md, "The buffer topic is the source of truth"):
+Rules (docs/DESIGN.md, "Reconciliation"):
 
-* Records of one id share a buffer partition, so their offsets order them. The
-  latest ``put`` of an id wins (a reschedule replaces the due time and topic).
-* A ``cancel`` after the latest put *counts* (the message must not be delivered)
-  unless it came too late: a ``done`` precedes it, or, when no done is left to
-  compare with (compaction keeps only the newest record of a key), the first
-  delivery was written before the cancel record. A cancel that counts and a
-  delivery anyway is *unexpected*; a too-late cancel is the documented race and not
-  an anomaly.
-* Compaction removes a put once a newer record of its id (done, cancel) is older
-  than ``min.compaction.lag.ms``. Such an id is still known: its due time comes
-  from the delivered record's ``delayq-deliver-at`` header. Only an id with no
-  put, done or cancel in the buffer is *unknown*, and its delivery unexpected.
-* Due time of an id: the latest put's, else the delivery header's, else its first
-  delivery time. An id is judged when its due time falls in ``[since, until)``.
-* Expected: a scheduled (or compacted-and-done) id due before ``until - grace``;
-  delivered: expected and delivered at least once; missing: expected, never
-  delivered; duplicate: delivered more than once; early: first delivered more than
-  the tolerance before its due time; lateness: first delivery minus due time, of
-  the delivered ones. Every delivery of a judged id counts, whenever it happened,
-  so "missing" means "never delivered as of this run".
+* Records of one id share a buffer partition, so their offsets order them (offsets of
+  different partitions are never compared). A *version* of an id is one of its
+  ``put`` records, named by its offset; a reschedule is a newer put, and the latest
+  put wins. A delivered record names the version it delivered in ``delayq-version``;
+  one without that header (written before it existed) is matched by its
+  ``delayq-deliver-at``: the latest version if that equals the latest put's due time,
+  else an older version of that due time. A ``done`` names the version it closes
+  (``delayq-version``) and ``delayq-cutoff``: the master had read every record of the
+  partition below that offset when it picked the message. A ``done`` without these
+  headers (older masters) closes the latest put before it. A master's copy of a put
+  (frame option ``restores=N``) is a put like any other when version N was still the
+  one pending at its offset; a copy a newer put or a cancel overtook is ignored, as
+  nodes ignore it.
+* A version is *superseded* by the first put or cancel after it. If the done of a
+  delivered version has a cutoff and the superseding record is below it, the master
+  saw the cancel or reschedule and delivered anyway: **cancel_ignored** (the product
+  promises that a cancel or reschedule acknowledged before the due time wins, and
+  enforces it by reading the buffer up to offsets taken at or after the due time).
+  At or above the cutoff it lost the documented race: a cancel "too late", or a
+  "rescheduled too late" delivery of the older version; neither is an anomaly.
+* A cancel after the latest put *counts* (the latest version must not be delivered)
+  unless it was too late: at or above the cutoff when the latest version's done has
+  one; else (a done without a cutoff, or none left after compaction) when a done of
+  the latest version precedes it, or, with no done at all, when the latest version's
+  first delivery was written before the cancel record (record timestamps). A cancel that counts by the cutoff and a delivery
+  anyway is *cancel_ignored*; one that counts by the fallback and a delivery anyway is
+  *unexpected*, as is any delivery of an id unknown to the buffer, and a delivery whose
+  ``delayq-version`` names a put with another due time than its ``delayq-deliver-at``.
+* An older version delivered once, superseded too late (or with no cutoff to tell),
+  is legitimate: a late reschedule delivers the old version and then the new one, and
+  that is no duplicate. A *duplicate* is one version (same id and ``delayq-version``,
+  or without it same ``delayq-deliver-at``) delivered more than once.
+* Compaction removes a put once a newer record of its id is older than
+  ``min.compaction.lag.ms``. Such an id (done or cancel left, no put) is *compacted*:
+  known, its due time taken from its latest delivered version's ``delayq-deliver-at``,
+  and any delivery counts. Only an id with no put, done or cancel left is *unknown*.
+* Due time of an id: its latest put's, else (compacted) its deliveries' header, else
+  its first delivery time. An id is judged when its due time falls in ``[since, until)``.
+* Expected: a scheduled (or compacted) id due before ``until - grace``; delivered:
+  expected and its latest version delivered at least once; missing: expected, latest
+  version never delivered, even when an older version was (a lost reschedule is
+  missing, never early); early: any delivery more than the tolerance before the due
+  time of the version it delivered; lateness: first delivery of the latest version
+  minus its due time. Every delivery of a judged id counts, whenever it happened, so
+  "missing" means "never delivered as of this run".
+
+The work is one shuffle by id: a window over each id's records gives every record its
+id's latest put and every put the write that superseded it; then two hash aggregations,
+by (id, version) and by id, with fixed-width buffers only, and no further shuffle.
 """
 
 
@@ -45,6 +74,13 @@ if TYPE_CHECKING:
     from delayq import Settings
 
 WORST_LATE = 20
+# Kinds of record in the union of both sides (small ints: cheap to compare and aggregate).
+PUT, CANCEL, DONE, DELIVERY = 0, 1, 2, 3
+# The version key of a record with no put left to belong to; a delivery without delayq-version
+# of an older version is keyed below it by its due time (-2 - due). Real versions are offsets, >= 0.
+NO_PUT = -1
+# How a node reads delayq-version and delayq-cutoff: a buffer offset in plain decimal digits.
+_OFFSET_DIGITS = r"^[0-9]{1,18}$"
 
 Progress = Callable[[str], None]
 
@@ -74,6 +110,14 @@ def _header(name: str, cast: str = "STRING") -> Column:
     return F.expr(value if cast == "STRING" else f"try_cast({value} AS {cast})")
 
 
+def _offset_header(name: str) -> Column:
+    """Header ``name`` as a buffer offset: null when absent or not plain decimal digits (as a node reads it)."""
+    from pyspark.sql import functions as F
+
+    text = _header(name)
+    return F.when(text.rlike(_OFFSET_DIGITS), text.cast("bigint"))
+
+
 def read_topics(spark: SparkSession, settings: Settings, options: ReconcileOptions, topics: list[str],
                 *, from_ms: int | None = None) -> DataFrame:
     """Records of ``topics`` with their headers, from the start (or from ``from_ms``) to their current end.
@@ -100,13 +144,16 @@ def read_topics(spark: SparkSession, settings: Settings, options: ReconcileOptio
 
 
 def buffer_rows(raw: DataFrame) -> DataFrame:
-    """One row per buffer record, with the put, cancel and done columns filled for its kind.
+    """One row per buffer record: its kind (put, cancel, done; null when malformed) and what the kind carries.
 
     A put is a record with a value that starts with the envelope's frame line
     (``put <deliver-at ms> <topic> <key length or -> [option ...]``) and carries no
-    ``delayq-`` header; a cancel or done has a null value and its op in
-    ``delayq-op``. Anything else, or a record without a key, counts as malformed
-    and takes no part otherwise: the same records a node dead-letters.
+    ``delayq-`` header; a cancel or done has a null value, its op in ``delayq-op``,
+    each of ``delayq-op``, ``delayq-id``, ``delayq-version`` and ``delayq-cutoff`` at
+    most once, a ``delayq-id`` (if any) equal to the key, and, on a done only, a
+    version and a cutoff (if any) in decimal digits. Anything else, or a record
+    without a key, counts as malformed and takes no part otherwise: the same records
+    a node dead-letters.
     """
     from pyspark.sql import functions as F
 
@@ -114,30 +161,42 @@ def buffer_rows(raw: DataFrame) -> DataFrame:
     line = F.expr(f"substring_index({head}, '\\n', 1)")
     framed = F.expr(f"instr({head}, '\\n') > 0")
     reserved = F.expr(f"coalesce(exists(headers, h -> h.key LIKE '{env.RESERVED_PREFIX}%'), false)")
+    once = " AND ".join(f"size(filter(headers, h -> h.key = '{name}')) <= 1"
+                        for name in (env.OP, env.ID, env.VERSION, env.CUTOFF))
+    own_id = f"coalesce(try_element_at(filter(headers, h -> h.key = '{env.ID}'), 1).value = key, true)"
     rows = raw.select(
         F.col("key").cast("string").alias("id"),
         F.col("value").isNotNull().alias("has_value"),
         (framed & line.rlike(r"^put [0-9]{1,18} [^ ]+ (-|[0-9]+)( |$)") & ~reserved).alias("is_put"),
         F.split(line, " ").alias("frame"),
-        _header(env.OP).alias("op"),
+        F.regexp_extract(line, f" {env.RESTORES_OPTION}=([0-9]{{1,18}})( |$)", 1).alias("restores"),
+        # Only a tombstone's headers are looked at (a put's user headers may be many).
+        F.when(F.col("value").isNull(), F.expr(f"coalesce({once} AND {own_id}, true)")).alias("headers_ok"),
+        F.when(F.col("value").isNull(), _header(env.OP)).alias("op"),
+        F.when(F.col("value").isNull(), _header(env.VERSION)).alias("version"),
+        F.when(F.col("value").isNull(), _header(env.CUTOFF)).alias("cutoff"),
         F.col("offset"),
         F.unix_millis("timestamp").alias("ts"),
     )
     has_id = F.col("id").isNotNull()
     put = has_id & F.col("has_value") & F.col("is_put")
-    tombstone = has_id & ~F.col("has_value")
-    cancel = tombstone & (F.col("op") == "cancel")
-    done = tombstone & (F.col("op") == "done")
+    tombstone = has_id & ~F.col("has_value") & F.col("headers_ok")
+    version, cutoff = F.col("version"), F.col("cutoff")
+    cancel = tombstone & (F.col("op") == "cancel") & version.isNull() & cutoff.isNull()
+    done = (tombstone & (F.col("op") == "done") & (version.isNull() | version.rlike(_OFFSET_DIGITS))
+            & (cutoff.isNull() | cutoff.rlike(_OFFSET_DIGITS)))
 
     return rows.select(
         "id",
-        (~(put | cancel | done)).cast("int").alias("malformed"),
-        F.when(put, F.col("offset")).alias("put_offset"),
-        F.when(put, F.expr("try_cast(try_element_at(frame, 2) AS BIGINT)")).alias("put_due"),
+        (~F.coalesce(put | cancel | done, F.lit(False))).cast("int").alias("malformed"),
+        F.when(put, PUT).when(cancel, CANCEL).when(done, DONE).alias("kind"),
+        F.col("offset"),
+        F.when(put, F.expr("try_cast(try_element_at(frame, 2) AS BIGINT)")).alias("due"),
         F.when(put, F.expr("try_element_at(frame, 3)")).alias("put_topic"),
-        F.when(cancel, F.col("offset")).alias("cancel_offset"),
-        F.when(cancel, F.col("ts")).alias("cancel_ts"),
-        F.when(done, F.col("offset")).alias("done_offset"),
+        F.when(put & (F.col("restores") != ""), F.col("restores").cast("bigint")).alias("restores"),
+        F.col("ts"),
+        F.when(done, version.cast("bigint")).alias("version"),
+        F.when(done, cutoff.cast("bigint")).alias("cutoff"),
     )
 
 
@@ -147,9 +206,11 @@ def delivery_rows(raw: DataFrame) -> DataFrame:
 
     return raw.select(
         _header(env.ID).alias("id"),
-        F.unix_millis("timestamp").alias("delivery_ts"),
-        _header(env.DELIVER_AT, "BIGINT").alias("header_due"),
+        F.lit(DELIVERY).alias("kind"),
+        F.unix_millis("timestamp").alias("ts"),
+        _header(env.DELIVER_AT, "BIGINT").alias("due"),
         _header(env.EPOCH, "BIGINT").alias("epoch"),
+        _offset_header(env.VERSION).alias("version"),
         F.col("topic").alias("delivery_topic"),
     ).where(F.col("id").isNotNull())
 
@@ -171,34 +232,161 @@ def _topic_name(column: str, topics: list[str]) -> Column:
     return F.when(F.col(column) > 0, F.element_at(F.array(*(F.lit(t) for t in topics)), F.col(column)))
 
 
-def per_id(buffer: DataFrame, deliveries: DataFrame, topics: list[str]) -> DataFrame:
-    """Both sides grouped by delay id in one aggregation: latest put, cancel and done, and the deliveries.
+def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], early_tolerance_ms: int, *,
+                copies: bool = True) -> DataFrame:
+    """Both sides grouped by (delay id, version): one row per put, with its done and deliveries.
+
+    Every record first learns its id's latest put (offset and due time) from a window
+    over the id's records, and every put the first put or cancel after it: its offset
+    (``superseded_at``) and whether it was a reschedule or a cancel (``superseded_by``);
+    the window orders puts and cancels first, by offset, so that is the next row. That
+    places each record in a version:
+
+    * a put: its own offset; a done or a delivery with ``delayq-version``: that;
+    * a delivery without it: the latest put if the due times agree, else an older
+      version keyed by its due time (``-2 - due``, below every offset);
+    * a cancel, or a done without a version: the latest put (``-1`` when none is left).
+
+    A master's copy of a put (``restores=N``, written when a ``done`` of an older version
+    came to follow the pending put) is the put nodes store in N's place when N is still
+    pending at its offset, so it is a put like any other (the latest put wins); a copy a
+    newer put or a cancel overtook changes nothing on a node and is left out here too.
+
+    Columns a version does not hold are null; cancel and done columns hold only the
+    records after the latest put (``cancel_offset``: the first cancel; ``done_offset``:
+    the first done of the latest version), so the per-id step needs no ordering.
 
     Args:
         buffer: :func:`buffer_rows`.
         deliveries: :func:`delivery_rows`.
         topics: every topic name either side may hold (put topics and target topics).
+        early_tolerance_ms: a delivery this much or less before its due time is not early.
+        copies: whether the buffer may hold masters' copies; False (none were seen) saves
+            the window pass that tells the overtaken ones.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rows = (buffer.where(F.col("kind").isNotNull())
+            .select("id", "kind", "offset", "due", _topic_index("put_topic", topics).alias("topic"), "ts",
+                    "version", "cutoff", "restores")
+            .unionByName(deliveries.select("id", "kind", "ts", "due", "epoch", "version",
+                                           _topic_index("delivery_topic", topics).alias("topic")),
+                         allowMissingColumns=True))
+    kind, offset, due, version = F.col("kind"), F.col("offset"), F.col("due"), F.col("version")
+    put_offset = F.when(kind == PUT, offset)
+    # Puts and cancels first, in offset order, so the row after a put is the write that superseded it.
+    # (A column, not an expression: both windows must order by the same attribute, or Spark sorts twice.)
+    rows = rows.withColumn("not_a_write", kind > CANCEL)
+    ordered = Window.partitionBy("id").orderBy("not_a_write", offset.asc_nulls_last())
+    whole = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    before = ordered.rowsBetween(Window.unboundedPreceding, -1)
+    # A master's copy of a put (restores=N) counts as a put only if the version it restores was
+    # still the one pending: N is the last producer's put before it, or a copy after that, and
+    # no cancel came between. Otherwise nodes ignore it (and a done of it closes nothing).
+    if copies:
+        last_put, last_cancel = F.col("last_put"), F.col("last_cancel")
+        live = (F.coalesce(F.col("restores") >= last_put, last_cancel.isNull())
+                & (last_cancel.isNull() | F.coalesce(last_cancel < last_put, F.lit(False))))
+        producers_put = F.when((kind == PUT) & F.col("restores").isNull(), offset)
+        rows = (rows.select("*",
+                            F.last(producers_put, ignorenulls=True).over(before).alias("last_put"),
+                            F.last(F.when(kind == CANCEL, offset), ignorenulls=True).over(before).alias("last_cancel"))
+                .where(F.col("restores").isNull() | live)
+                .drop("last_put", "last_cancel"))  # still in window order: the next window sorts nothing
+    placed = rows.select(
+        "*",
+        F.max(put_offset).over(whole).alias("latest"),
+        F.max_by(F.when(kind == PUT, due), put_offset).over(whole).alias("latest_due"),
+        F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, offset)).over(ordered)).alias("superseded_at"),
+        F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, kind)).over(ordered)).alias("superseded_by"),
+    )
+    latest, delivery = F.col("latest"), kind == DELIVERY
+    after_latest = offset > F.coalesce(latest, F.lit(NO_PUT))
+    cancel_after = (kind == CANCEL) & after_latest
+    done_of_latest = (kind == DONE) & (latest.isNull() | (version == latest) | (version.isNull() & after_latest))
+    key = (F.when(kind == PUT, offset)
+           .when(delivery, F.coalesce(version, F.when(due == F.col("latest_due"), latest), F.lit(NO_PUT - 1) - due,
+                                      F.lit(NO_PUT)))
+           .when((kind == DONE) & version.isNotNull(), version)
+           .otherwise(F.coalesce(latest, F.lit(NO_PUT))))
+    early = delivery & (F.col("ts") < F.coalesce(due, F.col("latest_due")) - early_tolerance_ms)
+
+    def of_deliveries(column: str) -> Column:
+        return F.when(delivery, F.col(column))
+
+    # Only fixed-width aggregation buffers (no strings, structs or sets), so Spark keeps hash
+    # aggregates instead of sorting by id once more.
+    return placed.groupBy("id", key.alias("version")).agg(
+        F.max("latest").alias("latest"),
+        F.max(put_offset).alias("put_offset"),
+        F.max(F.when(kind == PUT, due)).alias("put_due"),
+        F.max(F.when(kind == PUT, F.col("topic"))).alias("put_topic"),
+        F.max("superseded_at").alias("superseded_at"),
+        F.max("superseded_by").alias("superseded_by"),
+        F.max("cutoff").alias("cutoff"),
+        F.min(F.when(cancel_after, offset)).alias("cancel_offset"),
+        F.min_by(F.when(cancel_after, F.col("ts")), F.when(cancel_after, offset)).alias("cancel_ms"),
+        F.min(F.when(done_of_latest, offset)).alias("done_offset"),
+        F.max((~delivery).cast("int")).alias("in_buffer"),
+        F.count(of_deliveries("ts")).alias("copies"),
+        F.min(of_deliveries("ts")).alias("first_ms"),
+        F.max(of_deliveries("ts")).alias("last_ms"),
+        F.min("epoch").alias("first_epoch"),
+        F.max("epoch").alias("last_epoch"),
+        F.max(early.cast("int")).alias("early"),
+        F.min(of_deliveries("due")).alias("header_due"),
+        F.max(of_deliveries("due")).alias("header_due_max"),
+        F.min(of_deliveries("topic")).alias("delivery_topic"),
+    )
+
+
+def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
+    """:func:`per_version` rows summed up per delay id: the latest version, the cancel, and all deliveries.
+
+    Args:
+        versions: :func:`per_version`.
+        topics: the topic list :func:`per_version` indexed topics with.
     """
     from pyspark.sql import functions as F
 
-    both = (buffer.withColumn("put_topic", _topic_index("put_topic", topics))
-            .unionByName(deliveries.withColumn("delivery_topic", _topic_index("delivery_topic", topics)),
-                         allowMissingColumns=True))
-    # Only fixed-width aggregation buffers (no strings, structs or sets), so Spark keeps a hash
-    # aggregate instead of sorting millions of rows by id.
-    grouped = both.where(F.col("id").isNotNull()).groupBy("id").agg(
+    version, latest, copies = F.col("version"), F.col("latest"), F.col("copies")
+    is_latest = version == latest
+    older = latest.isNotNull() & (version != latest) & (copies > 0)
+    # Seen and delivered anyway: the first put or cancel after this version is below its done's cutoff.
+    ignored = older & (F.col("superseded_at") < F.col("cutoff"))
+    put_due = F.col("put_due")
+    mismatched = (F.col("put_offset").isNotNull() & (copies > 0)
+                  & ((F.col("header_due") != put_due) | (F.col("header_due_max") != put_due)))
+
+    def flag(condition: Column) -> Column:
+        return F.max(F.coalesce(condition, F.lit(False)).cast("int")) == 1
+
+    grouped = versions.groupBy("id").agg(
         F.max("put_offset").alias("put_offset"),
         F.max_by("put_due", "put_offset").alias("put_due"),
         F.max_by("put_topic", "put_offset").alias("put_topic"),
-        F.max("cancel_offset").alias("cancel_offset"),
-        F.max_by("cancel_ts", "cancel_offset").alias("cancel_ms"),
-        F.max("done_offset").alias("done_offset"),
-        F.count("delivery_ts").alias("delivered_count"),
-        F.min("delivery_ts").alias("first_ms"),
-        F.max("delivery_ts").alias("last_ms"),
-        F.min("header_due").alias("header_due"),
-        F.min("epoch").alias("first_epoch"),
-        F.max("epoch").alias("last_epoch"),
+        F.coalesce(F.sum(F.when(is_latest, copies)), F.lit(0)).alias("latest_copies"),
+        F.min(F.when(is_latest, F.col("first_ms"))).alias("latest_first_ms"),
+        F.max(F.when(is_latest, F.col("cutoff"))).alias("cutoff"),
+        F.min("cancel_offset").alias("cancel_offset"),
+        F.min_by("cancel_ms", "cancel_offset").alias("cancel_ms"),
+        F.min("done_offset").alias("done_offset"),
+        (F.max("in_buffer") == 1).alias("in_buffer"),
+        F.sum("copies").alias("delivered_count"),
+        F.count(F.when(copies > 0, 1)).alias("versions_delivered"),
+        F.max("copies").alias("most_copies"),
+        F.sum(F.greatest(copies - 1, F.lit(0))).alias("duplicate_records"),
+        F.min("first_ms").alias("first_ms"),
+        F.max("last_ms").alias("last_ms"),
+        F.min("first_epoch").alias("first_epoch"),
+        F.max("last_epoch").alias("last_epoch"),
+        flag(F.col("early") == 1).alias("any_early"),
+        flag(older).alias("older_delivered"),
+        flag(ignored & (F.col("superseded_by") == PUT)).alias("reschedule_ignored"),
+        flag(ignored & (F.col("superseded_by") == CANCEL)).alias("older_cancel_ignored"),
+        flag(mismatched).alias("version_mismatch"),
+        F.max_by("header_due", F.when(copies > 0, version)).alias("header_due"),
         F.min("delivery_topic").alias("delivery_topic"),
     )
     return (grouped.withColumn("put_topic", _topic_name("put_topic", topics))
@@ -209,33 +397,45 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
     """Decide, per id due in the window, what it was and what went wrong (rules: module docstring)."""
     from pyspark.sql import functions as F
 
-    E = F.expr
-    cancel_after_put = E("coalesce(cancel_offset > coalesce(put_offset, -1), false)")
-    done_after_put = E("coalesce(done_offset > coalesce(put_offset, -1), false)")
-    too_late = (F.when(done_after_put, E("done_offset < cancel_offset"))
-                .otherwise(E("coalesce(first_ms < cancel_ms, false)")))
-    legit = F.col("state").isin("scheduled", "compacted")
-    delivered = F.col("delivered_count") > 0
+    E, col = F.expr, F.col
+    has_put = col("put_offset").isNotNull()
+    delivered = F.when(has_put, col("latest_copies") > 0).otherwise(col("delivered_count") > 0)
+    first_ms = F.when(has_put, col("latest_first_ms")).otherwise(col("first_ms"))
+    cancel_after = col("cancel_offset").isNotNull()
+    by_cutoff = col("cutoff").isNotNull()
+    too_late = (F.when(by_cutoff, E("cancel_offset >= cutoff"))
+                .when(col("done_offset").isNotNull(), E("done_offset < cancel_offset"))
+                .otherwise(F.coalesce(first_ms < col("cancel_ms"), F.lit(False))))
+    state = col("state")
+    legit = state.isin("scheduled", "compacted")
+    cancel_ignored = ((state == "cancelled") & delivered & by_cutoff) | col("older_cancel_ignored")
     return (ids
             .withColumn("due_ms", E("coalesce(put_due, header_due, first_ms)"))
-            .where((F.col("due_ms") >= options.since_ms) & (F.col("due_ms") < options.until_ms))
-            .withColumn("cancel_too_late", cancel_after_put & too_late)
-            .withColumn("state", F.when(cancel_after_put & ~too_late, "cancelled")
-                        .when(F.col("put_offset").isNotNull(), "scheduled")
-                        .when(F.col("done_offset").isNotNull() | F.col("cancel_offset").isNotNull(), "compacted")
+            .where((col("due_ms") >= options.since_ms) & (col("due_ms") < options.until_ms))
+            .withColumn("cancel_too_late", cancel_after & too_late)
+            .withColumn("state", F.when(cancel_after & ~too_late, "cancelled")
+                        .when(has_put, "scheduled")
+                        .when(col("in_buffer"), "compacted")
                         .otherwise("unknown"))
             .withColumn("topic", F.coalesce("put_topic", "delivery_topic"))
-            .withColumn("is_expected", legit & (F.col("due_ms") < options.expected_before_ms))
-            .withColumn("in_grace", legit & (F.col("due_ms") >= options.expected_before_ms))
-            .withColumn("is_delivered", F.col("is_expected") & delivered)
-            .withColumn("is_missing", F.col("is_expected") & ~delivered)
-            .withColumn("is_duplicate", F.col("delivered_count") > 1)
-            .withColumn("is_unexpected", ~legit & delivered)
-            .withColumn("is_early", E(f"coalesce(first_ms < due_ms - {options.early_tolerance_ms}, false)"))
-            .withColumn("lateness_ms", F.when(F.col("is_delivered"), F.col("first_ms") - F.col("due_ms")))
-            .select("id", "topic", "state", "due_ms", "delivered_count", "first_ms", "last_ms", "lateness_ms",
-                    "first_epoch", "last_epoch", "cancel_ms", "cancel_too_late", "is_expected", "in_grace",
-                    "is_delivered", "is_missing", "is_duplicate", "is_unexpected", "is_early"))
+            .withColumn("ignored", F.when(cancel_ignored, "cancel").when(col("reschedule_ignored"), "reschedule"))
+            .withColumn("is_expected", legit & (col("due_ms") < options.expected_before_ms))
+            .withColumn("in_grace", legit & (col("due_ms") >= options.expected_before_ms))
+            .withColumn("is_delivered", col("is_expected") & delivered)
+            .withColumn("is_missing", col("is_expected") & ~delivered)
+            .withColumn("is_duplicate", col("most_copies") > 1)
+            .withColumn("is_unexpected", ((state == "cancelled") & delivered & ~by_cutoff)
+                        | ((state == "unknown") & (col("delivered_count") > 0)) | col("version_mismatch"))
+            .withColumn("is_early", col("any_early"))
+            .withColumn("is_cancel_ignored", col("ignored").isNotNull())
+            .withColumn("rescheduled_too_late", col("older_delivered") & ~col("reschedule_ignored")
+                        & ~col("older_cancel_ignored"))
+            .withColumn("lateness_ms", F.when(col("is_delivered"), first_ms - col("due_ms")))
+            .select(F.col("id"), "topic", "state", "due_ms", col("put_offset").alias("version"), "delivered_count",
+                    "versions_delivered", "duplicate_records", "first_ms", "last_ms", "lateness_ms", "first_epoch",
+                    "last_epoch", "cancel_offset", "cancel_ms", "cutoff", "cancel_too_late",
+                    "rescheduled_too_late", "ignored", "is_expected", "in_grace", "is_delivered", "is_missing",
+                    "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored"))
 
 
 def _lateness_key() -> Column:
@@ -262,13 +462,15 @@ def summary_groups(judged: DataFrame) -> DataFrame:
         count_of(flag("is_delivered")).alias("delivered"),
         F.sum("delivered_count").alias("delivered_records"),
         count_of(flag("is_duplicate")).alias("duplicates"),
-        F.sum(F.when(flag("is_duplicate"), F.col("delivered_count") - 1)).alias("duplicate_records"),
+        F.sum(F.when(flag("is_duplicate"), F.col("duplicate_records"))).alias("duplicate_records"),
         count_of(flag("is_missing")).alias("missing"),
         count_of(flag("is_unexpected")).alias("unexpected"),
         count_of(flag("is_unexpected") & (F.col("state") == "unknown")).alias("unknown"),
         count_of(flag("is_early")).alias("early"),
+        count_of(flag("is_cancel_ignored")).alias("cancel_ignored"),
         count_of(F.col("state") == "cancelled").alias("cancelled"),
         count_of(flag("cancel_too_late")).alias("cancelled_too_late"),
+        count_of(flag("rescheduled_too_late")).alias("rescheduled_too_late"),
         count_of(flag("in_grace")).alias("in_grace"),
         F.count("lateness_ms").alias("lateness_n"),
     )
@@ -317,7 +519,7 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     buffer = buffer_rows(read_topics(spark, settings, options, [settings.buffer_topic]))
     buffer = buffer.persist(StorageLevel.MEMORY_AND_DISK)
     seen = buffer.agg(F.count(F.lit(1)).alias("records"), F.sum("malformed").alias("malformed"),
-                      F.collect_set("put_topic").alias("topics")).first()
+                      F.collect_set("put_topic").alias("topics"), F.count("restores").alias("copies")).first()
     put_topics = sorted(seen["topics"])
     lap("buffer")
 
@@ -330,21 +532,25 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         raw = read_topics(spark, settings, options, targets, from_ms=options.since_ms - options.lookback_ms)
     else:
         raw = spark.createDataFrame([], _KAFKA_SCHEMA)
-    ids = per_id(buffer, delivery_rows(raw), sorted(set(put_topics) | set(targets)))
-    judged = judge(ids, options).persist(StorageLevel.MEMORY_AND_DISK)
+    topics = sorted(set(put_topics) | set(targets))
+    versions = per_version(buffer, delivery_rows(raw), topics, options.early_tolerance_ms,
+                           copies=seen["copies"] > 0)
+    judged = judge(per_id(versions, topics), options).persist(StorageLevel.MEMORY_AND_DISK)
     judged.count()
     buffer.unpersist()
     lap("judge")
 
     say("summing up: totals, topics, hours, lateness")
     summary = Summary.of(r.asDict() for r in summary_groups(judged).collect())
+    # The latest version's first delivery, the one lateness is measured on.
     worst = (judged.where(F.col("is_delivered")).orderBy(F.desc("lateness_ms"), "id").limit(WORST_LATE)
-             .select("id", "topic", "due_ms", "first_ms", "lateness_ms", "delivered_count", "first_epoch",
-                     "last_epoch").collect())
+             .select("id", "topic", "due_ms", (F.col("due_ms") + F.col("lateness_ms")).alias("first_ms"),
+                     "lateness_ms", "delivered_count", "first_epoch", "last_epoch").collect())
     lap("summaries")
 
     say("collecting the anomalies")
-    flags = F.col("is_missing") | F.col("is_duplicate") | F.col("is_unexpected") | F.col("is_early")
+    flags = (F.col("is_missing") | F.col("is_duplicate") | F.col("is_unexpected") | F.col("is_early")
+             | F.col("is_cancel_ignored"))
     anomalies = judged.where(flags).orderBy("due_ms", "id").toArrow()
     judged.unpersist()
     lap("anomalies")

@@ -19,9 +19,14 @@ if TYPE_CHECKING:
 
     from .job import Findings
 
-ANOMALY_KINDS = ("duplicates", "missing", "unexpected", "early")
+# Each of these, when not zero, makes the run fail (exit code 1).
+ANOMALY_KINDS = ("duplicates", "missing", "unexpected", "early", "cancel_ignored")
 # Which flag column of the judged table marks each kind.
-_FLAG = {"duplicates": "is_duplicate", "missing": "is_missing", "unexpected": "is_unexpected", "early": "is_early"}
+_FLAG = {"duplicates": "is_duplicate", "missing": "is_missing", "unexpected": "is_unexpected", "early": "is_early",
+         "cancel_ignored": "is_cancel_ignored"}
+# How the alert line names each kind.
+_ALERT_NAMES = {"duplicates": "duplicated", "missing": "missing", "unexpected": "unexpected", "early": "early",
+                "cancel_ignored": "cancel or reschedule ignored"}
 HTML_ROWS = 20
 
 
@@ -29,8 +34,9 @@ HTML_ROWS = 20
 class Report:
     """The outcome of one run; ``to_dict()`` is the report.json document.
 
-    ``exit_code`` is 0 when nothing was duplicated and nothing is missing, else 1,
-    so a CronJob or a CI step can alert on it.
+    ``exit_code`` is 0 when no id is missing, duplicated, early, unexpected or had a
+    cancel or reschedule ignored (``ANOMALY_KINDS``), else 1, so a CronJob or a CI
+    step can alert on it.
     """
 
     window: dict[str, Any]
@@ -50,7 +56,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return self.totals["duplicates"] == 0 and self.totals["missing"] == 0
+        return not any(self.totals[kind] for kind in ANOMALY_KINDS)
 
     @property
     def exit_code(self) -> int:
@@ -146,34 +152,34 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
     """A self-contained page: status, totals, lateness, charts (inline SVG), worst and anomalous ids."""
     totals = report.totals
     esc = html.escape
-    bad = {"duplicates", "missing", "unexpected", "early"}
-    shown = ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "in_grace", "cancelled",
-             "cancelled_too_late", "delivered_records")
+    bad = set(ANOMALY_KINDS)
+    shown = ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "cancel_ignored", "in_grace",
+             "cancelled", "cancelled_too_late", "rescheduled_too_late", "delivered_records")
     cards = "".join(f'<div class="card{" bad" if k in bad and totals[k] else ""}"><b>{totals[k]:,}</b>'
                     f'{esc(k.replace("_", " "))}</div>' for k in shown)
-    status = ('<div class="status ok">OK: every expected message was delivered, none twice (exit code 0)</div>'
+    status = ('<div class="status ok">OK: every expected message was delivered, none twice, none early, no cancel '
+              'or reschedule ignored, nothing unexpected (exit code 0)</div>'
               if report.ok else
-              f'<div class="status alert">ALERT: {totals["missing"]:,} missing, {totals["duplicates"]:,} '
-              f'duplicated (exit code 1)</div>')
+              f'<div class="status alert">ALERT: {esc(alert_text(totals))} (exit code 1)</div>')
     topic_rows = [[t, v["expected"], v["delivered"], v["missing"], v["duplicates"], v["unexpected"], v["early"],
-                   *_pcts(v["lateness_ms"])] for t, v in report.by_topic.items()]
+                   v["cancel_ignored"], *_pcts(v["lateness_ms"])] for t, v in report.by_topic.items()]
     topic_rows.append(["all topics", totals["expected"], totals["delivered"], totals["missing"], totals["duplicates"],
-                       totals["unexpected"], totals["early"], *_pcts(report.lateness_ms)])
+                       totals["unexpected"], totals["early"], totals["cancel_ignored"], *_pcts(report.lateness_ms)])
     worst = [[w["id"], w["topic"], _when(w["due_ms"]), _when(w["first_ms"]), w["lateness_ms"], w["delivered_count"],
               _epochs(w)] for w in report.worst_late]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>delayq reconciliation</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>delayq reconciliation</h1>",
-        f"<p class='muted'>Buffer <b>{esc(report.source['buffer_topic'])}</b> on "
-        f"{esc(report.source['bootstrap_servers'])}; messages due from {esc(report.window['since'])} to "
-        f"{esc(report.window['until'])}; expected if due before {esc(report.window['expected_before'])} "
-        f"(grace {report.window['grace_ms'] / 1000:g} s); "
-        f"{esc(report.source['isolation_level'])}; generated {esc(report.generated_at)}. Times are UTC.</p>",
+        (f"<p class='muted'>Buffer <b>{esc(report.source['buffer_topic'])}</b> on "
+         f"{esc(report.source['bootstrap_servers'])}; messages due from {esc(report.window['since'])} to "
+         f"{esc(report.window['until'])}; expected if due before {esc(report.window['expected_before'])} "
+         f"(grace {report.window['grace_ms'] / 1000:g} s); "
+         f"{esc(report.source['isolation_level'])}; generated {esc(report.generated_at)}. Times are UTC.</p>"),
         status,
         f"<div class='cards'>{cards}</div>",
         "<h2>Lateness (first delivery minus due time, ms)</h2>",
-        _table(["topic", "expected", "delivered", "missing", "duplicates", "unexpected", "early",
+        _table(["topic", "expected", "delivered", "missing", "duplicates", "unexpected", "early", "cancel ignored",
                 "p50", "p90", "p99", "max"], topic_rows),
     ]
     if report.source["topics_not_found"]:
@@ -187,19 +193,30 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
     ]
     for kind in ANOMALY_KINDS:
         count = totals[kind]
-        parts.append(f"<h2>{esc(kind.capitalize())}: {count:,}</h2>")
+        parts.append(f"<h2>{esc(kind.replace('_', ' ').capitalize())}: {count:,}</h2>")
         if not count:
             continue
         rows = anomalies.filter(anomalies[_FLAG[kind]]).slice(0, HTML_ROWS).to_pylist()
         parts.append(_table(
-            ["id", "topic", "state", "due", "copies", "first delivery", "lateness ms", "epochs"],
-            [[r["id"], r["topic"], r["state"], _when(r["due_ms"]), r["delivered_count"], _when(r["first_ms"]),
-              r["lateness_ms"], _epochs(r)] for r in rows]))
+            ["id", "topic", "state", "due", "copies", "versions", "first delivery", "lateness ms", "epochs"],
+            [[r["id"], r["topic"], _state(r), _when(r["due_ms"]), r["delivered_count"], r.get("versions_delivered"),
+              _when(r["first_ms"]), r["lateness_ms"], _epochs(r)] for r in rows]))
         if count > HTML_ROWS:
             parts.append(f"<p class='muted'>First {HTML_ROWS} of {count:,}; all of them in "
                          f"anomalies/{kind}.parquet.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def alert_text(totals: dict[str, int]) -> str:
+    """The non-zero anomaly counts in words: "1 missing, 2 cancel or reschedule ignored"."""
+    return ", ".join(f"{totals[kind]:,} {_ALERT_NAMES[kind]}" for kind in ANOMALY_KINDS if totals[kind])
+
+
+def _state(row: dict[str, Any]) -> str:
+    """The id's state, and which write was ignored if one was: "cancelled, cancel ignored"."""
+    ignored = row.get("ignored")
+    return row["state"] if not ignored else f"{row['state']}, {ignored} ignored"
 
 
 def _epochs(row: dict[str, Any]) -> str:
@@ -272,7 +289,7 @@ def _per_hour_svg(per_hour: list[dict[str, Any]]) -> str:
     axes.bar([x - width / 2 for x in xs], [h["expected"] for h in per_hour], width, label="expected", color="#9bbbe0")
     axes.bar([x + width / 2 for x in xs], [h["delivered"] for h in per_hour], width, label="delivered",
              color="#2f6db3")
-    problems = [h["missing"] + h["duplicates"] + h["unexpected"] + h["early"] for h in per_hour]
+    problems = [sum(h[kind] for kind in ANOMALY_KINDS) for h in per_hour]
     axes.bar(xs, problems, width / 2, label="anomalies", color="#c0392b")
     step = max(1, len(per_hour) // 24)
     axes.set_xticks(list(xs)[::step], [h["hour"][5:13].replace("T", " ") + "h" for h in per_hour][::step],

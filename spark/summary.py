@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COUNT_FIELDS = ("expected", "delivered", "delivered_records", "duplicates", "duplicate_records", "missing",
-                "unexpected", "unknown", "early", "cancelled", "cancelled_too_late", "in_grace")
+                "unexpected", "unknown", "early", "cancel_ignored", "cancelled", "cancelled_too_late",
+                "rescheduled_too_late", "in_grace")
 # Lateness histogram bucket edges in ms; the first bucket is everything below -1 s, the last from 1 min up.
 LATENESS_EDGES_MS = (-1000, -100, -10, 0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 60_000)
 HOUR_MS = 3_600_000

@@ -10,10 +10,12 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "reconcile",
-        help="Spark report: expected vs delivered per delay id (duplicates, missing, unexpected, early, lateness)",
-        description="Read the buffer and target topics with Spark, judge every delay id due in the window, and "
-                    "write report.json, report.html and anomalies/*.parquet. Exit code 0 when nothing is missing "
-                    "or duplicated, 1 otherwise.")
+        help="Spark report: expected vs delivered per delay id (duplicates, missing, unexpected, early, "
+             "cancel_ignored, lateness)",
+        description="Read the buffer and target topics with Spark, judge every delay id (and every version of it: "
+                    "a reschedule is a newer put) due in the window, and write report.json, report.html and "
+                    "anomalies/*.parquet. Exit code 0 when nothing is missing, duplicated, early or unexpected and "
+                    "no cancel or reschedule acknowledged in time was ignored; 1 otherwise.")
     add_arguments(parser, default_master="local[*]")
     parser.set_defaults(func=run)
 

@@ -2,8 +2,10 @@
 
 Histories are written straight to Kafka with the envelope (buffer puts, cancels and
 done tombstones; deliveries with ``delivery_headers`` and explicit timestamps), the
-way the proxy and a master write them. One Spark session (local[2]) serves the
-whole test session.
+way the proxy and a master write them: ``clean`` and ``troubled`` as masters did
+before ``delayq-version`` and ``delayq-cutoff``, ``races`` and ``races_lost`` with
+them, where the buffer offsets decide who won a cancel's or a reschedule's race.
+One Spark session (local[2]) serves the whole test session.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from delayq.cli import main as delayq_main
 from delayq.proxy import envelope as env
 from delayq.spark import ANOMALY_KINDS, ReconcileOptions, iso, load_report, reconcile, spark_session
 from delayq.spark.session import spark_home_dir
-from delayq.spark.synthetic import TrafficWriter, healthy_traffic, new_message
+from delayq.spark.synthetic import TrafficWriter, delivery_headers, healthy_traffic, new_message
 
 pytestmark = pytest.mark.integration
 
 MINUTE = 60_000
 HEALTHY = 40
+RACES_HEALTHY = 10  # versioned: each put waits for its offset
 
 
 @pytest.fixture(scope="session")
@@ -144,7 +147,7 @@ def troubled(dev_stack, spark) -> Staged:
                          "transactional.id": f"{settings.buffer_topic}-tx"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    producer.produce(d, key=fenced.key, value=fenced.value, headers=fenced.delivery_headers(3),
+    producer.produce(d, key=fenced.key, value=fenced.value, headers=delivery_headers(fenced, 3),
                      timestamp=since + 60 * MINUTE + 600)
     producer.flush(30)
     producer.abort_transaction(30)
@@ -184,6 +187,7 @@ def test_each_injected_anomaly_is_found_with_its_id_and_nothing_else(troubled, s
         "missing": [ids["missing"]],
         "unexpected": [ids["cancelled_delivered"], ids["unknown"]],  # by due time
         "early": [ids["early"]],
+        "cancel_ignored": [],  # the ignored cancel's done has no cutoff to prove it: unexpected
     }
     totals = report.totals
     assert {k: totals[k] for k in ("duplicates", "duplicate_records", "missing", "unexpected", "unknown", "early")} \
@@ -210,6 +214,165 @@ def test_read_uncommitted_also_counts_the_aborted_copy_as_a_duplicate(troubled, 
     assert report.anomalies["duplicates"] == [ids["duplicate"], ids["aborted_duplicate"]]
     assert report.source["isolation_level"] == "read_uncommitted"
     assert (report.totals["missing"], report.totals["early"], report.totals["unexpected"]) == (1, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def races(dev_stack, spark) -> Staged:
+    """Cancels and reschedules near the due time, with version and cutoff headers: every race lost fairly."""
+    settings, (a, b), since, until = stage_topics(dev_stack, f"t-reconcile-races-{uuid.uuid4().hex[:8]}")
+    ids = {}
+    with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
+        healthy_traffic(writer, RACES_HEALTHY, [a, b], since, until - 30 * MINUTE, versioned=True)
+        # A cancel at the cutoff: the master had read the buffer up to just before it, so the
+        # cancel came too late, although the done was written after it.
+        raced = new_message(a, since + 10 * MINUTE)
+        put = writer.put(raced, raced.created_at_ms, wait=True)
+        cancel = writer.cancel(raced.delay_id, raced.deliver_at_ms + 2, wait=True)
+        writer.deliver(raced, raced.deliver_at_ms + 6, version=put)
+        writer.done(raced.delay_id, raced.deliver_at_ms + 6, version=put, cutoff=cancel)
+        ids["cancel_at_cutoff"] = raced.delay_id
+        # Rescheduled before the master picked it: only the new version is delivered.
+        first = new_message(b, since + 20 * MINUTE)
+        writer.put(first, first.created_at_ms, wait=True)
+        moved = dataclasses.replace(first, deliver_at_ms=since + 25 * MINUTE)
+        new = writer.put(moved, first.created_at_ms + 1000, wait=True)
+        writer.deliver(moved, moved.deliver_at_ms + 12, version=new)
+        writer.done(moved.delay_id, moved.deliver_at_ms + 12, version=new, cutoff=new + 1)
+        ids["rescheduled_in_time"] = moved.delay_id
+        # Rescheduled too late (the reschedule is at the old version's cutoff): the old version
+        # went out, then the new one. One delivery per version: no duplicate.
+        late = new_message(a, since + 30 * MINUTE)
+        old = writer.put(late, late.created_at_ms, wait=True)
+        later = dataclasses.replace(late, deliver_at_ms=since + 40 * MINUTE)
+        new = writer.put(later, late.deliver_at_ms + 1, wait=True)
+        writer.deliver(late, late.deliver_at_ms + 4, version=old)
+        done = writer.done(late.delay_id, late.deliver_at_ms + 4, version=old, cutoff=new, wait=True)
+        writer.deliver(later, later.deliver_at_ms + 7, version=new)
+        writer.done(later.delay_id, later.deliver_at_ms + 7, version=new, cutoff=done + 1)
+        ids["rescheduled_too_late"] = later.delay_id
+        # A versioned delivery closed by a done as older masters wrote it (no version, no cutoff).
+        mixed = new_message(b, since + 50 * MINUTE)
+        put = writer.put(mixed, mixed.created_at_ms, wait=True)
+        writer.deliver(mixed, mixed.deliver_at_ms + 3, version=put)
+        writer.done(mixed.delay_id, mixed.deliver_at_ms + 3)
+        ids["old_done"] = mixed.delay_id
+        # No version anywhere, rescheduled: the delivery is the latest put's by its deliver-at.
+        legacy = new_message(a, since + 60 * MINUTE)
+        writer.put(legacy, legacy.created_at_ms)
+        legacy_moved = dataclasses.replace(legacy, deliver_at_ms=since + 65 * MINUTE)
+        writer.put(legacy_moved, legacy.created_at_ms + 1000)
+        writer.deliver(legacy_moved, legacy_moved.deliver_at_ms + 5)
+        writer.done(legacy.delay_id, legacy_moved.deliver_at_ms + 5)
+        ids["old_format_rescheduled"] = legacy.delay_id
+        # A late reschedule, then a cancel that overtook the master's copy of the new put (written
+        # because the old version's done followed it): nodes ignore the copy and close it with a done.
+        shadowed = new_message(b, since + 70 * MINUTE)
+        old = writer.put(shadowed, shadowed.created_at_ms, wait=True)
+        rescheduled = dataclasses.replace(shadowed, deliver_at_ms=since + 80 * MINUTE)
+        new = writer.put(rescheduled, shadowed.deliver_at_ms + 1, wait=True)
+        writer.deliver(shadowed, shadowed.deliver_at_ms + 4, version=old)
+        writer.done(shadowed.delay_id, shadowed.deliver_at_ms + 4, version=old, cutoff=new)
+        writer.cancel(shadowed.delay_id, shadowed.deliver_at_ms + 10)
+        copy = writer.put(rescheduled, rescheduled.created_at_ms, wait=True, restores=new)
+        writer.done(shadowed.delay_id, shadowed.deliver_at_ms + 20, version=copy, cutoff=copy + 1)
+        ids["copy_after_cancel"] = shadowed.delay_id
+    return Staged(settings, since, until, [a, b], ids)
+
+
+@pytest.fixture(scope="module")
+def races_lost(dev_stack, spark) -> Staged:
+    """Cancels and reschedules the master had read before it delivered, a lost reschedule, a duplicated version."""
+    settings, (c, d), since, until = stage_topics(dev_stack, f"t-reconcile-races-lost-{uuid.uuid4().hex[:8]}")
+    ids = {}
+    with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
+        healthy_traffic(writer, RACES_HEALTHY, [c, d], since, until - 30 * MINUTE, seed=3, versioned=True)
+        # A cancel below the done's cutoff: the master had read it, and delivered anyway.
+        ignored = new_message(c, since + 10 * MINUTE)
+        put = writer.put(ignored, ignored.created_at_ms, wait=True)
+        cancel = writer.cancel(ignored.delay_id, ignored.deliver_at_ms - MINUTE, wait=True)
+        writer.deliver(ignored, ignored.deliver_at_ms + 5, version=put)
+        writer.done(ignored.delay_id, ignored.deliver_at_ms + 5, version=put, cutoff=cancel + 1)
+        ids["cancel_ignored"] = ignored.delay_id
+        # A reschedule below the old version's cutoff: the old version was delivered anyway
+        # (and the new one after it, so nothing is missing).
+        first = new_message(d, since + 20 * MINUTE)
+        old = writer.put(first, first.created_at_ms, wait=True)
+        moved = dataclasses.replace(first, deliver_at_ms=since + 30 * MINUTE)
+        new = writer.put(moved, first.created_at_ms + 1000, wait=True)
+        writer.deliver(first, first.deliver_at_ms + 5, version=old)
+        done = writer.done(first.delay_id, first.deliver_at_ms + 5, version=old, cutoff=new + 1, wait=True)
+        writer.deliver(moved, moved.deliver_at_ms + 5, version=new)
+        writer.done(moved.delay_id, moved.deliver_at_ms + 5, version=new, cutoff=done + 1)
+        ids["reschedule_ignored"] = moved.delay_id
+        # Rescheduled too late, and the new version never delivered: missing, not early.
+        lost = new_message(c, since + 40 * MINUTE)
+        old = writer.put(lost, lost.created_at_ms, wait=True)
+        lost_moved = dataclasses.replace(lost, deliver_at_ms=since + 50 * MINUTE)
+        new = writer.put(lost_moved, lost.deliver_at_ms + 1, wait=True)
+        writer.deliver(lost, lost.deliver_at_ms + 4, version=old)
+        writer.done(lost.delay_id, lost.deliver_at_ms + 4, version=old, cutoff=new)
+        ids["lost_reschedule"] = lost.delay_id
+        # One version delivered twice, the second copy by the next master.
+        twice = new_message(d, since + 60 * MINUTE)
+        put = writer.put(twice, twice.created_at_ms, wait=True)
+        writer.deliver(twice, twice.deliver_at_ms + 5, version=put)
+        writer.done(twice.delay_id, twice.deliver_at_ms + 5, version=put, cutoff=put + 1)
+        writer.deliver(twice, twice.deliver_at_ms + 800, epoch=2, version=put)
+        ids["duplicate"] = twice.delay_id
+    return Staged(settings, since, until, [c, d], ids)
+
+
+def test_races_lost_fairly_report_nothing_and_exit_0(races, spark, tmp_path):
+    report = reconcile(races.settings, races.options(tmp_path), spark=spark)
+
+    assert report.anomalies == {kind: [] for kind in ANOMALY_KINDS}
+    assert report.exit_code == 0
+    totals = report.totals
+    # healthy + cancel at cutoff + rescheduled in time + rescheduled too late + old done + old-format reschedule
+    assert (totals["expected"], totals["delivered"]) == (RACES_HEALTHY + 5,) * 2
+    assert totals["delivered_records"] == RACES_HEALTHY + 7  # late reschedules: both versions; the copy's: old
+    # the cancel that overtook the copy counts: nothing expected of that id, its old version legitimately out
+    assert (totals["cancelled"], totals["cancelled_too_late"], totals["rescheduled_too_late"]) == (1, 1, 2)
+    assert totals["duplicates"] == totals["duplicate_records"] == totals["cancel_ignored"] == 0
+    assert report.lateness_ms["max"] <= 200
+
+
+def test_a_cancel_or_reschedule_the_master_had_read_is_cancel_ignored_and_a_lost_reschedule_missing(
+        races_lost, spark, tmp_path):
+    ids = races_lost.ids
+
+    report = reconcile(races_lost.settings, races_lost.options(tmp_path), spark=spark)
+
+    assert report.anomalies == {
+        "duplicates": [ids["duplicate"]],
+        "missing": [ids["lost_reschedule"]],  # never early: its old version was on time
+        "unexpected": [],
+        "early": [],
+        "cancel_ignored": [ids["cancel_ignored"], ids["reschedule_ignored"]],  # by due time
+    }
+    assert report.exit_code == 1
+    totals = report.totals
+    assert (totals["cancel_ignored"], totals["missing"], totals["duplicates"], totals["duplicate_records"]) == \
+        (2, 1, 1, 1)
+    assert totals["rescheduled_too_late"] == 1  # the lost reschedule's old version went out legitimately
+    ignored = pq.read_table(tmp_path / "anomalies" / "cancel_ignored.parquet").to_pylist()
+    assert [(r["id"], r["state"], r["ignored"], r["versions_delivered"]) for r in ignored] == [
+        (ids["cancel_ignored"], "cancelled", "cancel", 1), (ids["reschedule_ignored"], "scheduled", "reschedule", 2)]
+    missing = pq.read_table(tmp_path / "anomalies" / "missing.parquet").to_pylist()
+    assert [(r["id"], r["due_ms"], r["delivered_count"]) for r in missing] == \
+        [(ids["lost_reschedule"], races_lost.since + 50 * MINUTE, 1)]
+    assert "cancel or reschedule ignored" in (tmp_path / "report.html").read_text()
+
+
+def test_a_cancel_ignored_alone_fails_the_run(races_lost, spark, tmp_path):
+    due = races_lost.since + 10 * MINUTE  # only the ignored cancel's id is due in this window
+    options = ReconcileOptions(since_ms=due - MINUTE, until_ms=due + 10 * MINUTE, out=tmp_path, grace_ms=MINUTE)
+
+    report = reconcile(races_lost.settings, options, spark=spark)
+
+    assert report.anomalies["cancel_ignored"] == [races_lost.ids["cancel_ignored"]]
+    assert sum(report.totals[kind] for kind in ANOMALY_KINDS) == 1
+    assert report.exit_code == 1 and not load_report(tmp_path)["ok"]
 
 
 def test_cli_exit_code_is_0_for_a_clean_window_and_1_when_a_given_topic_is_left_out(clean, spark, tmp_path,
@@ -246,7 +409,8 @@ def test_a_second_start_resolves_the_kafka_source_from_the_cache_without_downloa
     # The session fixture has filled the cache (or found it full); a new JVM must not fetch anything.
     script = "from delayq.spark import spark_session; from delayq.spark.session import jvm_log; " \
              "spark_session('local[1]'); print(jvm_log())"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            check=False)
 
     assert result.returncode == 0, result.stderr
     log = Path(result.stdout.strip().splitlines()[-1]).read_text()

@@ -54,7 +54,7 @@ def test_parse_instant_refuses_other_text_naming_the_argument(text):
 
 
 def options(**changes) -> ReconcileOptions:
-    base = dict(since_ms=NOW - 86_400_000, until_ms=NOW, out=Path("out"))
+    base = {"since_ms": NOW - 86_400_000, "until_ms": NOW, "out": Path("out")}
     base.update(changes)
     return ReconcileOptions(**base)
 

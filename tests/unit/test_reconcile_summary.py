@@ -43,12 +43,16 @@ def test_summary_sums_groups_overall_per_topic_and_per_hour():
         group("a", 1, 30, 1, expected=1, delivered=1, delivered_records=2, duplicates=1, duplicate_records=1),
         group("b", 0, None, 0, expected=2, missing=2),
         group("b", 1, 20, 1, expected=1, delivered=1, delivered_records=1, early=1),
+        group("b", 1, 40, 1, expected=1, delivered=1, delivered_records=2, rescheduled_too_late=1),
+        group("b", 2, None, 0, cancel_ignored=1, cancelled=1),
     ])
-    assert summary.overall.counts["expected"] == 7 and summary.overall.counts["missing"] == 2
-    assert summary.overall.lateness_ms() == {"p50": 10, "p90": 30, "p99": 30, "max": 30, "min": 10, "count": 5}
+    assert summary.overall.counts["expected"] == 8 and summary.overall.counts["missing"] == 2
+    assert summary.overall.lateness_ms() == {"p50": 10, "p90": 40, "p99": 40, "max": 40, "min": 10, "count": 6}
     assert list(summary.by_topic) == ["a", "b"]
     assert summary.by_topic["a"].counts["duplicates"] == 1 and summary.by_topic["b"].counts["missing"] == 2
     assert summary.by_topic["b"].lateness_ms()["p50"] == 20
-    assert list(summary.per_hour) == [0, HOUR_MS]
+    assert (summary.overall.counts["cancel_ignored"], summary.overall.counts["rescheduled_too_late"]) == (1, 1)
+    assert list(summary.per_hour) == [0, HOUR_MS, 2 * HOUR_MS]
+    assert summary.per_hour[2 * HOUR_MS].counts["cancel_ignored"] == 1
     assert summary.per_hour[0].counts["expected"] == 5 and summary.per_hour[HOUR_MS].counts["early"] == 1
     assert summary.per_hour[0].as_dict()["lateness_ms"]["max"] == 10
