@@ -178,8 +178,10 @@ class Node:
                                  self.in_flight)
         try:
             self.delivery.run(term)
-            log.warning("stepped down as master, epoch %d: %s", term.epoch,
-                        term.ended_because or "delivery stopped (see above)")
+            # A stop asked for is routine; any other end of a term is worth an operator's look.
+            level = logging.INFO if self.leadership.stopping else logging.WARNING
+            log.log(level, "stepped down as master, epoch %d: %s", term.epoch,
+                    term.ended_because or "delivery stopped (see above)")
         finally:
             self.delivery = None
             self.role = "standby"

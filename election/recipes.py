@@ -208,6 +208,11 @@ class Leadership:
     def term(self) -> Term | None:
         return self._term
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called: the node is shutting down."""
+        return self._stopping.is_set()
+
     def run(self, lead: Callable[[Term], None]) -> None:
         """Contend, lead, give up, contend again, until :meth:`stop`. Blocks; run it in a thread."""
         self.epoch.watch(self._saw_epoch)
