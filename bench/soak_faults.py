@@ -256,24 +256,25 @@ class Chaos(threading.Thread):
         return f"SIGSTOP to master {master.node_id} (pid {pid}) for {fault.hold_s:.1f}s, then SIGCONT; {successor}"
 
     def _standby_term(self, fault: PlannedFault) -> str:
-        standby = self._standby(fault.pick)
-        if standby is None:
-            raise FaultSkipped("no standby")
-        pid = standby.process.pid
-        code = self.stop_node(standby, signal.SIGTERM)
-        restarted = self._restart(standby.node_id)
-        return f"SIGTERM to standby {standby.node_id} (pid {pid}, exit {code}); restarted as pid {restarted}"
+        return self._restart_standby(fault, wipe=False)
 
     def _standby_wipe(self, fault: PlannedFault) -> str:
+        return self._restart_standby(fault, wipe=True)
+
+    def _restart_standby(self, fault: PlannedFault, *, wipe: bool) -> str:
+        """SIGTERM a standby and restart it; with ``wipe``, its data directory is deleted in between."""
         standby = self._standby(fault.pick)
         if standby is None:
             raise FaultSkipped("no standby")
         pid = standby.process.pid
         code = self.stop_node(standby, signal.SIGTERM)
-        shutil.rmtree(standby.data_dir, ignore_errors=True)
+        if wipe:
+            shutil.rmtree(standby.data_dir, ignore_errors=True)
         restarted = self._restart(standby.node_id)
-        return (f"standby {standby.node_id} (pid {pid}) stopped (exit {code}), {standby.data_dir} deleted; "
-                f"restarted as pid {restarted}")
+        if wipe:
+            return (f"standby {standby.node_id} (pid {pid}) stopped (exit {code}), {standby.data_dir} deleted; "
+                    f"restarted as pid {restarted}")
+        return f"SIGTERM to standby {standby.node_id} (pid {pid}, exit {code}); restarted as pid {restarted}"
 
     def _kafka_kill(self, fault: PlannedFault) -> str:
         return self._service_kill("kafka", fault.hold_s)

@@ -111,9 +111,6 @@ class InFlight:
         with self._lock:
             return set(self._ids)
 
-    def __len__(self) -> int:
-        return len(self._ids)
-
 
 class Cutoff:
     """How far the master has read the buffer, and the time before which that covers every write.
