@@ -7,6 +7,14 @@
 # Bookworm, not the floating slim tag: its openjdk-17 is the Java that PySpark 4 supports.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The wheel, built from the tree: the image installs exactly what `pip wheel .` makes (and what
+# tests/integration/test_wheel.py installs in a fresh virtualenv), never the source folders.
+FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# .dockerignore keeps the venv, tests and docs out of the context.
+COPY . /tmp/src
+RUN pip wheel --no-deps --wheel-dir /tmp/dist /tmp/src
+
 FROM ${PYTHON_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -17,10 +25,9 @@ RUN groupadd --system --gid 10001 delayq \
  && useradd --system --uid 10001 --gid 10001 --home-dir /home/delayq --create-home --shell /usr/sbin/nologin delayq \
  && mkdir -p /data \
  && chown 10001:10001 /data
-# .dockerignore keeps the venv, tests and docs out of the context; the source is dropped once installed.
-COPY . /tmp/src
-RUN pip install /tmp/src \
- && rm -rf /tmp/src
+COPY --from=wheel /tmp/dist/ /tmp/dist/
+RUN pip install /tmp/dist/delayq-*.whl \
+ && rm -rf /tmp/dist
 WORKDIR /home/delayq
 ENV DELAYQ_DATA_DIR=/data \
     DELAYQ_HTTP_HOST=0.0.0.0 \

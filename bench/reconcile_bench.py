@@ -13,7 +13,8 @@ Usage::
     .venv/bin/python bench/reconcile_bench.py                  # 1,000,000 messages, 3 runs
     .venv/bin/python bench/reconcile_bench.py --messages 100000 --runs 1
 
-Target (issue 5): under 3 minutes per run on this 2-core machine.
+Target (issue 5): under 3 minutes per run on this 2-core machine; since every buffer record
+is parsed by the nodes' own parser in Python workers (issue 13), under 60 s.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: fixed, so the cached data k
 WINDOW_MS = 24 * 3_600_000
 TARGETS = 4
 INJECTED = 10  # of each anomaly kind
-TARGET_S = 180
+TARGET_S = 60
 
 
 def topic_names(messages: int) -> tuple[str, list[str]]:
@@ -130,7 +131,8 @@ def timed_run(bootstrap: str, messages: int, master: str, out: Path) -> tuple[fl
 def check(report: dict, messages: int) -> None:
     totals = report["totals"]
     want = {"expected": messages + 3 * INJECTED, "missing": INJECTED, "duplicates": INJECTED,
-            "early": INJECTED, "unexpected": INJECTED}
+            "early": INJECTED, "unexpected": INJECTED, "undeliverable": 0, "already_due_when_written": 0,
+            "malformed_buffer_records": 0}
     got = {k: totals[k] for k in want}
     if got != want:
         raise SystemExit(f"wrong findings: {got}, expected {want}")

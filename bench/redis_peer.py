@@ -35,9 +35,9 @@ from pathlib import Path
 from confluent_kafka import Producer
 from rich.progress import Progress
 
-from delayq.delay_service.local import free_port
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
+from delayq.testing import free_port
 
 from .service_bench import (
     bench_cluster,

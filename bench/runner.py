@@ -33,6 +33,7 @@ from delayq.dev import KAFKA_VERSION, ZOOKEEPER_VERSION, DevStack
 
 from . import service_bench as service
 from .report import PEER, Figure, render_markdown, write_markdown
+from .suites import SUITE_TEXT
 
 console = Console()
 
@@ -213,8 +214,9 @@ def suite_lateness(ctx: Context) -> list[Figure]:
     figures = []
     for rate in ctx.sizes.lateness_rates:
         ours, theirs = ctx.paired(
-            f"lateness at {rate:,} msg/s", lambda: service.bench_lateness(ctx.stack, rate, seconds, ctx.progress),
-            lambda: peer_lateness(ctx.redis(), ctx.stack, rate, seconds, ctx.progress))
+            f"lateness at {rate:,} msg/s",
+            lambda rate=rate: service.bench_lateness(ctx.stack, rate, seconds, ctx.progress),
+            lambda rate=rate: peer_lateness(ctx.redis(), ctx.stack, rate, seconds, ctx.progress))
         figures += _lateness_figures(f"lateness.{rate}", f"lateness at {rate:,} msg/s falling due for {seconds} s",
                                      ours, theirs)
     return figures
@@ -233,7 +235,8 @@ def suite_expiry(ctx: Context) -> list[Figure]:
 def suite_failover(ctx: Context) -> list[Figure]:
     figures = []
     for sig in (signal.SIGKILL, signal.SIGTERM):
-        runs = ctx.repeat(f"failover after {sig.name}", lambda: service.bench_failover(ctx.stack, ctx.progress, sig))
+        runs = ctx.repeat(f"failover after {sig.name}",
+                          lambda sig=sig: service.bench_failover(ctx.stack, ctx.progress, sig))
         gaps = [r["resumed_after_ms"] for r in runs]
         if None in gaps:
             raise RuntimeError(f"after {sig.name} no other node delivered: {runs}")
@@ -316,17 +319,14 @@ def suite_reconcile(ctx: Context) -> list[Figure]:
                    f"{deliveries:,} deliveries), `delayq reconcile` on local[2]", "s", "lower", values)]
 
 
-SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {
-    "ingest": (suite_ingest, "msg/s from the buffer into one node's store"),
-    "delivery": (suite_delivery, "msg/s from the master to Kafka (and the Redis poller's)"),
-    "lateness": (suite_lateness, "p50/p99/max lateness at 1k, 5k, 20k msg/s falling due (and the peer's)"),
-    "expiry": (suite_expiry, "100,000 messages due in the same ms: time until all delivered (and the peer's)"),
-    "failover": (suite_failover, "delivery gap after SIGKILL and after SIGTERM of the master"),
-    "produce": (suite_produce, "delayed produce() cost against plain confluent-kafka produce()"),
-    "capacity": (suite_capacity, "10M pending in one node: disk and RSS per message (and Redis memory)"),
-    "rebuild": (suite_rebuild, "a wiped node with 1M pending: time until ready"),
-    "reconcile": (suite_reconcile, "the Spark reconciliation of 1M delayed messages"),
+_SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
+    "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
+    "failover": suite_failover, "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild,
+    "reconcile": suite_reconcile,
 }
+assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"
+SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {
+    name: (_SUITE_RUNS[name], text) for name, text in SUITE_TEXT.items()}
 
 
 # -- machine, versions, files --------------------------------------------------------------------------------

@@ -36,15 +36,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.progress import Progress
 
-from delayq import Settings
-from delayq.delay_service import LocalCluster, Node, NodeProcess, ensure_topics
+from delayq import Settings, wire
+from delayq.clock import now_ms
+from delayq.delay_service import ensure_topics
 from delayq.delay_service.ingest import Ingest
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
 from delayq.dev import DevStack
 from delayq.election import connect
-from delayq.proxy import Envelope, envelope, new_delay_id
 from delayq.store import TimeIndex
+from delayq.testing import LocalCluster, NodeProcess
+from delayq.wire import Envelope, new_delay_id
 
 console = Console()
 log = logging.getLogger("delayq.bench")
@@ -52,13 +54,17 @@ PAYLOAD_SIZE = 200
 DAY_MS = 86_400_000
 
 
+def _in_process_node(settings: Settings):
+    """A node in this process (imported here: `delayq bench --help` loads no RocksDB or kazoo)."""
+    from delayq.delay_service import Node
+
+    return Node(settings)
+
+
 def payload() -> bytes:
     """A message value: random bytes, so no compression (Kafka's lz4, RocksDB's) flatters a size figure."""
     return os.urandom(PAYLOAD_SIZE)
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def fresh_settings(stack: DevStack, **overrides) -> Settings:
@@ -158,7 +164,8 @@ def fill_buffer(settings: Settings, target: str, count: int, due_ms, progress: P
 
 def create_target(settings: Settings, topic: str, partitions: int = 6) -> None:
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, partitions, 1, config={"message.timestamp.type": "LogAppendTime"})])[topic].result(30)
+    new = NewTopic(topic, partitions, 1, config={"message.timestamp.type": "LogAppendTime"})
+    admin.create_topics([new])[topic].result(30)
 
 
 def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
@@ -186,7 +193,7 @@ def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
         target = f"{settings.cluster}-target"
         create_target(settings, target)
         fill_buffer(settings, target, count, lambda i: now_ms() - 1000, progress)
-        node = Node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
+        node = _in_process_node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
         node.start()
         task = progress.add_task("delivering", total=count)
         while node.metrics.is_master._value.get() != 1 or node.ingest.lag != 0:
@@ -202,7 +209,7 @@ def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
 
 
 def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float, *,
-                      due_header: str = envelope.DELIVER_AT) -> list[tuple[int, int, int]]:
+                      due_header: str = wire.DELIVER_AT) -> list[tuple[int, int, int]]:
     """(append time, due time from ``due_header``, delayq epoch or 0) of every delivered record."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
@@ -214,7 +221,7 @@ def read_append_times(settings: Settings, topic: str, count: int, timeout_s: flo
         for record in consumer.consume(5000, 0.2):
             if record.error() is None:
                 headers = dict(record.headers())
-                found.append((record.timestamp()[1], int(headers[due_header]), int(headers.get(envelope.EPOCH, 0))))
+                found.append((record.timestamp()[1], int(headers[due_header]), int(headers.get(wire.EPOCH, 0))))
     consumer.close()
     return found
 
@@ -248,7 +255,7 @@ def run_schedule(stack: DevStack, count: int, due_at: Callable[[int, int], int],
         ensure_topics(settings)
         target = f"{settings.cluster}-target"
         create_target(settings, target)
-        node = Node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
+        node = _in_process_node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
         node.start()
         try:
             while node.metrics.is_master._value.get() != 1:
@@ -362,7 +369,7 @@ def bench_rebuild(stack: DevStack, count: int, runs: int, progress: Progress) ->
         cluster = LocalCluster(settings, Path(tmp))
         try:
             node = pending_node(cluster, "rebuild", count, progress)
-            for run in range(runs):
+            for _ in range(runs):
                 node.stop()
                 shutil.rmtree(node.data_dir)
                 started = time.perf_counter()

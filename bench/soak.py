@@ -34,12 +34,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from delayq.delay_service import LocalCluster, NodeError
-from delayq.delay_service.local import settings_env
+from delayq import Producer
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
-from delayq.proxy import Producer
 from delayq.settings import Settings
+from delayq.testing import LocalCluster, NodeError, settings_env
 
 from .soak_check import (
     ANOMALY_KINDS,

@@ -34,28 +34,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from delayq.delay_service import LocalCluster, NodeProcess
+from delayq.clock import now_ms
 from delayq.dev import DevStack
+from delayq.testing import LocalCluster, NodeProcess
 
 from .soak_check import FaultWindow
+from .suites import FAULT_TEXT
 
-FAULT_KINDS = ("master_kill", "master_pause", "standby_term", "standby_wipe", "kafka_kill", "zookeeper_kill")
-DESCRIPTIONS = {
-    "master_kill": "SIGKILL the master, restart it",
-    "master_pause": "SIGSTOP the master past the session timeout, SIGCONT",
-    "standby_term": "SIGTERM a standby, restart it",
-    "standby_wipe": "stop a standby, wipe its data, restart it",
-    "kafka_kill": "SIGKILL the Kafka broker, restart it",
-    "zookeeper_kill": "SIGKILL ZooKeeper, restart it",
-}
+FAULT_KINDS = tuple(FAULT_TEXT)
+DESCRIPTIONS = FAULT_TEXT
 # A node that crashes this often is left down: restarting it again only repeats the crash.
 MAX_RESTARTS_AFTER_CRASH = 5
 LOG_TAIL_LINES = 40
 READY_WITHIN_S = 3.0
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -185,7 +177,7 @@ class Chaos(threading.Thread):
                     break
                 self._idle(fault.gap_s)
                 self._inject(fault)
-        except Exception as err:  # noqa: BLE001 - the soak reports it: a dead chaos thread is no quiet run
+        except Exception as err:  # the soak reports it: a dead chaos thread is no quiet run
             self.failure = err
         finally:
             self.finished.set()

@@ -20,16 +20,12 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from delayq.proxy import Producer
-from delayq.proxy import envelope as env
+from delayq import Producer
+from delayq import wire as env
+from delayq.clock import now_ms
 
-from .soak_check import Delivery, History
+from .soak_check import Delivery, History, Version, Write
 from .soak_check import Message as Delayed
-from .soak_check import Version, Write
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Recorder:
@@ -98,7 +94,7 @@ class Workload(threading.Thread):
     def run(self) -> None:
         try:
             self._produce()
-        except Exception as err:  # noqa: BLE001 - the soak reports it instead of judging a silent half-run
+        except Exception as err:  # the soak reports it instead of judging a silent half-run
             self.failure = err
 
     def _produce(self) -> None:
@@ -235,7 +231,7 @@ class Watcher(threading.Thread):
                 self._consume()
             if self.finish.is_set() and not self.stop.is_set():
                 self._read_to_end(partitions)
-        except Exception as err:  # noqa: BLE001 - reported by the soak: a dead watcher would look like missing messages
+        except Exception as err:  # reported by the soak: a dead watcher would look like missing messages
             self.failure = err
         finally:
             self.consumer.close()

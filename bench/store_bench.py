@@ -95,7 +95,8 @@ def main() -> None:
     print(f"{args.puts} puts, batches of {args.batch}, {args.payload}-byte payloads, {args.runs} runs")
     for name in runs[0]:
         values = [run[name] for run in runs]
-        print(f"  {name:38s} median {statistics.median(values):>12,.1f}   spread {min(values):,.1f} .. {max(values):,.1f}")
+        print(f"  {name:38s} median {statistics.median(values):>12,.1f}   "
+              f"spread {min(values):,.1f} .. {max(values):,.1f}")
 
 
 if __name__ == "__main__":

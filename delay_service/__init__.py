@@ -3,12 +3,28 @@
 Public surface::
 
     from delayq.delay_service import Node, ensure_topics, cluster_status
-    from delayq.delay_service import LocalCluster    # nodes as child processes (demo, bench, tests)
+
+Nodes as child processes, for tests, bench and the demo, are scaffolding: ``delayq.testing``.
+The names load on first use, so a command that only needs ``ensure_topics`` (or only
+``--help``) does not load RocksDB, kazoo and prometheus_client.
 """
 
-from .local import LocalCluster, NodeError, NodeProcess
-from .node import Node
-from .status import cluster_status
-from .topics import TopicCheck, ensure_topics
+from __future__ import annotations
 
-__all__ = ["LocalCluster", "Node", "NodeError", "NodeProcess", "TopicCheck", "cluster_status", "ensure_topics"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .node import Node
+    from .status import cluster_status
+    from .topics import TopicCheck, ensure_topics
+
+_HOMES = {"Node": ".node", "cluster_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics"}
+__all__ = ["Node", "TopicCheck", "cluster_status", "ensure_topics"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home, __name__), name)

@@ -25,16 +25,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from delayq.election import Cursor, FencedError, Term
-from delayq.proxy import envelope
+from delayq import wire
+from delayq.clock import now_ms
+from delayq.election import Cursor, CursorRecord, FencedError, Term
 from delayq.settings import Settings
 from delayq.store import StoredEntry, TimeIndex
 
 from . import stored
 from .dead_letters import produce_copy
-from .ingest import Ingest, now_ms
+from .ingest import Ingest
 from .metrics import NodeMetrics
 from .partitioners import partition_for
 
@@ -48,6 +49,11 @@ KAFKA_RETRY_S = 0.5
 # and how long at most (longer, another producer's open transaction holds them back).
 MARKER_WAIT_S = 0.002
 MARKER_PATIENCE_S = 5.0
+# How often the master commits the dead-letter ledger's mark when no malformed record comes:
+# well within Kafka's offsets.retention.minutes (7 days), after which the group's offsets expire.
+LEDGER_REFRESH_S = 6 * 3600.0
+# Malformed records dead-lettered per transaction.
+DEAD_LETTER_BATCH = 1000
 
 
 class LeadershipLost(Exception):
@@ -76,13 +82,22 @@ class Retry:
 
 
 @dataclass
+class Undeliverable:
+    """A message the master gives up on: dead-lettered with its reason code and text, and closed by a `done`."""
+
+    item: Outgoing
+    code: wire.Reason
+    text: str
+
+
+@dataclass
 class Outgoing:
     entry: StoredEntry
     pending: stored.PendingMessage
     target_partition: int
 
     @property
-    def message(self) -> envelope.Envelope:
+    def message(self) -> wire.Envelope:
         return self.pending.message
 
 
@@ -178,6 +193,9 @@ class Delivery:
         # Why delivery cannot go on right now, since when (monotonic s); None while it can.
         self.failing: str | None = None
         self.failing_since: float | None = None
+        # The dead-letter ledger's mark as this term last read or committed it, and when to commit it again.
+        self._handled: dict[int, int] | None = None
+        self._ledger_due = 0.0
 
     # -- the term --------------------------------------------------------
 
@@ -220,6 +238,9 @@ class Delivery:
                 # After init_transactions no older master can commit, so once ingest reaches the
                 # last stable offset every `done` of every committed delivery is in the store.
                 if self._cover(term):
+                    # After init_transactions: no older master's transaction can still move the mark.
+                    self._handled = self.ingest.ledger.handled(self.ingest.partitions)
+                    self._ledger_due = 0.0
                     self._recovered()
                     return True
             except KafkaException as err:
@@ -238,7 +259,23 @@ class Delivery:
             "linger.ms": 1,
             "transaction.timeout.ms": 60_000,
             "message.timeout.ms": 30_000,
+            # A producer's metadata request would otherwise create a missing target topic on a broker
+            # with auto.create.topics.enable=true (Kafka's default): a message for a topic that does
+            # not exist must be retried and dead-lettered, never create it.
+            "allow.auto.create.topics": False,
         }))
+
+    def _txn_producer(self) -> Producer:
+        """The transactional producer of this term, which :meth:`_start` opened.
+
+        Raises:
+            RuntimeError: there is none (a write outside :meth:`run`'s delivery loop).
+        """
+        producer = self.producer
+        if producer is None:
+            raise RuntimeError("the master has no open producer: only the delivery loop of a term, after "
+                               "_start(), writes to Kafka")
+        return producer
 
     def _cover(self, term: Term) -> bool:
         """Ingest the buffer up to end offsets read now; False if the term ended first.
@@ -322,6 +359,8 @@ class Delivery:
                 if not self._cover(term):
                     return 0
                 skip = self._skip(now)
+        if self.store.malformed_count or time.monotonic() >= self._ledger_due:
+            self._dead_letter_malformed(term)
         shadowed = self.store.shadowed()
         if shadowed.keys() - skip:
             self._repair(term, {i: copy for i, copy in shadowed.items() if i not in skip})
@@ -345,7 +384,7 @@ class Delivery:
         candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
         return min(candidates, default=None)
 
-    def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[tuple[Outgoing, str]]]:
+    def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[Undeliverable]]:
         outgoing, dead = [], []
         for entry in entries:
             try:
@@ -356,11 +395,12 @@ class Delivery:
                 continue
             message = pending.message
             count = self._partition_count(message.topic)
-            problem = None
+            problem: tuple[wire.Reason, str] | None = None
             if count is None:
-                problem = f"target topic {message.topic} does not exist"
+                problem = wire.Reason.MISSING_TOPIC, f"target topic {message.topic} does not exist"
             elif message.partition is not None and message.partition >= count:
-                problem = f"partition {message.partition} of {message.topic} does not exist (it has {count})"
+                problem = (wire.Reason.BAD_PARTITION,
+                           f"partition {message.partition} of {message.topic} does not exist (it has {count})")
             if message.partition is not None:
                 target = message.partition
             else:
@@ -368,8 +408,8 @@ class Delivery:
             item = Outgoing(entry, pending, target)
             if problem is None:
                 outgoing.append(item)
-            elif self._give_up(entry.delay_id, problem, now):
-                dead.append((item, problem))
+            elif self._give_up(entry.delay_id, problem[1], now):
+                dead.append(Undeliverable(item, *problem))
         return outgoing, dead
 
     def _give_up(self, delay_id: str, reason: str, now: int) -> bool:
@@ -383,7 +423,7 @@ class Delivery:
         log.info("message %s: %s; attempt %d, retrying in %d ms", delay_id, reason, attempts, backoff)
         return False
 
-    def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
+    def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
         if not outgoing and not dead:
             return  # all in back-off: the next deliver_due() sleeps until the first retry
         try:
@@ -392,7 +432,8 @@ class Delivery:
             self._abort(term)
             log.warning("message %s: Kafka refuses the record: %s", rejected.item.entry.delay_id, rejected.error.str())
             rest = [item for item in outgoing if item is not rejected.item]
-            self._commit(term, rest, [*dead, (rejected.item, f"rejected by Kafka: {rejected.error.str()}")])
+            self._commit(term, rest, [*dead, Undeliverable(rejected.item, wire.Reason.REJECTED,
+                                                           f"Kafka refused the record: {rejected.error.str()}")])
         except KafkaException as err:
             error: KafkaError = err.args[0]
             if error.fatal() or not term.active:
@@ -404,13 +445,14 @@ class Delivery:
                 # Find the record the broker rejects: deliver one per transaction.
                 for item in outgoing:
                     self._commit(term, [item], [])
-                for pair in dead:
-                    self._commit(term, [], [pair])
+                for undeliverable in dead:
+                    self._commit(term, [], [undeliverable])
                 return
             now = now_ms()
             for item in outgoing:
                 if self._give_up(item.entry.delay_id, f"rejected: {error.str()}", now):
-                    self._commit(term, [], [(item, f"rejected by Kafka: {error.str()}")])
+                    self._commit(term, [], [Undeliverable(item, wire.Reason.REJECTED,
+                                                          f"Kafka refused the record: {error.str()}")])
 
     def _repair(self, term: Term, shadowed: dict[str, bytes | None]) -> None:
         """Make each shadowed id's newest buffer record say what is stored of it, before compaction.
@@ -435,7 +477,7 @@ class Delivery:
                 self._unreadable.add(delay_id)
         if not writes:
             return
-        self.producer.begin_transaction()
+        self._txn_producer().begin_transaction()
         for delay_id, pending, put_again in writes:
             m = pending.message
             if put_again:
@@ -446,8 +488,8 @@ class Delivery:
         self._commit_transaction(term, [delay_id for delay_id, _, _ in writes])
         log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(writes))
 
-    def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[tuple[Outgoing, str]]) -> None:
-        producer = self.producer
+    def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
+        producer = self._txn_producer()
         epoch = term.epoch
         producer.begin_transaction()
         for item in outgoing:
@@ -460,10 +502,10 @@ class Delivery:
                     raise RecordRejected(item, err.args[0]) from err
                 raise
             self._write_done(item.entry.delay_id, item.pending)
-        for item, reason in dead:
-            self._dead_letter(item, reason, epoch)
-            self._write_done(item.entry.delay_id, item.pending)
-        ids = [i.entry.delay_id for i in outgoing] + [i.entry.delay_id for i, _ in dead]
+        for undeliverable in dead:
+            self._dead_letter(undeliverable, epoch)
+            self._write_done(undeliverable.item.entry.delay_id, undeliverable.item.pending)
+        ids = [i.entry.delay_id for i in outgoing] + [d.item.entry.delay_id for d in dead]
         self._commit_transaction(term, ids)
         committed_at = now_ms()
         for delay_id in ids:
@@ -471,14 +513,13 @@ class Delivery:
         for item in outgoing:
             self.metrics.lateness.observe(max(0, committed_at - item.entry.deliver_at_ms) / 1000)
         self.metrics.delivered.inc(len(outgoing))
-        for _, reason in dead:
-            self.metrics.dead_lettered.labels("undeliverable").inc()
+        for undeliverable in dead:
+            self.metrics.dead_lettered.labels(undeliverable.code.value).inc()
         self.delivered_total += len(outgoing)
-        last = (outgoing or [d for d, _ in dead])[-1].entry
-        self.cursor.write({
-            "epoch": epoch, "node_id": self.settings.node_id, "watermark_deliver_at_ms": last.deliver_at_ms,
-            "last_id": last.delay_id, "delivered": self.delivered_total, "committed_at_ms": committed_at,
-        })
+        last = (outgoing or [d.item for d in dead])[-1].entry
+        self.cursor.write(CursorRecord(epoch=epoch, node_id=self.settings.node_id,
+                                       watermark_deliver_at_ms=last.deliver_at_ms, last_id=last.delay_id,
+                                       delivered=self.delivered_total, committed_at_ms=committed_at))
 
     def _commit_transaction(self, term: Term, ids: list[str]) -> None:
         """Commit the open transaction whose buffer writes concern ``ids``; they are in flight from now.
@@ -492,7 +533,7 @@ class Delivery:
         # Marked before the commit: ingest may read a record back before commit returns.
         self.in_flight.add(ids)
         try:
-            self.producer.commit_transaction(30)
+            self._txn_producer().commit_transaction(30)
         except BaseException:
             self.in_flight.discard(ids)
             raise
@@ -501,25 +542,82 @@ class Delivery:
         """The `done` closing ``pending``'s version, with the cutoff it was picked under (0: none read there)."""
         partition = pending.buffer_partition
         self._to_buffer(delay_id, partition, None,
-                        envelope.done_headers(delay_id, pending.version, self.cutoff.offsets.get(partition, 0)))
+                        wire.done_headers(delay_id, pending.version, self.cutoff.offsets.get(partition, 0)))
 
-    def _to_buffer(self, delay_id: str, partition: int, value: bytes | None, headers: list | None,
+    def _to_buffer(self, delay_id: str, partition: int, value: bytes | None, headers: wire.ProduceHeaders | None,
                    timestamp: int = 0) -> None:
-        self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=value, partition=partition,
-                              headers=headers, timestamp=timestamp)
+        self._txn_producer().produce(self.settings.buffer_topic, key=delay_id.encode(), value=value,
+                                     partition=partition, headers=headers, timestamp=timestamp)
         self._written.add(partition)
 
-    def _dead_letter(self, item: Outgoing, reason: str, epoch: int) -> None:
+    def _dead_letter(self, undeliverable: Undeliverable, epoch: int) -> None:
+        item = undeliverable.item
         m = item.message
-        produce_copy(self.producer, self.settings.dead_letter_topic, m.delay_id.encode(), m.buffer_value(),
-                     [*m.buffer_headers(), (envelope.EPOCH, str(epoch).encode()),
-                      (envelope.VERSION, str(item.pending.version).encode()),
-                      (envelope.DEAD_LETTER_REASON, reason.encode())])
+        reason = wire.reason_text(undeliverable.code, undeliverable.text)
+        source = f"{self.settings.buffer_topic}/{item.pending.buffer_partition}/{item.pending.version}"
+        produce_copy(self._txn_producer(), self.settings.dead_letter_topic, m.delay_id.encode(), m.buffer_value(),
+                     [*m.buffer_headers(), (wire.EPOCH, str(epoch).encode()),
+                      (wire.VERSION, str(item.pending.version).encode()),
+                      (wire.DEAD_LETTER_REASON, reason.encode()), (wire.DEAD_LETTER_SOURCE, source.encode())])
         log.warning("message %s dead-lettered: %s", m.delay_id, reason)
+
+    def _dead_letter_malformed(self, term: Term) -> None:
+        """Dead-letter the malformed buffer records no master has yet, once per cluster (dead_letters.py).
+
+        One transaction writes the copies and moves the ledger's mark past them; with
+        none waiting it only moves the mark (at the start of a term, and every
+        LEDGER_REFRESH_S, so the group's offsets never expire).
+
+        Raises:
+            KafkaException: an error that may pass (the caller waits and tries again).
+            LeadershipLost: the term ended before the commit.
+        """
+        handled = dict(self._handled or {})
+        # The offsets first: every malformed record below them is in the list read after them.
+        positions = self.store.offsets()
+        entries = self.store.malformed(DEAD_LETTER_BATCH)
+        marks = dict(handled)
+        if len(entries) < DEAD_LETTER_BATCH:
+            for partition, offset in positions.items():
+                marks[partition] = max(marks.get(partition, 0), offset)
+        todo = []
+        for entry in entries:
+            marks[entry.partition] = max(marks.get(entry.partition, 0), entry.offset + 1)
+            if entry.offset >= handled.get(entry.partition, 0):
+                todo.append(entry)
+        producer = self._txn_producer()
+        copies: list[tuple[str, str]] = []
+        producer.begin_transaction()
+        for entry in todo:
+            source = f"{self.settings.buffer_topic}/{entry.partition}/{entry.offset}"
+            try:
+                record = stored.unpack_malformed(entry.payload)
+            except stored.MalformedStoredEntry as err:
+                log.error("malformed buffer record %s: %s; not dead-lettered (the original is still there)",
+                          source, err)
+                continue
+            produce_copy(producer, self.settings.dead_letter_topic, record.key, record.value,
+                         [*record.headers, (wire.DEAD_LETTER_REASON, record.reason.encode()),
+                          (wire.DEAD_LETTER_SOURCE, source.encode())])
+            copies.append((source, record.reason))
+        producer.send_offsets_to_transaction(
+            [TopicPartition(self.settings.buffer_topic, p, o) for p, o in sorted(marks.items())],
+            self.ingest.ledger.group_metadata(), 30)
+        if not term.active:
+            raise LeadershipLost(term.ended_because or "term ended")
+        producer.commit_transaction(30)
+        self._handled = marks
+        self._ledger_due = time.monotonic() + LEDGER_REFRESH_S
+        self.store.forget_malformed(marks)
+        self.metrics.malformed_waiting.set(self.store.malformed_count)
+        for source, reason in copies:
+            code = wire.Reason.of(reason)
+            self.metrics.dead_lettered.labels(code.value if code else "unknown").inc()
+            log.warning("buffer record %s is malformed, dead-lettered: %s", source, reason)
 
     def _abort(self, term: Term) -> None:
         try:
-            self.producer.abort_transaction(30)
+            self._txn_producer().abort_transaction(30)
         except KafkaException as err:
             raise LeadershipLost(f"abort failed: {err.args[0].str()}") from err
 
@@ -527,7 +625,7 @@ class Delivery:
         cached = self._topics.get(topic)
         if cached is not None and time.monotonic() - cached[0] < TOPIC_CACHE_S and cached[1] is not None:
             return cached[1]
-        metadata = self.producer.list_topics(topic, timeout=10).topics.get(topic)
+        metadata = self._txn_producer().list_topics(topic, timeout=10).topics.get(topic)
         count = None
         if metadata is not None and metadata.error is None and metadata.partitions:
             count = len(metadata.partitions)
@@ -540,5 +638,5 @@ class Delivery:
             return
         try:
             producer.flush(5)
-        except Exception as err:  # noqa: BLE001 - a fenced producer raises on every call; it is done with either way
+        except Exception as err:  # a fenced producer raises on every call; it is done with either way
             log.info("closing the master's producer: %s", err)

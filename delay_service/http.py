@@ -1,23 +1,41 @@
-"""The node's HTTP endpoints: /livez, /readyz, /metrics, GET /v1/messages/{id}."""
+"""The node's HTTP endpoints: /livez, /readyz, /metrics, GET /v1/messages/{id}.
+
+The server sees the node only through :class:`NodeView`: health, metrics and the
+store's entry for an id; nothing else of it.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from delayq.proxy import check_delay_id
+from delayq.store import StoredEntry
+from delayq.wire import check_delay_id
 
 from . import stored
 
-if TYPE_CHECKING:
-    from .node import Node
+log = logging.getLogger("delayq.http")
 
 MESSAGES = "/v1/messages/"
+
+
+class NodeView(Protocol):
+    """What the HTTP endpoints may ask of a node."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+    def alive(self) -> bool: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+    def entry(self, delay_id: str) -> StoredEntry | None: ...
 
 
 def iso_ms(epoch_ms: int) -> str | None:
@@ -30,7 +48,7 @@ def iso_ms(epoch_ms: int) -> str | None:
 
 
 class NodeHTTPServer:
-    def __init__(self, node: Node, host: str, port: int):
+    def __init__(self, node: NodeView, host: str, port: int):
         handler = type("Handler", (_Handler,), {"node": node})
         self.server = ThreadingHTTPServer((host, port), handler)
         self.server.daemon_threads = True
@@ -49,13 +67,20 @@ class NodeHTTPServer:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    node: Node
+    node: NodeView
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format, *args):  # noqa: A002 - http.server's signature
+    def log_message(self, format, *args):  # http.server's signature
         pass  # probes every few seconds would drown the node's log
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
+        try:
+            self._get()
+        except Exception as err:  # one bad request answers 500 in JSON; the server goes on
+            log.exception("GET %s failed", self.path[:200])
+            self._json(500, {"error": f"internal error: {type(err).__name__}: {err}"[:500]})
+
+    def _get(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/livez":
             alive = self.node.alive()
@@ -64,7 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
             ready, reason = self.node.ready()
             self._json(200 if ready else 503, {"ready": ready, "reason": reason})
         elif path == "/metrics":
-            self._send(200, generate_latest(self.node.metrics.registry), CONTENT_TYPE_LATEST)
+            self._send(200, generate_latest(self.node.registry), CONTENT_TYPE_LATEST)
         elif path.startswith(MESSAGES):
             self._message(path[len(MESSAGES):])
         else:
@@ -76,7 +101,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (TypeError, ValueError) as err:
             self._json(400, {"error": str(err)})
             return
-        entry = self.node.store.get(delay_id)
+        entry = self.node.entry(delay_id)
         if entry is None:
             self._json(404, {"id": delay_id, "status": "not_found"})
             return

@@ -3,8 +3,10 @@
 The store is a view of the buffer (a compacted changelog): it is filled only from
 records consumed with ``read_committed``, and each polled batch, with the offsets it
 reached, goes into RocksDB as one WriteBatch, so a restart resumes exactly where the
-store is. Malformed records are copied to the dead-letter topic with the reason,
-before their offsets are stored, so nothing is lost and nothing crashes the node.
+store is. A malformed record (by :func:`delayq.wire.parse_buffer_record`, the one
+parser) is kept in the store, in the same batch, until the cluster has dead-lettered
+it: the master writes each one once, in its transaction (see dead_letters.py); every
+node drops the ones the ledger says are done. Nothing is lost and nothing crashes the node.
 """
 
 from __future__ import annotations
@@ -13,15 +15,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from delayq.proxy import MalformedRecord, envelope, parse_buffer_record
+from delayq import wire
+from delayq.clock import now_ms
 from delayq.settings import Settings
-from delayq.store import Put, Remove, TimeIndex
+from delayq.store import Malformed, Put, Remove, StoreOp, TimeIndex
+from delayq.wire import MalformedRecord, parse_buffer_record
 
 from . import stored
-from .dead_letters import produce_copy
+from .dead_letters import DeadLetterLedger
 from .metrics import NodeMetrics
 from .topics import EndOffsets
 
@@ -30,9 +35,8 @@ log = logging.getLogger("delayq.ingest")
 # How long one consume() may wait for a full batch; shorter while delivery waits on ingest.
 POLL_S = 0.02
 HURRIED_POLL_S = 0.002
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+# How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
+LEDGER_CHECK_S = 5.0
 
 
 class Ingest:
@@ -78,11 +82,7 @@ class Ingest:
             "fetch.wait.max.ms": 5,
             "fetch.min.bytes": 1,
         }))
-        self.dead_letters = Producer(settings.kafka_conf(**{
-            "client.id": f"delayq-dead-letter-{settings.node_id}",
-            "enable.idempotence": True,
-            "linger.ms": 5,
-        }))
+        self.ledger = DeadLetterLedger(settings)
         stored = store.offsets()
         self.consumer.assign([
             TopicPartition(settings.buffer_topic, p, stored.get(p, OFFSET_BEGINNING)) for p in partitions
@@ -92,7 +92,7 @@ class Ingest:
     # -- the loop --------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        next_lag_check = 0.0
+        next_lag_check = next_ledger_check = 0.0
         while not stop.is_set():
             # consume() returns when the batch is full or the timeout passes, not when the
             # first record arrives: while the master waits to be covered, poll in short steps.
@@ -100,6 +100,19 @@ class Ingest:
             if time.monotonic() >= next_lag_check:
                 next_lag_check = time.monotonic() + 0.5
                 self.refresh_lag()
+            if self.store.malformed_count and time.monotonic() >= next_ledger_check:
+                next_ledger_check = time.monotonic() + LEDGER_CHECK_S
+                self.forget_dead_lettered()
+
+    def forget_dead_lettered(self) -> None:
+        """Drop the stored malformed records the cluster's master has dead-lettered."""
+        try:
+            handled = self.ledger.handled(self.partitions)
+        except KafkaException as err:
+            log.info("cannot read the dead-letter ledger: %s", err.args[0].str())
+            return
+        self.store.forget_malformed(handled)
+        self.metrics.malformed_waiting.set(self.store.malformed_count)
 
     def poll_once(self, timeout_s: float = 0.05) -> int:
         """Consume one batch and apply it as one WriteBatch; return the number of records read."""
@@ -107,32 +120,39 @@ class Ingest:
         if not messages:
             self._update_positions()
             return 0
-        ops: list[Put | Remove] = []
+        ops: list[StoreOp] = []
+        partitions = len(self.partitions)
         offsets: dict[int, int] = {}
         # Ids of records that settle a master's write: a done, a cancel, a master's copy.
         settled: list[str] = []
         earliest_put: int | None = None
-        counts = {b"put": 0, b"cancel": 0, b"done": 0}
-        dead = 0
+        counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("buffer consumer: %s", error.str())
                 continue
-            offsets[message.partition()] = message.offset() + 1
+            partition, offset = message.partition(), message.offset()
+            if partition is None or offset is None:
+                raise RuntimeError(f"the buffer consumer returned a record of {message.topic()} without a partition "
+                                   "or offset, which librdkafka gives every record it reads")
+            # A consumed record's headers are a list of (name, bytes or None): the stub's type is
+            # the one produce() takes, which also allows a dict and str values.
+            headers = cast("wire.Headers | None", message.headers())
+            offsets[partition] = offset + 1
             try:
-                record = parse_buffer_record(message.key(), message.value(), message.headers(),
-                                             message.timestamp()[1])
+                record = parse_buffer_record(message.key(), message.value(), headers, message.timestamp()[1],
+                                             partition=partition, partitions=partitions)
             except MalformedRecord as bad:
-                self._dead_letter(message, bad.reason)
-                dead += 1
+                ops.append(self._malformed(message, partition, offset, headers, bad))
+                counts[b"malformed"] += 1
                 continue
             counts[record.op] += 1
-            if record.op == envelope.OP_PUT:
-                env = record.envelope
-                version = message.offset()
-                ops.append(Put(record.delay_id, env.deliver_at_ms, stored.pack(message.partition(), version, env),
+            env = record.envelope
+            if env is not None:  # a put: only a put has an envelope
+                version = offset
+                ops.append(Put(record.delay_id, env.deliver_at_ms, stored.pack(partition, version, env),
                                version, record.restores))
                 if record.restores is not None:
                     settled.append(record.delay_id)
@@ -141,18 +161,13 @@ class Ingest:
             else:
                 ops.append(Remove(record.delay_id, record.closes_version))
                 settled.append(record.delay_id)
-        if dead:
-            # The copies must be durable before the offsets that skip their originals are stored.
-            remaining = self.dead_letters.flush(30)
-            if remaining:
-                raise RuntimeError(f"{remaining} malformed buffer records could not be written to the dead-letter "
-                                   f"topic {self.settings.dead_letter_topic}; not advancing past them")
         if offsets:
             self.store.apply(ops, offsets, ingested_at_ms=now_ms())
         for op, count in counts.items():
             if count:
                 self.metrics.ingested.labels(op.decode()).inc(count)
         self.metrics.pending.set(self.store.pending_count())
+        self.metrics.malformed_waiting.set(self.store.malformed_count)
         if settled:
             self.on_settled(settled)
         if earliest_put is not None:
@@ -160,17 +175,19 @@ class Ingest:
         self._update_positions()
         return len(messages)
 
-    def _dead_letter(self, message: Message, reason: str) -> None:
-        headers = list(message.headers() or [])
-        headers += [
-            (envelope.DEAD_LETTER_REASON, reason.encode()),
-            (envelope.DEAD_LETTER_SOURCE,
-             f"{message.topic()}/{message.partition()}/{message.offset()}".encode()),
-        ]
-        produce_copy(self.dead_letters, self.settings.dead_letter_topic, message.key(), message.value(), headers)
-        self.metrics.dead_lettered.labels("malformed").inc()
-        log.warning("buffer record %s/%d/%d is malformed (%s): dead-lettered", message.topic(),
-                    message.partition(), message.offset(), reason)
+    @staticmethod
+    def _malformed(message: Message, partition: int, offset: int, headers: wire.Headers | None,
+                   bad: MalformedRecord) -> Malformed:
+        """The store op that keeps a malformed record until the master has dead-lettered it."""
+        key = message.key()
+        # A valid id on its own partition: the record is the id's newest, which matters to compaction.
+        # (A record without a key is BAD_ID.)
+        own_id = (key.decode() if key is not None and bad.code not in (wire.Reason.BAD_ID, wire.Reason.WRONG_PARTITION)
+                  else None)
+        log.debug("buffer record %s/%d/%d is malformed (%s)", message.topic(), partition, offset, bad.reason)
+        record = stored.MalformedBufferRecord(key, message.value(), list(headers or []), message.timestamp()[1],
+                                              bad.code.value, bad.reason)
+        return Malformed(partition, offset, stored.pack_malformed(record), own_id)
 
     # -- where ingest stands ---------------------------------------------
 
@@ -222,5 +239,5 @@ class Ingest:
         return True
 
     def close(self) -> None:
-        self.dead_letters.flush(10)
+        self.ledger.close()
         self.consumer.close()

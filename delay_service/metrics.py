@@ -13,8 +13,10 @@ class NodeMetrics:
         r = self.registry
         self.ingested = Counter("delayq_ingested", "buffer records applied to the store", ["op"], registry=r)
         self.delivered = Counter("delayq_delivered", "messages delivered to their target topics", registry=r)
-        self.dead_lettered = Counter("delayq_dead_lettered", "records sent to the dead-letter topic",
-                                     ["reason"], registry=r)
+        self.dead_lettered = Counter("delayq_dead_lettered", "records this node, as master, sent to the "
+                                     "dead-letter topic, by reason code", ["reason"], registry=r)
+        self.malformed_waiting = Gauge("delayq_malformed_waiting", "malformed buffer records in the store that "
+                                       "the master has not yet dead-lettered, as far as this node knows", registry=r)
         self.pending = Gauge("delayq_pending", "messages in the store waiting to fall due", registry=r)
         self.buffer_lag = Gauge("delayq_buffer_lag", "buffer records not yet ingested", registry=r)
         self.lateness = Histogram("delayq_delivery_lateness_seconds", "commit time minus due time",

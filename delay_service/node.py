@@ -8,6 +8,8 @@ aborts first), so a standby takes over without waiting for the session timeout.
 
 from __future__ import annotations
 
+import enum
+import errno
 import logging
 import signal
 import socket
@@ -15,17 +17,31 @@ import threading
 import time
 from pathlib import Path
 
-from delayq.election import Cursor, Leadership, Membership, Term, connect
+from kazoo.exceptions import KazooException
+from prometheus_client import CollectorRegistry
+
+from delayq.clock import now_ms
+from delayq.election import Cursor, DuplicateNodeId, Leadership, Membership, NodeRecord, Role, Term, connect
+from delayq.errors import ConfigurationError
 from delayq.settings import Settings
-from delayq.store import StoreFormatError, StoreOptions, TimeIndex
+from delayq.store import StoredEntry, StoreFormatError, StoreOptions, TimeIndex
 
 from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
-from .ingest import Ingest, now_ms
+from .ingest import Ingest
 from .metrics import NodeMetrics
 from .topics import BufferInfo, EndOffsets, admin_client, buffer_info, committed_end_offsets
 
 log = logging.getLogger("delayq.node")
+
+class RebuildReason(enum.StrEnum):
+    """Why a node wiped its store and read the buffer again: the label of delayq_store_rebuilds_total."""
+
+    FORMAT = "format"                    # the store is of another format (an upgrade)
+    TOPIC_RECREATED = "topic-recreated"  # the buffer topic has another id than the store was built from
+    STALE = "stale"                      # away longer than delete.retention.ms: tombstones may be gone
+    OFFSETS_AHEAD = "offsets-ahead"      # a stored offset is past the topic's end: the topic was recreated
+
 
 STORE_DIR = "store"
 META_TOPIC_ID = "buffer_topic_id"
@@ -37,9 +53,9 @@ class Node:
     """A delay-service node.
 
     Example:
-        >>> node = Node(Settings())
-        >>> node.start()
-        >>> node.wait()        # until stop() or SIGTERM via run()
+        >>> Node(Settings()).run()   # start, serve until SIGTERM or SIGINT, stop; returns the exit code
+
+    Or, embedded: ``node.start()``, later ``node.stop()``.
     """
 
     def __init__(self, settings: Settings):
@@ -49,7 +65,7 @@ class Node:
         self.in_flight = InFlight()
         self.wakeup = Wakeup()
         self.delivery: Delivery | None = None
-        self.role = "starting"
+        self.role = Role.STARTING
         self.epoch = 0
         self.store: TimeIndex | None = None
         self.ingest: Ingest | None = None
@@ -57,6 +73,8 @@ class Node:
         self.threads: list[threading.Thread] = []
         self.failure: BaseException | None = None
         self.stopping_requested = threading.Event()
+        # Since when (monotonic s) the registration could not be published; None while it can.
+        self._unpublished: float | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -67,10 +85,19 @@ class Node:
         self.store = self._open_store(info)
         self.ingest = Ingest(s, self.store, self.metrics, EndOffsets(s, info.partitions, self.admin),
                              on_earlier_due=self.wakeup.earlier_due, on_settled=self.in_flight.discard)
-        self.http = NodeHTTPServer(self, s.http_host, s.http_port)
+        try:
+            self.http = NodeHTTPServer(self, s.http_host, s.http_port)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            raise ConfigurationError(f"HTTP port {s.http_port} on {s.http_host} is taken (DELAYQ_HTTP_PORT="
+                                     f"{s.http_port}): give this node another DELAYQ_HTTP_PORT, or stop what "
+                                     "listens there") from None
         self.http.start()
         self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
+        # A registration of this id left by this node's previous process goes when its session expires.
+        self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)
         self.leadership = Leadership(self.zk, s.zk_root, s.node_id)
         self.cursor = Cursor(self.zk, s.zk_root)
         self._spawn("ingest", lambda: self.ingest.run(self.stopping))
@@ -93,11 +120,15 @@ class Node:
         for thread in self.threads:
             thread.join(30)
         self.membership.withdraw()
-        self.ingest.close()
-        self.http.stop()
+        # Opened by start(); None only if it failed before it got to them.
+        if self.ingest is not None:
+            self.ingest.close()
+        if self.http is not None:
+            self.http.stop()
         self.zk.stop()
         self.zk.close()
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
 
     def run(self) -> int:
         """Start, serve until SIGTERM/SIGINT, stop; the exit code (0 on a clean stop)."""
@@ -136,13 +167,14 @@ class Node:
         except StoreFormatError as err:
             # The store is a view of the buffer: a store of another form is rebuilt, not migrated.
             log.warning("store %s will be rebuilt from the buffer: %s", path, err)
-            self.metrics.rebuilds.labels("format").inc()
+            self.metrics.rebuilds.labels(RebuildReason.FORMAT.value).inc()
             TimeIndex.destroy(path)
             store = TimeIndex(path, options)
-        reason = self._rebuild_reason(store, info)
-        if reason is not None:
-            log.warning("store %s will be rebuilt from the buffer: %s", path, reason)
-            self.metrics.rebuilds.labels(reason.split(":")[0]).inc()
+        found = self._rebuild_reason(store, info)
+        if found is not None:
+            code, why = found
+            log.warning("store %s will be rebuilt from the buffer: %s: %s", path, code.value, why)
+            self.metrics.rebuilds.labels(code.value).inc()
             store.close()
             TimeIndex.destroy(path)
             store = TimeIndex(path, options)
@@ -150,26 +182,30 @@ class Node:
         self.metrics.pending.set(store.pending_count())
         return store
 
-    def _rebuild_reason(self, store: TimeIndex, info: BufferInfo) -> str | None:
+    def _rebuild_reason(self, store: TimeIndex, info: BufferInfo) -> tuple[RebuildReason, str] | None:
         known_id = store.get_meta(META_TOPIC_ID)
         if known_id is not None and known_id.decode() != info.topic_id:
-            return (f"topic recreated: the store was built from buffer topic id {known_id.decode()}, "
-                    f"the buffer now has id {info.topic_id}")
+            return RebuildReason.TOPIC_RECREATED, (f"the store was built from buffer topic id {known_id.decode()}, "
+                                                   f"the buffer now has id {info.topic_id}")
         last = store.last_ingest_ms()
         if last is not None and now_ms() - last > info.delete_retention_ms:
-            return (f"stale: last ingest {(now_ms() - last) / 1000:.0f}s ago is longer than the buffer's "
-                    f"delete.retention.ms {info.delete_retention_ms}: tombstones may have been compacted away")
+            return RebuildReason.STALE, (f"last ingest {(now_ms() - last) / 1000:.0f}s ago is longer than the "
+                                         f"buffer's delete.retention.ms {info.delete_retention_ms}: tombstones may "
+                                         "have been compacted away")
         ends = committed_end_offsets(self.admin, self.settings.buffer_topic, info.partitions)
         for partition, offset in store.offsets().items():
             if offset > ends.get(partition, 0):
-                return (f"offsets ahead: persisted offset {offset} of partition {partition} is above the "
-                        f"topic's end offset {ends.get(partition, 0)}: the topic was recreated")
+                return RebuildReason.OFFSETS_AHEAD, (f"persisted offset {offset} of partition {partition} is above "
+                                                     f"the topic's end offset {ends.get(partition, 0)}: the topic "
+                                                     "was recreated")
         return None
 
     # -- state shared by the loops ---------------------------------------
 
     def _lead(self, term: Term) -> None:
-        self.role = "master"
+        if self.store is None or self.ingest is None:  # start() opens both before it joins the election
+            raise RuntimeError("the node was elected before start() opened its store and ingest")
+        self.role = Role.MASTER
         self.epoch = term.epoch
         self.metrics.is_master.set(1)
         self.metrics.elections.inc()
@@ -180,32 +216,64 @@ class Node:
             self.delivery.run(term)
             # A stop asked for is routine; any other end of a term is worth an operator's look.
             level = logging.INFO if self.leadership.stopping else logging.WARNING
-            log.log(level, "stepped down as master, epoch %d: %s", term.epoch,
+            log.log(level, "stepped down as master of %s, epoch %d: %s", self.settings.cluster, term.epoch,
                     term.ended_because or "delivery stopped (see above)")
         finally:
             self.delivery = None
-            self.role = "standby"
+            self.role = Role.STANDBY
             self.metrics.is_master.set(0)
             self._publish_once()
 
     def _publish_membership(self) -> None:
-        self.role = "standby"
+        self.role = Role.STANDBY
         while not self.stopping.is_set():
             self._publish_once()
             self.stopping.wait(1.0)
 
-    def _publish_once(self) -> None:
+    def _record(self) -> NodeRecord:
         # Listening everywhere: advertise the FQDN, which other pods resolve (a StatefulSet
         # pod's short name alone does not resolve outside its own /etc/hosts).
         host = socket.getfqdn() if self.settings.http_host in ("0.0.0.0", "::") else self.settings.http_host
+        return NodeRecord(node_id=self.settings.node_id, role=self.role, host=host,
+                          http=f"http://{host}:{self.http.port}" if self.http is not None else None,
+                          lag=self.ingest.lag if self.ingest is not None else None,
+                          pending=self.store.pending_count() if self.store is not None else None,
+                          epoch=self.epoch, updated_at_ms=now_ms())
+
+    def _publish_once(self) -> None:
         try:
-            self.membership.publish({
-                "node_id": self.settings.node_id, "host": host, "http": f"http://{host}:{self.http.port}",
-                "role": self.role, "lag": self.ingest.lag, "pending": self.store.pending_count(),
-                "epoch": self.epoch, "updated_at_ms": now_ms(),
-            })
-        except Exception as err:
-            log.info("membership not published: %s", str(err) or type(err).__name__)
+            if not self.zk.connected:
+                # kazoo would queue the write and block until the connection is back: say why instead.
+                self._not_published(f"ZooKeeper session {self.zk.state.lower()}: no connection to "
+                                    f"{self.settings.zk_connect}")
+                return
+            self.membership.publish(self._record())
+        except DuplicateNodeId as err:
+            log.error("%s; stopping", err)
+            self.failure = err
+            self.stopping_requested.set()
+            return
+        except KazooException as err:
+            self._not_published(f"ZooKeeper refused the write: {str(err) or type(err).__name__}")
+            return
+        if self._unpublished is not None:
+            log.info("membership published again after %.0fs", time.monotonic() - self._unpublished)
+            self._unpublished = None
+
+    def _not_published(self, reason: str) -> None:
+        """Log the first failure of an outage (not one line a second), with why."""
+        if self._unpublished is None:
+            self._unpublished = time.monotonic()
+            log.warning("membership not published: %s; trying again every second", reason)
+
+    # -- what the HTTP endpoints see (http.NodeView) -------------------------
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
+    def entry(self, delay_id: str) -> StoredEntry | None:
+        return self.store.get(delay_id) if self.store is not None else None
 
     def alive(self) -> bool:
         return self.failure is None and all(t.is_alive() for t in self.threads)
@@ -216,9 +284,11 @@ class Node:
         if self.ingest is None or self.ingest.lag is None:
             return False, "buffer end offsets not known yet"
         for loop in (self.ingest, self.delivery):
-            since = None if loop is None else loop.failing_since
+            if loop is None:
+                continue
+            since = loop.failing_since
             if since is not None and time.monotonic() - since > FAILING_NOT_READY_S:
                 return False, f"{loop.failing} (for {time.monotonic() - since:.0f}s)"
         if not self.ingest.caught_up:
             return False, f"ingest is {self.ingest.lag} records behind the buffer"
-        return True, f"caught up ({self.role})"
+        return True, f"caught up ({self.role.value})"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import zlib
 
+from delayq.wire import PARTITIONERS
+
 _MASK = 0xFFFFFFFF
 
 
@@ -70,10 +72,12 @@ _KEYED = {
 # The *_random variants send null keys to a random partition; the others hash the empty key.
 _NULL_KEY_HASHED = {"consistent", "murmur2", "fnv1a"}
 DEFAULT_PARTITIONER = "consistent_random"  # librdkafka's default
+# Every name the wire contract allows is computed here ("random" chooses no partition).
+assert set(_KEYED) | {"random"} == PARTITIONERS, "delayq.wire.PARTITIONERS and partitioners.py disagree"
 
 
 def partition_for(key: bytes | None, count: int, partitioner: str | None) -> int:
-    """The partition a client using ``partitioner`` would pick for ``key`` among ``count``; -1 = let the producer choose."""
+    """The partition a client using ``partitioner`` picks for ``key`` among ``count``; -1: the producer chooses."""
     name = partitioner or DEFAULT_PARTITIONER
     if name == "random" or name not in _KEYED:
         return -1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import marshal
 from dataclasses import dataclass
 
-from delayq.proxy.envelope import Envelope
+from delayq.wire import Envelope
 
 STORED_FORM = 3
 # marshal's type code of a small tuple (at most 255 items), without and with its ref flag.
@@ -54,15 +54,7 @@ def unpack(value: bytes) -> PendingMessage:
     Raises:
         MalformedStoredEntry: ``value`` is not a stored value of this form; never any other exception.
     """
-    # pack() writes a small tuple. Checked first: a damaged value that claims to be a list of 2**30
-    # items makes marshal allocate gigabytes and spend seconds before it fails.
-    if value[:1] not in _SMALL_TUPLE:
-        raise MalformedStoredEntry(f"stored value starts {value[:8]!r}, not as a stored entry: rebuild the store")
-    try:
-        fields = marshal.loads(value)
-    except Exception as err:  # noqa: BLE001 - damaged marshal data raises EOFError, ValueError, SystemError, ...
-        raise MalformedStoredEntry(f"stored value is not readable ({type(err).__name__}: {err}): "
-                                   "rebuild the store") from None
+    fields = _load_tuple(value, "stored entry")
     if type(fields) is not tuple or len(fields) != 12 or fields[0] != STORED_FORM:
         form = fields[0] if type(fields) is tuple and fields else None
         raise MalformedStoredEntry(f"stored value has form {form!r:.40}, this delayq reads form {STORED_FORM}: "
@@ -78,6 +70,19 @@ def unpack(value: bytes) -> PendingMessage:
     return PendingMessage(buffer_partition, version, message)
 
 
+def _load_tuple(value: bytes, what: str) -> object:
+    """``marshal.loads`` of a value this module wrote as a small tuple, or MalformedStoredEntry."""
+    # Checked first: a damaged value that claims to be a list of 2**30 items makes marshal
+    # allocate gigabytes and spend seconds before it fails.
+    if value[:1] not in _SMALL_TUPLE:
+        raise MalformedStoredEntry(f"stored value starts {value[:8]!r}, not as a {what}: rebuild the store")
+    try:
+        return marshal.loads(value)
+    except Exception as err:  # damaged marshal data raises EOFError, ValueError, SystemError, ...
+        raise MalformedStoredEntry(f"stored {what} is not readable ({type(err).__name__}: {err}): "
+                                   "rebuild the store") from None
+
+
 def _is_int(value: object) -> bool:
     return type(value) is int and value >= 0
 
@@ -89,3 +94,42 @@ def _bytes_or_none(value: object) -> bool:
 def _is_headers(value: object) -> bool:
     return type(value) is list and all(
         type(h) is tuple and len(h) == 2 and type(h[0]) is str and _bytes_or_none(h[1]) for h in value)
+
+
+# -- malformed records waiting to be dead-lettered ---------------------------
+
+# The form number of a stored malformed record (its own series: the two never share a key).
+MALFORMED_FORM = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedBufferRecord:
+    """A buffer record no node applies, as kept until the master dead-letters it: the original and why."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+    code: str
+    reason: str
+
+
+def pack_malformed(record: MalformedBufferRecord) -> bytes:
+    r = record
+    return marshal.dumps((MALFORMED_FORM, r.key, r.value, r.headers, r.timestamp_ms, r.code, r.reason))
+
+
+def unpack_malformed(value: bytes) -> MalformedBufferRecord:
+    """Read a stored malformed record back.
+
+    Raises:
+        MalformedStoredEntry: ``value`` is not one of this form; never any other exception.
+    """
+    fields = _load_tuple(value, "malformed record")
+    if type(fields) is not tuple or len(fields) != 7 or fields[0] != MALFORMED_FORM:
+        raise MalformedStoredEntry("stored malformed record has another form: rebuild the store")
+    _, key, payload, headers, timestamp_ms, code, reason = fields
+    if not (_bytes_or_none(key) and _bytes_or_none(payload) and _is_headers(headers) and type(timestamp_ms) is int
+            and type(code) is str and type(reason) is str):
+        raise MalformedStoredEntry("stored malformed record has fields of the wrong types: rebuild the store")
+    return MalformedBufferRecord(key, payload, headers, timestamp_ms, code, reason)

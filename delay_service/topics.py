@@ -114,7 +114,8 @@ def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
             raise ConfigurationError(f"buffer topic {topic} does not exist on {settings.bootstrap_servers}: "
                                      "create it with `delayq init`") from err
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not describe the buffer topic "
-                               f"{topic} ({error.str()}): is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err
+                               f"{topic} ({error.str()}): is it running, and is DELAYQ_BOOTSTRAP_SERVERS "
+                               "right?") from err
     retention = int(describe_config(admin, topic).get("delete.retention.ms", "86400000"))
     return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions), retention)
 

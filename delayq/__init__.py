@@ -3,13 +3,39 @@
 Change ``from confluent_kafka import Producer`` to ``from delayq import Producer``
 and ``produce(..., delay=30)`` holds a message for 30 seconds before it reaches
 its topic. See docs/DESIGN.md for how.
+
+The names below load on first use (PEP 562): ``import delayq`` alone, as every
+``delayq`` command does, costs neither pydantic nor confluent-kafka, and no import
+order inside the package matters.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .settings import Settings  # noqa: E402
+if TYPE_CHECKING:
+    # lookup from its own module: delayq.proxy.lookup is both that submodule and the function
+    # delayq.proxy re-exports, which mypy confuses inside the import cycle delayq <-> delayq.proxy.
+    from delayq.proxy import Producer, cancel
+    from delayq.proxy.lookup import lookup
+    from delayq.settings import Settings
 
-# After Settings: the proxy imports it from here.
-from delayq.proxy import Producer, cancel, lookup  # noqa: E402
-
+_HOMES = {"Producer": "delayq.proxy", "cancel": "delayq.proxy", "lookup": "delayq.proxy",
+          "Settings": "delayq.settings"}
 __all__ = ["Producer", "Settings", "__version__", "cancel", "lookup"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'delayq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

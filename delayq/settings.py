@@ -9,12 +9,16 @@ over the file. Any librdkafka setting passes through ``kafka`` (for example
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
+import re
 import socket
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,7 +27,18 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .errors import ConfigurationError
+
 DAY_MS = 24 * 3600 * 1000
+ENV_PREFIX = "DELAYQ_"
+# Where librdkafka's log lines go, in every client delayq creates (Settings.kafka_conf).
+KAFKA_LOGGER = logging.getLogger("delayq.kafka")
+# Variables delayq's own tools read that are not settings: the config file, the dev stack's and the
+# jar cache's folders, a kcat to use, and the test suite's switch to keep the dev stack running.
+TOOL_VARIABLES = frozenset({"DELAYQ_CONFIG", "DELAYQ_DEV_DIR", "DELAYQ_CACHE_DIR", "DELAYQ_KCAT",
+                            "DELAYQ_TEST_KEEP_STACK"})
+# What Kubernetes injects for a Service named "delayq" (the chart turns service links off; others may not).
+_SERVICE_LINK = re.compile(r"DELAYQ_(SERVICE_(HOST|PORT)(_\w+)?|PORT(_\d+_(TCP|UDP)(_\w+)?)?)")
 
 
 def _config_file() -> Path | None:
@@ -40,7 +55,7 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="DELAYQ_",
+        env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         extra="ignore",
         validate_default=True,
@@ -121,9 +136,18 @@ class Settings(BaseSettings):
         """One per cluster: a new master's producer fences the old one at the broker."""
         return f"delayq-{self.cluster}-master"
 
+    @property
+    def dead_letter_group(self) -> str:
+        """The consumer group whose committed buffer offsets say which malformed records are dead-lettered."""
+        return f"delayq-{self.cluster}-dead-letters"
+
     def kafka_conf(self, **overrides: Any) -> dict[str, Any]:
-        """librdkafka configuration: bootstrap servers, pass-through settings, then overrides."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        """librdkafka configuration: bootstrap servers, pass-through settings, then overrides.
+
+        librdkafka's own log lines go to the Python logger ``delayq.kafka`` (one line each,
+        formatted like every other log line), never raw to stderr as ``%3|1795...|FAIL|...``.
+        """
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": KAFKA_LOGGER}
         conf.update(self.kafka)
         conf.update(overrides)
         return conf
@@ -137,16 +161,74 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_environment(os.environ)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = _config_file()
         if path is not None:
             if not path.is_file():
-                raise ValueError(f"DELAYQ_CONFIG names {path}, which is not a file")
+                raise ConfigurationError(f"DELAYQ_CONFIG names {path}, which is not a file: point it at the "
+                                         "settings file, or unset it")
+            file_source: YamlConfigSettingsSource | TomlConfigSettingsSource
             if path.suffix in (".yaml", ".yml"):
-                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+                file_source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
             elif path.suffix == ".toml":
-                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+                file_source = TomlConfigSettingsSource(settings_cls, toml_file=path)
             else:
-                raise ValueError(f"DELAYQ_CONFIG {path}: use a .yaml, .yml or .toml file")
+                raise ConfigurationError(f"DELAYQ_CONFIG {path}: use a .yaml, .yml or .toml file")
+            check_file_keys(path, file_source())
+            sources.append(file_source)
         sources.append(file_secret_settings)
         return tuple(sources)
+
+
+def closest_setting(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """'did you mean X?' for the known name closest to ``name`` (compared without ``prefix``)."""
+    bare = {k[len(prefix):].lower(): k for k in known}
+    close = difflib.get_close_matches(name[len(prefix):].lower(), list(bare), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {bare[close[0]]}?"
+    return "the settings are listed in docs/DESIGN.md, Configuration"
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a ``DELAYQ_*`` variable that is no setting: a typo would otherwise be silently ignored.
+
+    Raises:
+        ConfigurationError: one line naming the variable and the closest setting.
+    """
+    settings = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in settings or name in TOOL_VARIABLES:
+            continue
+        if name.startswith(ENV_PREFIX + "KAFKA__") and len(name) > len(ENV_PREFIX + "KAFKA__"):
+            continue  # a librdkafka setting, passed through
+        if _SERVICE_LINK.fullmatch(name):
+            continue
+        if name.startswith(ENV_PREFIX + "KAFKA_"):
+            hint = f"did you mean {ENV_PREFIX}KAFKA__{name[len(ENV_PREFIX + 'KAFKA_'):].lstrip('_')}?"
+        else:
+            hint = closest_setting(name, settings | TOOL_VARIABLES, ENV_PREFIX)
+        raise ConfigurationError(f"{name}: no such setting; {hint}")
+
+
+def check_file_keys(path: Path, values: Mapping[str, object]) -> None:
+    """Refuse a key of the settings file that is no setting.
+
+    Raises:
+        ConfigurationError: one line naming the file, the key and the closest setting.
+    """
+    for key in values:
+        if key not in Settings.model_fields:
+            raise ConfigurationError(f"{path}: {key}: no such setting; {closest_setting(key, Settings.model_fields)}")
+
+
+def settings_problem(err: ValidationError) -> str | None:
+    """One line for an invalid setting (which variable, the value, what is wanted); None if not about Settings."""
+    if err.title != Settings.__name__:
+        return None
+    problems = []
+    for error in err.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        where = f"{ENV_PREFIX}{field.upper()}" if field in Settings.model_fields else field or "settings"
+        problems.append(f"{where} = {error.get('input')!r:.80}: {error['msg']}")
+    return "invalid setting: " + "; ".join(problems)

@@ -5,12 +5,18 @@ orders paid in time cancel that message. Three nodes run as child processes; mid
 the master is killed with SIGKILL, a standby takes over, the dead node comes back as
 a standby. A read_committed consumer of ``order-timeouts`` judges every delivery as
 it lands, and the Spark reconciliation proves the run at the end.
+
+Kafka and ZooKeeper (:func:`choose_stack`): the dev stack of ``stack_dir`` if one is
+named, else ``DELAYQ_BOOTSTRAP_SERVERS`` and ``DELAYQ_ZK_CONNECT`` if set, else the
+embedded dev stack, which the demo starts (and stops at the end) only then.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import logging
+import os
 import random
 import shutil
 import signal
@@ -19,49 +25,71 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from delayq.delay_service import LocalCluster, cluster_status
-from delayq.dev import DevStack
-from delayq.proxy import Producer, envelope
+from delayq import Producer, wire
+from delayq.clock import now_ms
+from delayq.dev import DevStack, StackError
+from delayq.errors import ConfigurationError, UnavailableError
 from delayq.settings import Settings
+from delayq.testing import LocalCluster
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from .options import DemoOptions
+
+BOOTSTRAP_VARIABLE = "DELAYQ_BOOTSTRAP_SERVERS"
+ZK_VARIABLE = "DELAYQ_ZK_CONNECT"
 
 
-@dataclass
-class DemoOptions:
-    """How big a story to tell. The defaults take about two minutes on two cores."""
+@dataclass(frozen=True)
+class StackChoice:
+    """Where the demo finds Kafka and ZooKeeper, and whether it brings them up itself."""
 
-    orders_per_second: float = 20.0
-    order_seconds: float = 45.0
-    min_delay_s: float = 5.0
-    max_delay_s: float = 30.0
-    pay_ratio: float = 0.4
-    nodes: int = 3
-    kill_master: bool = True
-    reconcile: bool = True
-    state_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "state" / "delayq" / "demo")
-    seed: int | None = None
+    bootstrap_servers: str
+    zk_connect: str
+    source: str  # said to the user: where the addresses came from
+    stack: DevStack | None = None  # the dev stack behind the addresses, if any
+    start: bool = False  # the demo starts ``stack`` (and stops, at the end, what it started)
 
-    def __post_init__(self) -> None:
-        if self.orders_per_second <= 0 or self.order_seconds <= 0:
-            raise ValueError("orders_per_second and order_seconds must be positive")
-        if not 0 < self.min_delay_s <= self.max_delay_s:
-            raise ValueError("min_delay_s must be positive and at most max_delay_s")
-        if not 0 <= self.pay_ratio <= 1:
-            raise ValueError("pay_ratio must be between 0 and 1")
-        if self.nodes < 1:
-            raise ValueError("nodes must be at least 1")
+
+def choose_stack(stack_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> StackChoice:
+    """Which Kafka and ZooKeeper the demo uses: a named dev stack, else the environment's, else its own.
+
+    1. ``stack_dir``: the dev stack ``delayq dev up --state-dir stack_dir`` started, at the
+       ports it recorded there; the demo does not start it.
+    2. ``DELAYQ_BOOTSTRAP_SERVERS`` and ``DELAYQ_ZK_CONNECT`` (both): those addresses.
+    3. Neither: the embedded dev stack of the default state folder, started if it is not running.
+
+    Raises:
+        StackError: ``stack_dir`` holds no dev stack.
+        ConfigurationError: only one of the two variables is set.
+    """
+    environ = os.environ if environ is None else environ
+    if stack_dir is not None:
+        stack = DevStack(stack_dir)
+        if stack.recorded_ports() is None:
+            raise StackError(f"no dev stack has run in {stack.state_dir} (no ports recorded there): start one with "
+                             f"delayq dev up --state-dir {stack.state_dir}, or leave out --state-dir")
+        return StackChoice(stack.bootstrap_servers, stack.zk_connect, f"the dev stack in {stack.state_dir}", stack)
+    bootstrap = environ.get(BOOTSTRAP_VARIABLE, "").strip()
+    zk_connect = environ.get(ZK_VARIABLE, "").strip()
+    if bootstrap and zk_connect:
+        return StackChoice(bootstrap, zk_connect, f"{BOOTSTRAP_VARIABLE} and {ZK_VARIABLE}")
+    if bootstrap or zk_connect:
+        given, missing = (BOOTSTRAP_VARIABLE, ZK_VARIABLE) if bootstrap else (ZK_VARIABLE, BOOTSTRAP_VARIABLE)
+        raise ConfigurationError(f"{given} is set but {missing} is not: the demo needs both Kafka and ZooKeeper; "
+                                 f"set {missing} too, or unset {given} to have the demo start its own dev stack")
+    stack = DevStack()
+    return StackChoice(stack.bootstrap_servers, stack.zk_connect, f"the dev stack in {stack.state_dir}", stack,
+                       start=True)
 
 
 @dataclass
@@ -156,10 +184,10 @@ class Watcher(threading.Thread):
 
     def _judge(self, record) -> None:
         headers = dict(record.headers() or [])
-        delay_id = headers[envelope.ID].decode()
-        lateness = record.timestamp()[1] - int(headers[envelope.DELIVER_AT])
+        delay_id = headers[wire.ID].decode()
+        lateness = record.timestamp()[1] - int(headers[wire.DELIVER_AT])
         self.tally.delivered[delay_id] += 1
-        self.tally.by_epoch[int(headers[envelope.EPOCH])] += 1
+        self.tally.by_epoch[int(headers[wire.EPOCH])] += 1
         self.tally.lateness_ms.append(lateness)
         if lateness < 0:
             self.tally.early += 1
@@ -171,7 +199,7 @@ class Story:
         self.console = console
         self.tally = Tally()
         self.rng = random.Random(options.seed)
-        self.run_dir = options.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
+        self.run_dir = options.out_dir / time.strftime("run-%Y%m%d-%H%M%S")
         self.settings: Settings | None = None
         self.cluster: LocalCluster | None = None
         self.status: dict = {}
@@ -180,13 +208,21 @@ class Story:
     # -- the story -------------------------------------------------------
 
     def run(self) -> int:
-        stack = DevStack()
+        choice = choose_stack(self.options.stack_dir)
         try:
-            with self.console.status("starting the embedded Kafka + ZooKeeper"):
-                self.stack_started = stack.up(say=self.console.print)
+            if choice.start:
+                with self.console.status("starting the embedded Kafka + ZooKeeper"):
+                    self.stack_started = choice.stack.up(say=self.console.print)
+            elif choice.stack is not None and not all(s.healthy for s in choice.stack.status()):
+                raise StackError(f"the dev stack in {choice.stack.state_dir} is not running: start it with "
+                                 f"delayq dev up --state-dir {choice.stack.state_dir}")
+            self.console.print(f"Kafka at {choice.bootstrap_servers}, ZooKeeper at {choice.zk_connect} "
+                               f"({choice.source})", highlight=False, markup=False)
             cluster = f"demo-{uuid.uuid4().hex[:6]}"
-            self.settings = Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect,
+            self.settings = Settings(bootstrap_servers=choice.bootstrap_servers, zk_connect=choice.zk_connect,
                                      cluster=cluster, buffer_partitions=6, zk_session_timeout_ms=4000)
+            if not choice.start:
+                self._check_reachable(choice)
             self.target = f"{cluster}-order-timeouts"
             self._prepare_topics()
             return self._tell()
@@ -194,10 +230,33 @@ class Story:
             if self.cluster is not None:
                 self.cluster.close()
             if self.stack_started:
-                stack.down(tuple(self.stack_started))
+                choice.stack.down(tuple(reversed(self.stack_started)))
+
+    def _check_reachable(self, choice: StackChoice, timeout_s: float = 10.0) -> None:
+        """Kafka and ZooKeeper the demo did not start answer, or the demo says in one line which does not."""
+        from kazoo.client import KazooClient
+
+        admin = AdminClient(self.settings.kafka_conf(**{"log_level": 0}))
+        try:
+            admin.list_topics(timeout=timeout_s)
+        except KafkaException:
+            raise UnavailableError(f"no Kafka answered at {choice.bootstrap_servers} ({choice.source}) within "
+                                   f"{timeout_s:g}s: start it, or point the demo at another") from None
+        quiet = logging.getLogger("delayq.demo.probe")  # kazoo would log every failed attempt
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
+        client = KazooClient(hosts=choice.zk_connect, timeout=timeout_s, logger=quiet)
+        try:
+            client.start(timeout=timeout_s)
+        except Exception:
+            raise UnavailableError(f"no ZooKeeper answered at {choice.zk_connect} ({choice.source}) within "
+                                   f"{timeout_s:g}s: start it, or point the demo at another") from None
+        finally:
+            client.stop()
+            client.close()
 
     def _prepare_topics(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers})
+        admin = AdminClient(self.settings.kafka_conf())
         # LogAppendTime: lateness is measured against the broker's clock, as a consumer sees it.
         futures = admin.create_topics([NewTopic(self.target, 3, 1,
                                                 config={"message.timestamp.type": "LogAppendTime"})])
@@ -212,8 +271,7 @@ class Story:
                 self.cluster.start(f"node-{chr(ord('a') + i)}")
             master = self.cluster.master()
         tally.event(f"{o.nodes} nodes up; [bold]{master.node_id}[/] is master (epoch 1)")
-        producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers,
-                             "delayq.cluster": self.settings.cluster, "linger.ms": 5})
+        producer = Producer(self.settings.kafka_conf(**{"delayq.cluster": self.settings.cluster, "linger.ms": 5}))
         orders = Orders(producer, self.target, o, tally, self.rng)
         watcher = Watcher(self.settings, self.target, tally)
         watcher.start()
@@ -274,6 +332,8 @@ class Story:
 
     def _refresh_status(self) -> None:
         try:
+            from delayq.delay_service import cluster_status  # loads kazoo: only when the demo runs
+
             self.status = cluster_status(self.settings)
             self.status["pending_total"] = max((n.get("pending") or 0 for n in self.status["nodes"]), default=0)
         except Exception as err:  # ZooKeeper hiccup: keep showing the last view
@@ -337,7 +397,7 @@ class Story:
         self.console.print(table)
         self.console.print(f"lateness ms: {report.lateness_ms}")
         self.console.print(f"report: [bold]{out / 'report.html'}[/]")
-        clean_runs(self.options.state_dir)
+        clean_runs(self.options.out_dir)
         return 0 if live_ok and report.ok else 1
 
 
@@ -353,8 +413,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def clean_runs(state_dir: Path, keep: int = 3) -> None:
+def clean_runs(out_dir: Path, keep: int = 3) -> None:
     """Old runs' node data are only for looking at; keep the last few."""
-    runs = sorted(state_dir.glob("run-*"))
+    runs = sorted(out_dir.glob("run-*"))
     for old in runs[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -2,18 +2,20 @@
 
 Public surface::
 
-    from delayq.dev import DevStack, StackError
+    from delayq.dev import DevStack, StackError, recorded_ports
 """
 
 from .runtime import KAFKA_VERSION, ZOOKEEPER_VERSION, StackError, cache_dir
-from .stack import DevStack, ServiceStatus, default_state_dir
+from .stack import DevStack, Ports, ServiceStatus, default_state_dir, recorded_ports
 
 __all__ = [
-    "DevStack",
     "KAFKA_VERSION",
+    "ZOOKEEPER_VERSION",
+    "DevStack",
+    "Ports",
     "ServiceStatus",
     "StackError",
-    "ZOOKEEPER_VERSION",
     "cache_dir",
     "default_state_dir",
+    "recorded_ports",
 ]

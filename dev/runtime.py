@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from delayq.errors import DelayqError
+from delayq.paths import cache_dir
 
 KAFKA_VERSION = "4.3.1"
 ZOOKEEPER_VERSION = "3.9.4"
@@ -73,28 +74,27 @@ ZOOKEEPER = Runtime(
 )
 
 
-def cache_dir() -> Path:
-    """Where downloaded jars live: ``$DELAYQ_CACHE_DIR``, else ``$XDG_CACHE_HOME/delayq``, else ``~/.cache/delayq``."""
-    explicit = os.environ.get("DELAYQ_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "delayq"
-
-
 def java_executable() -> str:
     """The ``java`` to run, checked to be Java 17 or newer."""
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java_home and java and not Path(java).exists():
+        raise StackError(f"JAVA_HOME is {java_home}, which has no bin/java: point it at a Java 17 or newer, "
+                         "or unset it to use the java on PATH")
     if not java or not Path(java).exists():
         raise StackError(
             "Java 17 or newer is needed to run Kafka and ZooKeeper and none was found: "
             "install it (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME."
         )
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    except OSError as err:
+        raise StackError(f"cannot run {java} ({err.strerror}): point JAVA_HOME at a Java 17 or newer, "
+                         "or install one (Debian: apt-get install openjdk-17-jre-headless)") from None
     match = re.search(r'version "(\d+)', out)
     if match and int(match.group(1)) < 17:
-        raise StackError(f"Kafka 4 needs Java 17 or newer, but {java} is Java {match.group(1)}: install Java 17+.")
+        raise StackError(f"Kafka 4 needs Java 17 or newer, but {java} is Java {match.group(1)}: install Java 17+ "
+                         "(Debian: apt-get install openjdk-17-jre-headless) or point JAVA_HOME at one")
     return java
 
 
@@ -141,10 +141,10 @@ def ensure_runtime(runtime: Runtime, *, say=print) -> Path:
             capture_output=True, text=True,
         )
         if result.returncode != 0 or not any(staged.glob("*.jar")):
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-8:])
             raise StackError(
                 f"downloading {runtime.name} {runtime.version} from Maven Central failed "
-                f"(mvn exit {result.returncode}); check the network or proxy settings. Maven said:\n{tail}"
+                f"(mvn exit {result.returncode}; Maven said: {_maven_says(result.stdout + result.stderr)}): "
+                "check the network or Maven's proxy settings (~/.m2/settings.xml), then run delayq dev up again"
             )
         if target.exists():
             shutil.rmtree(target)
@@ -152,3 +152,12 @@ def ensure_runtime(runtime: Runtime, *, say=print) -> Path:
         staged.rename(libs)
     marker.write_text(wanted)
     return libs
+
+
+def _maven_says(output: str, limit: int = 300) -> str:
+    """Maven's first error line (the later ones repeat it or point at help pages), in one line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("[ERROR]") and "-> [Help" not in line
+              and not line.startswith("[ERROR] Re-run") and line != "[ERROR]"]
+    line = (errors or lines or ["nothing"])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -2,22 +2,30 @@
 
 Everything lives under one state folder::
 
+    <state>/stack.json     the ports the last ``up`` was asked for (Kafka, its controller, ZooKeeper)
     <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log, kafka.pid}
     <state>/zookeeper/{zoo.cfg, logback.xml, data/, zookeeper.log, zookeeper.pid}
 
 ``up`` starts what is not running and returns when both services answer; ``down``
 stops exactly the processes whose pid files ``up`` wrote, and is safe to repeat.
+A ``DevStack`` made without ports uses the ports recorded in its state folder, so
+``status``, ``env`` and ``down`` of a folder talk about that folder's stack. An ``up``
+that fails stops what it started: the next ``up`` starts from a clean slate.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +36,8 @@ DEFAULT_ZK_PORT = 2181
 HOST = "127.0.0.1"
 # The stack's services, in the order `up` starts them.
 SERVICES = ("zookeeper", "kafka")
+# Where `up` records the ports it was asked for, in the state folder.
+RECORD = "stack.json"
 
 
 def default_state_dir() -> Path:
@@ -53,9 +63,46 @@ class ServiceStatus:
         return self.running and self.answering
 
 
+@dataclass(frozen=True)
+class Ports:
+    """The loopback ports of one stack: Kafka's (its controller listens on the next) and ZooKeeper's."""
+
+    kafka: int
+    zk: int
+
+    @property
+    def controller(self) -> int:
+        return self.kafka + 1
+
+
+def recorded_ports(state_dir: Path) -> Ports | None:
+    """The ports the last ``up`` in ``state_dir`` was asked for, or None if no ``up`` ran there.
+
+    Read from ``<state>/stack.json``; a stack started by a delayq that wrote no record is
+    read from the configuration files its services run with.
+    """
+    state_dir = Path(state_dir).expanduser()
+    try:
+        record = json.loads((state_dir / RECORD).read_text())
+        return Ports(int(record["kafka_port"]), int(record["zk_port"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        server_properties = (state_dir / "kafka" / "server.properties").read_text()
+        zoo_cfg = (state_dir / "zookeeper" / "zoo.cfg").read_text()
+    except OSError:
+        return None
+    kafka = re.search(r"^listeners=PLAINTEXT://[^:]+:(\d+)", server_properties, re.MULTILINE)
+    zk = re.search(r"^clientPort=(\d+)", zoo_cfg, re.MULTILINE)
+    return Ports(int(kafka[1]), int(zk[1])) if kafka and zk else None
+
+
 @dataclass
 class DevStack:
     """One Kafka broker+controller and one ZooKeeper, started from cached jars.
+
+    Ports left out (None) are the ones the last ``up`` in ``state_dir`` recorded, else
+    9092 and 2181: ``DevStack(folder)`` is whatever stack runs from that folder.
 
     Example:
         >>> stack = DevStack()
@@ -66,28 +113,46 @@ class DevStack:
     """
 
     state_dir: Path = field(default_factory=default_state_dir)
-    kafka_port: int = DEFAULT_KAFKA_PORT
-    zk_port: int = DEFAULT_ZK_PORT
+    kafka_port: int | None = None
+    zk_port: int | None = None
     start_timeout_s: float = 90.0
+    # Where a new KRaft cluster id's randomness comes from (a test injects its own draws).
+    draw_uuid: Callable[[], uuid.UUID] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser().resolve()
+        recorded = recorded_ports(self.state_dir)
+        if self.kafka_port is None:
+            self.kafka_port = recorded.kafka if recorded else DEFAULT_KAFKA_PORT
+        if self.zk_port is None:
+            self.zk_port = recorded.zk if recorded else DEFAULT_ZK_PORT
+        _check_ports(self.ports)
 
     # -- addresses -------------------------------------------------------
 
     @property
+    def ports(self) -> Ports:
+        assert self.kafka_port is not None and self.zk_port is not None  # set by __post_init__
+        return Ports(self.kafka_port, self.zk_port)
+
+    @property
     def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self.kafka_port}"
+        return f"{HOST}:{self.ports.kafka}"
 
     @property
     def zk_connect(self) -> str:
-        return f"{HOST}:{self.zk_port}"
+        return f"{HOST}:{self.ports.zk}"
 
     @property
     def controller_port(self) -> int:
-        return self.kafka_port + 1
+        return self.ports.controller
+
+    def recorded_ports(self) -> Ports | None:
+        """The ports the last ``up`` in this state folder was asked for (None: no ``up`` ran here)."""
+        return recorded_ports(self.state_dir)
 
     def env(self) -> dict[str, str]:
+        self._check_ports_match_running()
         return {"DELAYQ_BOOTSTRAP_SERVERS": self.bootstrap_servers, "DELAYQ_ZK_CONNECT": self.zk_connect}
 
     # -- lifecycle -------------------------------------------------------
@@ -95,25 +160,39 @@ class DevStack:
     def up(self, *, say=print) -> list[str]:
         """Start whatever is not running; return the names of the services this call started.
 
+        On failure (or Ctrl-C) it stops the services it started, so nothing half-started
+        is left for the next ``up``.
+
         Raises:
             StackError: Java or Maven is missing, a download failed, a port is taken by
-                something else, or a service did not answer in time (with its log's last lines).
+                something else, or a service did not answer in time (with its log's last error).
         """
         java = java_executable()
+        self._check_ports_match_running()
+        missing = [name for name in SERVICES if not self._running(name)]
+        # What can be checked first is: a taken port or damaged storage fails the call before anything starts.
+        for name in missing:
+            self._preflight(name)
+        if missing:
+            self._record_ports()
         started: list[str] = []
-        for name in SERVICES:
-            if not self._running(name):
+        try:
+            for name in missing:
                 self._launch(name, java, say)
                 started.append(name)
-        deadline = time.monotonic() + self.start_timeout_s
-        for name in SERVICES:
-            self._wait(name, self._probe(name), deadline)
+            deadline = time.monotonic() + self.start_timeout_s
+            for name in SERVICES:
+                self._wait(name, self._probe(name), deadline)
+        except BaseException:
+            self.down(tuple(reversed(started)))
+            raise
         return started
 
     def start(self, name: str, *, say=print) -> bool:
         """Start one service (``"kafka"`` or ``"zookeeper"``) unless it runs; return when it answers.
 
-        What a chaos test needs after :meth:`kill`; :meth:`up` starts both.
+        What a chaos test needs after :meth:`kill`; :meth:`up` starts both. On failure it
+        stops the service if this call started it.
 
         Returns:
             True if this call started it, False if it was running already.
@@ -123,10 +202,19 @@ class DevStack:
             StackError: as :meth:`up`.
         """
         _check_service(name)
+        self._check_ports_match_running()
         started = not self._running(name)
-        if started:
-            self._launch(name, java_executable(), say)
-        self._wait(name, self._probe(name), time.monotonic() + self.start_timeout_s)
+        try:
+            if started:
+                java = java_executable()
+                self._preflight(name)
+                self._record_ports()
+                self._launch(name, java, say)
+            self._wait(name, self._probe(name), time.monotonic() + self.start_timeout_s)
+        except BaseException:
+            if started:
+                self.down((name,))
+            raise
         return started
 
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> bool:
@@ -152,11 +240,16 @@ class DevStack:
         except ProcessLookupError:
             return False
         if sig in (signal.SIGKILL, signal.SIGTERM) and not _wait_gone(pid, timeout_s):
-            raise StackError(f"{name} (pid {pid}) was still alive {timeout_s:.0f}s after signal {sig}")
+            raise StackError(f"{name} (pid {pid}) was still alive {timeout_s:.0f}s after signal {sig}: "
+                             f"stop it with kill -9 {pid}")
         return True
 
     def down(self, services: tuple[str, ...] = ("kafka", "zookeeper"), timeout_s: float = 30.0) -> list[str]:
-        """Stop the processes ``up`` started (by pid file); return the names of those stopped."""
+        """Stop the processes ``up`` started (by pid file); return the names of those stopped.
+
+        A pid file whose process is gone, or is not the one ``up`` started (a reused pid), is
+        removed and nothing is signalled.
+        """
         stopped = []
         for name in services:
             pid = self._pid(name)
@@ -169,6 +262,7 @@ class DevStack:
     def status(self) -> list[ServiceStatus]:
         from .runtime import KAFKA_VERSION, ZOOKEEPER_VERSION
 
+        self._check_ports_match_running()
         result = []
         for name, version, address, probe in (
             ("kafka", KAFKA_VERSION, self.bootstrap_servers, self._kafka_answers),
@@ -186,8 +280,6 @@ class DevStack:
 
     def wipe(self) -> None:
         """Stop both services and delete their data (a fresh cluster on next ``up``)."""
-        import shutil
-
         self.down()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -200,17 +292,60 @@ class DevStack:
     def _probe(self, name: str):
         return self._zookeeper_answers if name == "zookeeper" else self._kafka_answers
 
+    # -- ports -----------------------------------------------------------
+
+    def _record_ports(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        record = self.state_dir / RECORD
+        scratch = record.with_suffix(".tmp")
+        scratch.write_text(json.dumps({"kafka_port": self.ports.kafka, "zk_port": self.ports.zk}) + "\n")
+        scratch.replace(record)
+
+    def _check_ports_match_running(self) -> None:
+        """A running service keeps its ports: asking this stack for others is a mistake, said as such."""
+        recorded = self.recorded_ports()
+        if recorded is None:
+            return
+        for name, asked, has, option in (("kafka", self.ports.kafka, recorded.kafka, "--kafka-port"),
+                                         ("zookeeper", self.ports.zk, recorded.zk, "--zk-port")):
+            if asked != has and self._running(name):
+                raise StackError(
+                    f"the {name} of the dev stack in {self.state_dir} runs on port {has}, not {asked}: "
+                    f"leave out {option} to use it, or stop it first (delayq dev down --state-dir {self.state_dir})"
+                )
+
+    def _preflight(self, name: str) -> None:
+        """Refuse to start ``name`` on a taken port, or Kafka on storage it would refuse."""
+        if name == "zookeeper":
+            self._check_port_free("zookeeper", self.ports.zk, "--zk-port")
+        else:
+            self._check_port_free("kafka", self.ports.kafka, "--kafka-port")
+            self._check_port_free("the kafka controller (the Kafka port + 1)", self.controller_port, "--kafka-port")
+            meta = self.state_dir / "kafka" / "data" / "meta.properties"
+            if meta.exists():
+                self._check_meta_properties(meta)
+
+    def _check_port_free(self, name: str, port: int, option: str) -> None:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                raise StackError(
+                    f"port {port} on {HOST}, wanted by {name}, is taken by a process this stack did not "
+                    f"start: stop that process, or choose another port ({option})"
+                ) from None
+
     # -- ZooKeeper -------------------------------------------------------
 
     def _start_zookeeper(self, java: str, libs: Path) -> None:
         home = self._home("zookeeper")
         (home / "data").mkdir(parents=True, exist_ok=True)
-        self._check_port_free("zookeeper", self.zk_port)
         # tickTime 500 ms lets clients ask for session timeouts down to 1 s (2 ticks),
         # which the failover tests and a fast-failover production setting both want.
         (home / "zoo.cfg").write_text(
             f"tickTime=500\ninitLimit=10\nsyncLimit=5\n"
-            f"dataDir={home / 'data'}\nclientPort={self.zk_port}\nclientPortAddress={HOST}\n"
+            f"dataDir={home / 'data'}\nclientPort={self.ports.zk}\nclientPortAddress={HOST}\n"
             "maxSessionTimeout=60000\nadmin.enableServer=false\n"
             "4lw.commands.whitelist=ruok,srvr,stat,mntr\nmaxClientCnxns=0\n"
             "autopurge.snapRetainCount=3\nautopurge.purgeInterval=1\n"
@@ -224,12 +359,12 @@ class DevStack:
             "zookeeper",
             [java, "-Xms64m", "-Xmx256m", f"-Dlogback.configurationFile={home / 'logback.xml'}",
              "-Dzookeeper.admin.enableServer=false", "-cp", f"{libs}/*",
-             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(home / "zoo.cfg")],
+             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self._config_file("zookeeper"))],
         )
 
     def _zookeeper_answers(self) -> bool:
         try:
-            with socket.create_connection((HOST, self.zk_port), timeout=2) as sock:
+            with socket.create_connection((HOST, self.ports.zk), timeout=2) as sock:
                 sock.sendall(b"ruok")
                 if sock.recv(16) != b"imok":
                     return False
@@ -254,10 +389,7 @@ class DevStack:
     def _start_kafka(self, java: str, libs: Path) -> None:
         home = self._home("kafka")
         data = home / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        self._check_port_free("kafka", self.kafka_port)
-        self._check_port_free("kafka controller", self.controller_port)
-        config = home / "server.properties"
+        config = self._config_file("kafka")
         config.write_text(self._kafka_properties(data))
         (home / "log4j2.properties").write_text(
             "status = warn\nappender.out.type = Console\nappender.out.name = OUT\n"
@@ -271,27 +403,62 @@ class DevStack:
                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={home}", "-cp", f"{libs}/*"]
         if not (data / "meta.properties").exists():
-            # Kafka's own StorageTool writes meta.properties and the bootstrap checkpoint.
-            cluster_id = _kafka_cluster_id()
+            self._format_kafka_storage(jvm, config, data)
+        self._spawn("kafka", [*jvm, "kafka.Kafka", str(config)])
+
+    def _format_kafka_storage(self, jvm: list[str], config: Path, data: Path) -> None:
+        """Kafka's own StorageTool writes meta.properties and the bootstrap checkpoint into ``data``.
+
+        It writes meta.properties last, so a folder without it holds at most what an
+        interrupted format left: cleared first, and again if this format fails.
+        """
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True)
+        cluster_id = _kafka_cluster_id(self.draw_uuid)
+        try:
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
                  "--config", str(config), "--ignore-formatted"],
                 capture_output=True, text=True,
             )
-            if fmt.returncode != 0:
-                raise StackError(
-                    f"Kafka's StorageTool could not format {data} (exit {fmt.returncode}):\n"
-                    + "\n".join((fmt.stdout + fmt.stderr).strip().splitlines()[-10:])
-                )
-        self._spawn("kafka", [*jvm, "kafka.Kafka", str(config)])
+        except BaseException:
+            shutil.rmtree(data, ignore_errors=True)
+            raise
+        if fmt.returncode != 0 or not (data / "meta.properties").exists():
+            shutil.rmtree(data, ignore_errors=True)
+            said = _telling_line((fmt.stdout + fmt.stderr).splitlines()) or "nothing"
+            raise StackError(
+                f"Kafka's StorageTool could not format {data} (exit {fmt.returncode}, cluster id {cluster_id}); "
+                f"it said: {said}; fix that and run delayq dev up --state-dir {self.state_dir} again"
+            )
+
+    def _check_meta_properties(self, meta: Path) -> None:
+        """Refuse, in one line, a log folder Kafka would refuse with a stack trace."""
+        try:
+            pairs = dict(line.split("=", 1) for line in meta.read_text(errors="replace").splitlines()
+                         if "=" in line and not line.startswith("#"))
+        except OSError as err:
+            pairs, problem = {}, f"cannot be read ({err.strerror})"
+        else:
+            problem = ""
+        if not problem:
+            if not pairs.get("cluster.id", "").strip():
+                problem = "has no cluster.id"
+            elif pairs.get("node.id", "").strip() != "1":
+                problem = f"names node.id {pairs.get('node.id', '(none)').strip()!r}, not '1'"
+        if problem:
+            raise StackError(
+                f"Kafka's storage in {meta.parent} is damaged: {meta} {problem}; wipe the stack's data "
+                f"(delayq dev down --wipe --state-dir {self.state_dir}; every topic is lost) and run up again"
+            )
 
     def _kafka_properties(self, data: Path) -> str:
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{HOST}:{self.kafka_port},CONTROLLER://{HOST}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.kafka_port}",
+            "listeners": f"PLAINTEXT://{HOST}:{self.ports.kafka},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.ports.kafka}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -306,8 +473,8 @@ class DevStack:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            # A missing target topic must stay missing, as in production: delivery dead-letters it.
-            "auto.create.topics.enable": "false",
+            # auto.create.topics.enable stays at Kafka's default (true), as on most users' brokers:
+            # delivery must dead-letter a missing target topic without creating it.
             # Compaction runs soon after a segment rolls, so tests can watch it.
             "log.cleaner.backoff.ms": "1000",
         }
@@ -316,7 +483,7 @@ class DevStack:
     def _kafka_answers(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        if not _port_open(self.kafka_port):
+        if not _port_open(self.ports.kafka):
             return False
         try:
             # log_level 0: a broker still starting is expected here, not worth librdkafka's stderr noise.
@@ -334,6 +501,10 @@ class DevStack:
         home.mkdir(parents=True, exist_ok=True)
         return home
 
+    def _config_file(self, name: str) -> Path:
+        """The file the service's JVM is started with: its last argument, and how :meth:`_is_ours` knows it."""
+        return self.state_dir / name / ("zoo.cfg" if name == "zookeeper" else "server.properties")
+
     def _pid_file(self, name: str) -> Path:
         return self.state_dir / name / f"{name}.pid"
 
@@ -349,59 +520,78 @@ class DevStack:
     def _is_ours(self, name: str, pid: int) -> bool:
         """True if ``pid`` is alive and is the JVM we started for ``name`` (not a reused pid)."""
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return False
-        return str(self.state_dir / name) in cmdline
+        # This folder's config file, as a whole argument: another stack's folder may contain this one's path.
+        return _alive(pid) and os.fsencode(self._config_file(name)) in argv
 
     def _running(self, name: str) -> bool:
         pid = self._pid(name)
         return pid is not None and self._is_ours(name, pid)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self._log_file(name), "ab")
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=self._home(name),
-        )
-        log.close()
-        self._pid_file(name).write_text(f"{process.pid}\n")
-
-    def _check_port_free(self, name: str, port: int) -> None:
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                raise StackError(
-                    f"port {port} on {HOST}, wanted by {name}, is taken by a process this stack did not "
-                    f"start: stop it, or choose other ports (delayq dev up --kafka-port/--zk-port)."
-                ) from None
+        with open(self._log_file(name), "ab") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self._home(name),
+            )
+        try:
+            self._pid_file(name).write_text(f"{process.pid}\n")
+        except BaseException:
+            _terminate(process.pid, 10)
+            raise
 
     def _wait(self, name: str, probe, deadline: float) -> None:
+        address = self.bootstrap_servers if name == "kafka" else self.zk_connect
         while time.monotonic() < deadline:
             if not self._running(name):
-                raise StackError(f"{name} exited while starting. Last lines of {self._log_file(name)}:\n"
-                                 + self._log_tail(name))
+                raise StackError(
+                    f"{name} exited while starting; its log {self._log_file(name)} says: {self._log_says(name)}; "
+                    f"fix that and run delayq dev up --state-dir {self.state_dir} again"
+                )
             if probe():
                 return
             time.sleep(0.5)
         raise StackError(
-            f"{name} did not answer within {self.start_timeout_s:.0f}s. Last lines of "
-            f"{self._log_file(name)}:\n" + self._log_tail(name)
+            f"{name} did not answer on {address} within {self.start_timeout_s:g}s (its log "
+            f"{self._log_file(name)} last says: {self._log_says(name)}); give it longer "
+            f"(delayq dev up --timeout {max(180, int(self.start_timeout_s * 2))}) or read that log"
         )
 
-    def _log_tail(self, name: str, lines: int = 25) -> str:
+    def _log_says(self, name: str, lines: int = 200) -> str:
+        """The log's line that best says what went wrong: its last error, else its last line."""
         try:
-            return "\n".join(self._log_file(name).read_text(errors="replace").splitlines()[-lines:])
+            tail = self._log_file(name).read_text(errors="replace").splitlines()[-lines:]
         except OSError:
-            return "(no log written)"
+            return "nothing (no log written)"
+        return _telling_line(tail) or "nothing"
 
 
 # Probing a server that is still starting fails by design; kazoo would log every attempt.
 _QUIET = logging.getLogger("delayq.dev.probe")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+
+
+def _telling_line(lines: list[str], limit: int = 300) -> str:
+    """The last line that reports an error (else the last non-blank one), shortened to fit in one line."""
+    lines = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in lines
+              if re.search(r"\b(ERROR|FATAL|SEVERE)\b|Exception|Error:|error:", line) and not line.startswith("at ")]
+    line = (errors or lines or [""])[-1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _check_ports(ports: Ports) -> None:
+    if not 1 <= ports.kafka <= 65534:
+        raise StackError(f"Kafka port {ports.kafka} is out of range: choose one from 1 to 65534 "
+                         "(its controller listens on the next port) with --kafka-port")
+    if not 1 <= ports.zk <= 65535:
+        raise StackError(f"ZooKeeper port {ports.zk} is out of range: choose one from 1 to 65535 with --zk-port")
+    if ports.zk in (ports.kafka, ports.controller):
+        raise StackError(f"ZooKeeper port {ports.zk} collides with Kafka's ports {ports.kafka} and "
+                         f"{ports.controller} (client and controller): choose other ports (--kafka-port/--zk-port)")
 
 
 def _port_open(port: int) -> bool:
@@ -412,17 +602,17 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def _kafka_cluster_id() -> str:
+def _kafka_cluster_id(draw_uuid: Callable[[], uuid.UUID] | None = None) -> str:
     # Kafka wants 16 random bytes, base64url without padding (what `kafka-storage random-uuid` prints).
-    # One id in 64 begins with "-", which StorageTool's argument parser takes for an option: draw again.
+    # One id in 64 begins with "-", which StorageTool's argument parser takes for an option: draw again,
+    # as Kafka's own Uuid.randomUuid() does.
     import base64
 
+    draw = draw_uuid or uuid.uuid4
     while True:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = base64.urlsafe_b64encode(draw().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
-
-
 def _check_service(name: str) -> None:
     if name not in SERVICES:
         raise ValueError(f"service {name!r} is not part of the stack: choose one of {', '.join(SERVICES)}")

@@ -3,8 +3,11 @@
 Public surface::
 
     from delayq.election import connect, Leadership, Term, Epoch, Cursor, Membership, FencedError
+    from delayq.election import NodeRecord, CursorRecord, Role, DuplicateNodeId
 """
 
-from .recipes import Cursor, Epoch, FencedError, Leadership, Membership, Term, connect
+from .recipes import Cursor, DuplicateNodeId, Epoch, FencedError, Leadership, Membership, Term, connect
+from .records import CursorRecord, NodeRecord, Role
 
-__all__ = ["Cursor", "Epoch", "FencedError", "Leadership", "Membership", "Term", "connect"]
+__all__ = ["Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FencedError", "Leadership", "Membership",
+           "NodeRecord", "Role", "Term", "connect"]

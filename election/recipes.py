@@ -10,24 +10,24 @@ Paths under ``/delayq/<cluster>/`` (docs/DESIGN.md):
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-
-from delayq.errors import UnavailableError
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+
+from delayq.errors import DelayqError, UnavailableError
+
+from .records import CursorRecord, NodeRecord
 
 log = logging.getLogger("delayq.election")
 
 SHARD = "shards/0"
 
 
-class FencedError(RuntimeError):
+class FencedError(DelayqError):
     """A newer master exists: this node's epoch or cursor version is stale. Stop delivering."""
 
 
@@ -107,55 +107,109 @@ class Cursor:
         self.path = f"{root}/{SHARD}/cursor"
         self._version: int | None = None
 
-    def read(self) -> dict[str, Any] | None:
-        """Read the cursor and remember its version for the next :meth:`write`."""
+    def read(self) -> CursorRecord | None:
+        """Read the cursor and remember its version for the next :meth:`write`; None if none was written."""
         self.client.ensure_path(self.path)
         data, stat = self.client.get(self.path)
         self._version = stat.version
-        return json.loads(data) if data else None
+        return CursorRecord.from_json(data) if data else None
 
-    def write(self, cursor: dict[str, Any]) -> None:
+    def write(self, cursor: CursorRecord) -> None:
         """Raises: FencedError: another master wrote since this one read."""
         if self._version is None:
             self.read()
         try:
-            stat = self.client.set(self.path, json.dumps(cursor, sort_keys=True).encode(), version=self._version)
+            stat = self.client.set(self.path, cursor.to_json(), version=self._version)
         except BadVersionError:
             raise FencedError(f"the cursor at {self.path} was written by a newer master") from None
         self._version = stat.version
 
 
+class DuplicateNodeId(DelayqError):
+    """Another live node is registered under this node's id."""
+
+
 class Membership:
-    """This node's ephemeral registration under ``nodes/``, re-created after a session loss."""
+    """This node's ephemeral registration under ``nodes/``: claimed once, then kept current.
+
+    The znode belongs to this node's ZooKeeper session. :meth:`claim` refuses an id a
+    live node of another session holds (its registration changes every second);
+    a registration left by this node's previous process goes when that session expires.
+    """
 
     def __init__(self, client: KazooClient, root: str, node_id: str):
         self.client = client
         self.root = f"{root}/nodes"
         self.path = f"{self.root}/{node_id}"
+        self.node_id = node_id
         self._lock = threading.Lock()
 
-    def publish(self, info: dict[str, Any]) -> None:
-        data = json.dumps(info, sort_keys=True).encode()
+    def claim(self, record: NodeRecord, timeout_s: float) -> None:
+        """Register this node, waiting up to ``timeout_s`` for a stale registration of its id to expire.
+
+        Raises:
+            DuplicateNodeId: a live node of another session keeps the id's registration current
+                (it changes while this one waits), or it outlived ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        first_mzxid: int | None = None  # the last change of another session's registration, when first seen
+        while True:
+            try:
+                self.client.create(self.path, record.to_json(), ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            try:
+                data, stat = self.client.get(self.path)
+            except NoNodeError:
+                continue
+            if stat.ephemeralOwner == self.client.client_id[0]:
+                self.publish(record)
+                return
+            if first_mzxid is None:
+                first_mzxid = stat.mzxid
+            elif stat.mzxid != first_mzxid or time.monotonic() > deadline:
+                other = NodeRecord.from_json(data)
+                where = f" (http {other.http})" if other is not None and other.http else ""
+                raise DuplicateNodeId(
+                    f"node id {self.node_id!r} is already registered by a live node{where}: give this node "
+                    f"another DELAYQ_NODE_ID, or stop that one")
+            time.sleep(0.2)
+
+    def publish(self, record: NodeRecord) -> None:
+        """Update this node's registration (re-created after a session loss).
+
+        Raises:
+            KazooException: ZooKeeper did not take it (the caller says why and tries again).
+            DuplicateNodeId: another session registered the id meanwhile.
+        """
+        data = record.to_json()
         with self._lock:
             try:
-                self.client.set(self.path, data)
-            except NoNodeError:
-                try:
+                stat = self.client.exists(self.path)
+                if stat is None:
                     self.client.create(self.path, data, ephemeral=True, makepath=True)
-                except NodeExistsError:
-                    # The previous session's node lingers until that session expires.
-                    self.client.set(self.path, data)
+                elif stat.ephemeralOwner == self.client.client_id[0]:
+                    self.client.set(self.path, data, version=stat.version)
+                else:
+                    raise DuplicateNodeId(f"node id {self.node_id!r} was registered by another ZooKeeper session "
+                                          "(another node with this DELAYQ_NODE_ID?)")
+            except (NodeExistsError, BadVersionError):
+                pass  # raced with a re-creation of this session's own node: the next publish updates it
 
     def withdraw(self) -> None:
+        """Remove this node's registration, only if it is this session's (never another live node's)."""
         with self._lock:
             try:
-                self.client.delete(self.path)
-            except (NoNodeError, KazooException):
+                stat = self.client.exists(self.path)
+                if stat is not None and stat.ephemeralOwner == self.client.client_id[0]:
+                    self.client.delete(self.path, version=stat.version)
+            except KazooException:
                 pass
 
     @staticmethod
-    def members(client: KazooClient, root: str) -> list[dict[str, Any]]:
-        """The registrations of every live node of the cluster at ``root``."""
+    def members(client: KazooClient, root: str) -> list[NodeRecord]:
+        """The registrations of every live node of the cluster at ``root`` (unreadable ones left out)."""
         folder = f"{root}/nodes"
         try:
             children = client.get_children(folder)
@@ -165,9 +219,11 @@ class Membership:
         for child in sorted(children):
             try:
                 data, _ = client.get(f"{folder}/{child}")
-                found.append(json.loads(data))
-            except (NoNodeError, ValueError):
+            except NoNodeError:
                 continue
+            record = NodeRecord.from_json(data)
+            if record is not None:
+                found.append(record)
         return found
 
 
@@ -190,7 +246,6 @@ class Leadership:
         self.identifier = identifier
         self.lock = client.Lock(f"{root}/{SHARD}/election", identifier)
         self.epoch = Epoch(client, root)
-        self.elections = 0
         self._stopping = threading.Event()
         self._term: Term | None = None
         client.add_listener(self._session_changed)
@@ -230,7 +285,6 @@ class Leadership:
             try:
                 if self._stopping.is_set() or self.client.state != KazooState.CONNECTED:
                     continue
-                self.elections += 1
                 term = Term(self.epoch.bump())
                 self._term = term
                 log.info("%s is master, epoch %d", self.identifier, term.epoch)
@@ -266,7 +320,7 @@ class Leadership:
         # Runs on kazoo's event thread: flag only, never block. A suspended session may
         # already be expired at the server, so the master stops acting right now.
         if state in (KazooState.SUSPENDED, KazooState.LOST) and self._term is not None:
-            self._term.end(f"ZooKeeper session {state}")
+            self._term.end(f"ZooKeeper session {state.lower()}")
 
 
 class Term:
@@ -289,7 +343,3 @@ class Term:
     def saw_epoch(self, epoch: int) -> None:
         if epoch > self.epoch:
             self.end(f"a newer master holds epoch {epoch}")
-
-    def wait(self, timeout_s: float) -> bool:
-        """Sleep up to ``timeout_s``; return True early if the term ended."""
-        return self._ended.wait(timeout_s)

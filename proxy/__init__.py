@@ -1,29 +1,20 @@
-"""delayq.proxy: the drop-in producer and the envelope codec shared by every part.
+"""delayq.proxy: the drop-in producer, cancel and lookup, for user code.
 
 Public surface::
 
     from delayq.proxy import Producer, cancel, lookup, Lookup, NodeUnreachable
-    from delayq.proxy import envelope          # header names, Envelope, parse_buffer_record, ...
-    from delayq.proxy import buffer_partition  # which buffer partition holds a delay id
+
+The buffer's wire contract (frame, headers, partition rule, ids, reason codes) is
+:mod:`delayq.wire`; the other parts of delayq import it from there, not from here.
 """
 
-from . import envelope
-from .envelope import BufferRecord, Envelope, MalformedRecord, check_delay_id, new_delay_id, parse_buffer_record
 from .lookup import Lookup, NodeUnreachable, lookup
-from .producer import Producer, buffer_partition, cancel
+from .producer import Producer, cancel
 
 __all__ = [
-    "BufferRecord",
-    "Envelope",
     "Lookup",
-    "MalformedRecord",
     "NodeUnreachable",
     "Producer",
-    "buffer_partition",
     "cancel",
-    "check_delay_id",
-    "envelope",
     "lookup",
-    "new_delay_id",
-    "parse_buffer_record",
 ]

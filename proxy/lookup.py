@@ -12,20 +12,20 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from delayq import Settings
-
-from .envelope import check_delay_id
+from delayq.errors import DelayqError
+from delayq.settings import Settings
+from delayq.wire import check_delay_id
 
 MESSAGES_PATH = "/v1/messages/"
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class NodeUnreachable(RuntimeError):
+class NodeUnreachable(DelayqError):
     """No delay-service node answered; the message lists who was asked and what to do."""
 
 
@@ -34,7 +34,9 @@ class Lookup:
     """What a node knows of one delay id.
 
     ``pending`` False means the node holds no such message: delivered, cancelled, or
-    never produced (a node cannot tell these apart once compaction ran).
+    never produced (a node cannot tell these apart once compaction ran). ``deliver_at``
+    is None for a due time past 9999-12-31, which ``datetime`` cannot hold;
+    ``deliver_at_ms`` is exact.
     """
 
     delay_id: str
@@ -60,12 +62,12 @@ def node_urls(settings: Settings, timeout: float = 3.0) -> list[str]:
     """
     if settings.lookup_urls:
         return [url.rstrip("/") for url in settings.lookup_urls]
-    from delayq.election import Membership, connect
+    from delayq.election import Membership, Role, connect
 
     try:
         client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms,
                          auth=settings.zk_auth, timeout_s=timeout)
-    except RuntimeError as err:
+    except DelayqError as err:
         raise NodeUnreachable(f"{err}; or name the nodes with DELAYQ_LOOKUP_URLS") from err
     try:
         members = Membership.members(client, settings.zk_root)
@@ -73,8 +75,8 @@ def node_urls(settings: Settings, timeout: float = 3.0) -> list[str]:
         client.stop()
         client.close()
     # The master has ingested everything it delivers; among standbys, the least lag knows most.
-    members.sort(key=lambda m: (m.get("role") != "master", m.get("lag") if isinstance(m.get("lag"), int) else 1 << 62))
-    urls = [str(m["http"]).rstrip("/") for m in members if isinstance(m, dict) and m.get("http")]
+    members.sort(key=lambda m: (m.role != Role.MASTER, m.lag if m.lag is not None else 1 << 62))
+    urls = [m.http.rstrip("/") for m in members if m.http]
     if not urls:
         raise NodeUnreachable(f"no live delayq node registered under {settings.zk_root}/nodes in ZooKeeper at "
                               f"{settings.zk_connect}: start one with `delayq node` (cluster {settings.cluster!r}), "
@@ -133,12 +135,16 @@ def _ask(url: str, delay_id: str, timeout: float) -> Lookup:
     try:
         answer = _Answer.model_validate(json.loads(body))
     except (ValueError, ValidationError) as err:
-        raise _NodeFailed(f"HTTP {status} that is not a delayq answer ({body[:100]!r}): is this a delayq node?") from err
+        raise _NodeFailed(f"HTTP {status} that is not a delayq answer ({body[:100]!r}): "
+                          "is this a delayq node?") from err
     if answer.id != delay_id:
         raise _NodeFailed(f"answered for id {answer.id!r}, not {delay_id!r}")
     if answer.status == "not_found":
         return Lookup(delay_id, False, node=url)
     if answer.deliver_at_ms is None:
         raise _NodeFailed("answered pending without deliver_at_ms")
-    deliver_at = _EPOCH + timedelta(milliseconds=answer.deliver_at_ms)
+    try:
+        deliver_at: datetime | None = _EPOCH + timedelta(milliseconds=answer.deliver_at_ms)
+    except OverflowError:  # past 9999-12-31, which a frame's 18 digits reach: the exact ms stays in deliver_at_ms
+        deliver_at = None
     return Lookup(delay_id, True, deliver_at, answer.deliver_at_ms, answer.topic, url)

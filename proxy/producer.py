@@ -2,10 +2,10 @@
 
 Change ``from confluent_kafka import Producer`` to ``from delayq import Producer``;
 nothing else changes for messages without a delay. A message with a delay goes to
-the buffer topic in the envelope (docs/DESIGN.md, "Envelope"), and the delay-service
+the buffer topic in the envelope (docs/DESIGN.md, "Wire format"), and the delay-service
 nodes deliver it to its topic when it falls due.
 
-Which buffer partition an id lives on: ``zlib.crc32(id) % partitions``, the hash of
+Which buffer partition an id lives on: ``crc32(id) % partitions`` (:func:`delayq.wire.buffer_partition`), the hash of
 librdkafka's default ``consistent_random`` partitioner, so put, cancel and reschedule
 of one id land on one partition whatever ``partitioner`` the producing client uses.
 Never add partitions to the buffer topic: pending ids would move.
@@ -21,18 +21,18 @@ import os
 import threading
 import time
 import typing
-import zlib
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 from pydantic import ValidationError
 
-from delayq import Settings
+from delayq import wire as env
+from delayq.errors import ConfigurationError
+from delayq.settings import Settings, closest_setting
+from delayq.wire import buffer_partition, check_delay_id, control_headers, frame_head, put_value
 
-from . import envelope as env
-from .envelope import check_delay_id, control_headers, frame_head, put_value
 from .lookup import Lookup, lookup
 
 DEFAULT_PARTITIONER = "consistent_random"
@@ -45,9 +45,11 @@ _time_ns = time.time_ns
 
 _RESERVED = frozenset({env.RESERVED_PREFIX, env.RESERVED_PREFIX.encode()})
 _RESERVED_LEN = len(env.RESERVED_PREFIX)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
 _HALF_MS = timedelta(microseconds=500)
+# A clock before 2000-01-01 would make even delay=0 a due time the nodes refuse (wire.MIN_DUE_MS).
+_MIN_CLOCK_NS = env.MIN_DUE_MS * 1_000_000
 
 
 # -- delay ids ---------------------------------------------------------------
@@ -56,7 +58,7 @@ _HALF_MS = timedelta(microseconds=500)
 class _DelayTicks:
     """State for UUIDv7 delay ids (RFC 9562, method 1: a 12-bit counter in ``rand_a``).
 
-    ``envelope.new_delay_id`` formats 128 fresh random bits per id, which alone costs
+    ``wire.new_delay_id`` formats 128 fresh random bits per id, which alone costs
     about as much as a plain ``produce()``. Here the random tail (62 bits) is drawn once
     per millisecond per process and a counter numbers the ids inside that millisecond,
     so ids stay unique across processes (the tail) and sort in creation order inside
@@ -79,6 +81,15 @@ class _DelayTicks:
         self.tick = self._NONE
 
     def new(self, now_ns: int) -> tuple:
+        """Start the tick of ``now_ns``'s millisecond.
+
+        Raises:
+            RuntimeError: the clock reads before 2000-01-01. Checked here, once per
+                millisecond, so every tick's ``ms`` is at or after wire.MIN_DUE_MS and
+                ``ms + delay`` (delay >= 0) is never a due time the nodes refuse.
+        """
+        if now_ns < _MIN_CLOCK_NS:
+            raise _clock_error(now_ns // 1_000_000)
         ms = now_ns // 1_000_000
         tail = int.from_bytes(os.urandom(8), "big") & (1 << 62) - 1 | 1 << 63
         head = f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7"
@@ -92,11 +103,6 @@ class _DelayTicks:
 
 
 _ticks = _DelayTicks()
-
-
-def buffer_partition(delay_id: str, partitions: int) -> int:
-    """The buffer partition of ``delay_id``: librdkafka's ``consistent`` hash (CRC32) of the key."""
-    return zlib.crc32(delay_id.encode()) % partitions
 
 
 # -- settings from the conf dict ---------------------------------------------
@@ -133,8 +139,9 @@ def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
     for name, value in own.items():
         field = name.replace(".", "_").replace("-", "_")
         if field not in fields:
-            known = ", ".join(CONF_PREFIX + f.replace("_", ".") for f in fields)
-            raise ValueError(f"conf key {CONF_PREFIX + name!r} is not a delayq setting; known: {known}")
+            known = [CONF_PREFIX + f.replace("_", ".") for f in fields]
+            raise ConfigurationError(f"conf key {CONF_PREFIX + name!r}: no such setting; "
+                                     f"{closest_setting(CONF_PREFIX + name, known, CONF_PREFIX)}")
         if typing.get_origin(fields[field].annotation) is list and isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         overrides[field] = value
@@ -156,11 +163,17 @@ def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
 def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) -> int:
     """The due time in epoch ms for ``delay`` or ``deliver_at``, checked; the full rules.
 
+    A due time below :data:`delayq.wire.MIN_DUE_MS` (2000-01-01T00:00:00Z) is refused, as
+    every node refuses it (dead-letter reason ``bad-due-time``): it is almost always
+    seconds given where milliseconds are meant, and would be delivered at once.
+
     Raises:
         TypeError: ``delay`` is not an int, float or timedelta (a bool or str is refused);
             ``deliver_at`` is not a datetime or int.
         ValueError: both or neither given; negative, NaN or infinite delay; naive datetime;
-            negative epoch ms; due beyond ``max_delay_ms`` from now.
+            ``deliver_at`` before 2000-01-01 (epoch ms or datetime); due beyond
+            ``max_delay_ms`` from now.
+        RuntimeError: ``now_ms`` (the clock) is before 2000-01-01, so a delay from it is too.
     """
     if delay is not None and deliver_at is not None:
         raise ValueError("give delay or deliver_at, not both: delay is relative (seconds), deliver_at absolute")
@@ -180,6 +193,8 @@ def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) ->
                 raise ValueError(f"delay must be >= 0 seconds; got {delay!r}")
             ms = round(seconds * 1000)
         due = now_ms + ms
+        if due < env.MIN_DUE_MS:  # ms >= 0: only a clock before 2000 gets here
+            raise _clock_error(now_ms)
     elif deliver_at is not None:
         if isinstance(deliver_at, datetime):
             if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
@@ -187,13 +202,16 @@ def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) ->
                                  f"+ timedelta(...)); got naive {deliver_at.isoformat()}")
             # Ceiling: a due time between two milliseconds is not reached before the later one.
             due = -((deliver_at - _EPOCH) // -_ONE_MS)
+            if due < env.MIN_DUE_MS:
+                raise ValueError(f"deliver_at {deliver_at.isoformat()} is before 2000-01-01T00:00:00Z: delayq "
+                                 "refuses due times before 2000 (the nodes would dead-letter the message)")
         elif isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
             due = int(deliver_at)
+            if due < env.MIN_DUE_MS:
+                raise ValueError(_early_epoch_ms(due, now_ms, max_delay_ms))
         else:
             raise TypeError(f"deliver_at must be a timezone-aware datetime or epoch milliseconds as an int; "
                             f"got {type(deliver_at).__name__} {deliver_at!r}")
-        if due < 0:
-            raise ValueError(f"deliver_at must be at or after 1970-01-01T00:00:00Z (epoch ms >= 0); got {deliver_at!r}")
     else:
         raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms)")
     if due - now_ms > max_delay_ms:
@@ -203,6 +221,37 @@ def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) ->
                          "delayq.max.delay.ms)")
     return due
 
+
+def _early_epoch_ms(due: int, now_ms: int, max_delay_ms: int) -> str:
+    """Why an int ``deliver_at`` below wire.MIN_DUE_MS is refused, and what was likely meant."""
+    text = f"deliver_at {due} is before 2000-01-01 in epoch milliseconds"
+    point = (f"deliver_at is a point in time: epoch milliseconds from {env.MIN_DUE_MS} (2000-01-01T00:00:00Z), "
+             "or a timezone-aware datetime")
+    if due < 0:
+        return f"{text}; {point}"
+    if env.MIN_DUE_MS <= due * 1000 <= now_ms + max_delay_ms:
+        return f"{text}: did you mean seconds? use deliver_at={due * 1000} or a datetime"
+    if due * 1000 <= max_delay_ms:
+        return f"{text}: did you mean seconds? {point}; for {due} s from now use delay={due}"
+    return f"{text}: did you mean seconds? {point}"
+
+
+def _clock_error(now_ms: int) -> RuntimeError:
+    return RuntimeError(f"this machine's clock reads {now_ms} ms since the epoch, before 2000-01-01: a due time "
+                        "counted from it would be refused by every node; set the clock (NTP)")
+
+
+def _check_timestamp(timestamp: object) -> int:
+    """``timestamp`` of a delayed message, refused before anything is sent unless an int.
+
+    confluent-kafka raises a bare "'float' object cannot be interpreted as an integer" for
+    these, and takes a bool as 0 or 1 ms; a negative int it sends, and Kafka keeps it, as
+    the nodes do (a put's creation time may be negative), so that passes here too.
+    """
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise TypeError(f"timestamp must be epoch milliseconds as an int (0: now); got {type(timestamp).__name__} "
+                        f"{timestamp!r:.100}")
+    return int(timestamp)
 
 
 def _span(ms: int) -> str:
@@ -218,7 +267,7 @@ def _as_bytes(data: object, argument: str) -> bytes:
     if isinstance(data, str):
         return data.encode()
     try:
-        view = memoryview(data)  # type: ignore[arg-type]
+        view = memoryview(data)  # type: ignore[arg-type]  # a probe: TypeError for what is not a buffer
     except TypeError:
         raise TypeError(f"{argument} must be str, bytes or None; got {type(data).__name__}") from None
     return view.tobytes()
@@ -275,8 +324,19 @@ class Producer(confluent_kafka.Producer):
         ValueError: a ``delayq.*`` key names no setting or has a bad value.
     """
 
-    __slots__ = ("_settings", "_buffer_topic", "_max_delay_ms", "_max_delay_s", "_partitioner", "_partitioner_name",
-                 "_partitioner_option", "_last_frame", "_crc_by_librdkafka", "_buffer_partitions", "_lock")
+    __slots__ = (
+        "_buffer_partitions",
+        "_buffer_topic",
+        "_crc_by_librdkafka",
+        "_last_frame",
+        "_lock",
+        "_max_delay_ms",
+        "_max_delay_s",
+        "_partitioner",
+        "_partitioner_name",
+        "_partitioner_option",
+        "_settings",
+    )
 
     def __init__(self, conf: dict[str, typing.Any] | None = None, /, **kwargs: typing.Any) -> None:
         if conf is not None and not isinstance(conf, dict):
@@ -308,6 +368,7 @@ class Producer(confluent_kafka.Producer):
         """delayq's settings for this producer (environment, then ``delayq.*`` conf keys)."""
         return self._settings
 
+    # Not confluent-kafka's signature: it returns the delay id, and `callback` is keyword-only here.
     def produce(  # type: ignore[override]
         self,
         topic: str,
@@ -328,8 +389,11 @@ class Producer(confluent_kafka.Producer):
         Without ``delay`` and ``deliver_at`` this is confluent-kafka's ``produce()``,
         untouched, and returns None. With one of them the message goes to the buffer
         topic and this returns its delay id (a UUIDv7 str) for :meth:`cancel`,
-        :meth:`reschedule` and :func:`delayq.lookup`. A due time already past is
-        delivered as soon as possible. The delivered record has the ``key``,
+        :meth:`reschedule` and :func:`delayq.lookup`. ``deliver_at`` as an int is epoch
+        **milliseconds**; a due time before 2000-01-01 (:data:`delayq.wire.MIN_DUE_MS`) is
+        refused, since it is almost always seconds meant as milliseconds (every node
+        refuses it too). A due time already past (after 2000) is delivered as soon as
+        possible. The delivered record has the ``key``,
         ``value``, ``headers`` and ``partition`` given here, bit for bit; when no
         partition is given, the node picks it with this producer's ``partitioner``,
         so it lands beside immediate messages with the same key.
@@ -342,8 +406,16 @@ class Producer(confluent_kafka.Producer):
         (``delayq.proxy.parse_buffer_record`` reads it back). Success means delayq
         holds the message durably.
 
-        ``timestamp`` of a delayed message sets the buffer record's timestamp; the
-        delivered record is stamped when it is delivered.
+        ``timestamp`` of a delayed message is the timestamp of its **buffer** record
+        (the put's creation time, which the reconciliation reads as when the put was
+        written); 0 means now, by the producer's clock. It does not move the due time
+        (``delay`` counts from now). The **delivered** record's timestamp is the time
+        of delivery, as for every delayq delivery: the delivering master's CreateTime
+        (the broker's clock if the target topic uses LogAppendTime), at or after the
+        due time, so consumers and the reconciliation judge "never early" by it. A
+        negative timestamp is sent as confluent-kafka sends it; one further ahead than
+        the buffer topic's ``message.timestamp.after.max.ms`` (one hour by default in
+        Kafka 4) is refused by the broker, in the delivery report (``INVALID_TIMESTAMP``).
 
         ``delay_id`` puts the message under an id :meth:`produce` returned before: the
         new put replaces that pending message, which is :meth:`reschedule`.
@@ -354,11 +426,13 @@ class Producer(confluent_kafka.Producer):
             key: key (str or bytes), or None.
             partition: target partition, or -1 for the configured partitioner.
             on_delivery: delivery report callback ``(err, msg)``, served by poll()/flush().
-            timestamp: CreateTime in epoch ms, 0 for now.
+            timestamp: CreateTime in epoch ms (an int), 0 for now; for a delayed message,
+                the buffer record's (see above).
             headers: dict or list of (name, value); names starting ``delayq-`` are
                 refused for a delayed message.
             delay: seconds (int or float, >= 0) or a timedelta.
-            deliver_at: due time, a timezone-aware datetime or epoch ms (int).
+            deliver_at: due time, a timezone-aware datetime or epoch milliseconds (int),
+                at or after 2000-01-01T00:00:00Z.
             delay_id: re-put under this existing id (needs ``delay`` or ``deliver_at``).
             callback: alias of ``on_delivery``, as in confluent-kafka.
 
@@ -367,11 +441,12 @@ class Producer(confluent_kafka.Producer):
 
         Raises:
             TypeError: ``delay``/``deliver_at``/``headers``/``topic``/``key``/``value``
-                of the wrong type.
+                of the wrong type; for a delayed message, a ``timestamp`` that is not an int.
             ValueError: negative, NaN or infinite delay; both ``delay`` and
-                ``deliver_at``; naive datetime; due beyond ``max_delay_ms``; a
-                ``delayq-`` header name; a topic name Kafka refuses; a malformed
-                ``delay_id``. Nothing is sent.
+                ``deliver_at``; naive datetime; ``deliver_at`` before 2000-01-01 ("did
+                you mean seconds?"); due beyond ``max_delay_ms``; a ``delayq-`` header
+                name; a topic name Kafka refuses; a malformed ``delay_id``. Nothing is sent.
+            RuntimeError: this machine's clock reads before 2000-01-01. Nothing is sent.
             BufferError: the local queue is full (``queue.buffering.max.messages``); poll and retry.
             KafkaException: as confluent-kafka's ``produce()``; for a delayed message
                 also when the buffer topic does not exist (run ``delayq init``).
@@ -391,9 +466,9 @@ class Producer(confluent_kafka.Producer):
         if not tick[0] <= now_ns < tick[1]:
             tick = _ticks.new(now_ns)
         now_ms = tick[2]
-        kind = type(delay)
-        if deliver_at is None and (kind is int or kind is float) and 0 <= delay <= self._max_delay_s:
-            due = now_ms + (delay * 1000 if kind is int else round(delay * 1000))
+        # type(delay) each time, not in a local: only that narrows `delay` for mypy, and it measures no slower.
+        if deliver_at is None and (type(delay) is int or type(delay) is float) and 0 <= delay <= self._max_delay_s:
+            due = now_ms + (delay * 1000 if type(delay) is int else round(delay * 1000))
         else:
             due = due_ms(now_ms, delay, deliver_at, self._max_delay_ms)
         if type(key) is not bytes and key is not None:
@@ -418,6 +493,8 @@ class Producer(confluent_kafka.Producer):
                         f"got {partition!r}")
         if headers is not None:
             headers = _check_user_headers(headers)
+        if type(timestamp) is not int:
+            timestamp = _check_timestamp(timestamp)
         if delay_id is None:
             try:
                 delay_id = tick[3]()
@@ -464,7 +541,8 @@ class Producer(confluent_kafka.Producer):
             delay_id: the id :meth:`produce` returned.
             topic, value, key, partition, on_delivery, timestamp, headers: as in :meth:`produce`.
             delay: new delay from now, seconds or a timedelta.
-            deliver_at: new due time, a timezone-aware datetime or epoch ms.
+            deliver_at: new due time, a timezone-aware datetime or epoch milliseconds
+                (at or after 2000-01-01, as in :meth:`produce`).
 
         Returns:
             ``delay_id``.
@@ -475,8 +553,10 @@ class Producer(confluent_kafka.Producer):
         check_delay_id(delay_id)
         if delay is None and deliver_at is None:
             raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms) to reschedule")
-        return self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay=delay,
-                            deliver_at=deliver_at, delay_id=delay_id)
+        # With a delay, produce() returns the id it was given.
+        self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay=delay,
+                     deliver_at=deliver_at, delay_id=delay_id)
+        return delay_id
 
     def cancel(self, delay_id: str, on_delivery: Callable | None = None) -> None:
         """Cancel a delayed message: a ``cancel`` tombstone for ``delay_id`` to the buffer topic.
@@ -503,7 +583,7 @@ class Producer(confluent_kafka.Producer):
         """Ask a node whether ``delay_id`` is pending: :func:`delayq.lookup` with this producer's settings."""
         return lookup(delay_id, settings=self._settings, timeout=timeout)
 
-    def produce_batch(self, topic: str, messages: list, *args: typing.Any, **kwargs: typing.Any) -> int:  # type: ignore[override]
+    def produce_batch(self, topic: str, messages: list, *args: typing.Any, **kwargs: typing.Any) -> int:
         """confluent-kafka's ``produce_batch()``; it cannot delay (batches carry no headers).
 
         Raises:
@@ -541,7 +621,8 @@ class Producer(confluent_kafka.Producer):
 # -- one-shot helpers (the command line uses them) ---------------------------
 
 
-def send_and_wait(producer: Producer, send: Callable[[Callable], typing.Any], timeout: float) -> confluent_kafka.Message:
+def send_and_wait(producer: Producer, send: Callable[[Callable], typing.Any],
+                  timeout: float) -> confluent_kafka.Message:
     """Call ``send(on_delivery)``, flush, and return the delivery report of that one message.
 
     Raises:
@@ -559,7 +640,8 @@ def send_and_wait(producer: Producer, send: Callable[[Callable], typing.Any], ti
     return msg
 
 
-def cancel(delay_id: str, *, conf: dict[str, typing.Any] | None = None, timeout: float = 10.0) -> confluent_kafka.Message:
+def cancel(delay_id: str, *, conf: dict[str, typing.Any] | None = None,
+           timeout: float = 10.0) -> confluent_kafka.Message:
     """Cancel one delayed message and wait until the buffer topic has the tombstone.
 
     For many cancels, use :meth:`Producer.cancel` on a long-lived producer.

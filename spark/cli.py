@@ -100,13 +100,21 @@ def print_summary(report, console: Console) -> None:
     table.add_column("finding")
     table.add_column("ids", justify="right")
     alarming = set(ANOMALY_KINDS)
-    for name in ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "cancel_ignored",
-                 "in_grace", "cancelled", "cancelled_too_late", "rescheduled_too_late"):
-        value = str(totals[name])
+    for name in ("expected", "delivered", "missing", "undeliverable", "duplicates", "unexpected", "early",
+                 "cancel_ignored", "in_grace", "cancelled", "cancelled_too_late", "rescheduled_too_late",
+                 "already_due_when_written", "dead_lettered", "malformed_buffer_records"):
+        value = str(totals.get(name, 0))
         table.add_row(name.replace("_", " "), f"[bold red]{value}[/]" if name in alarming and totals[name] else value)
     console.print(table)
     if lateness["count"]:
         console.print("lateness ms: " + ", ".join(f"{k} {lateness[k]}" for k in ("p50", "p90", "p99", "max")))
+    already = report.already_due_when_written or {}
+    if already.get("delivered"):
+        console.print("already due when written, put to first delivery ms: "
+                      + ", ".join(f"{k} {already[k]}" for k in ("p50", "p99", "max")))
+    by_code = (report.dead_letters or {}).get("by_code") or {}
+    if by_code:
+        console.print("dead letters by reason: " + ", ".join(f"{code} {n}" for code, n in by_code.items()))
     if report.source["topics_not_found"]:
         console.print(f"[yellow]target topics not found:[/] {', '.join(report.source['topics_not_found'])}")
     verdict = "[green]OK[/]" if report.ok else f"[bold red]ALERT: {escape(alert_text(totals))}[/]"

@@ -2,8 +2,12 @@
 
 Rules (docs/DESIGN.md, "Reconciliation"):
 
-* Records of one id share a buffer partition, so their offsets order them (offsets of
-  different partitions are never compared). A *version* of an id is one of its
+* Every buffer record is read by the nodes' own parser (``delayq.wire.parse_buffer_record``,
+  see records.py), with its partition and the topic's partition count: a malformed
+  record (a key that is no delay id, a record off its id's partition, a bad frame, ...)
+  takes no part, as on a node. So the records of one id that count share a buffer
+  partition, and their offsets order them (offsets of different partitions are never
+  compared). A *version* of an id is one of its
   ``put`` records, named by its offset; a reschedule is a newer put, and the latest
   put wins. A delivered record names the version it delivered in ``delayq-version``;
   one without that header (written before it existed) is matched by its
@@ -26,10 +30,11 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   unless it was too late: at or above the cutoff when the latest version's done has
   one; else (a done without a cutoff, or none left after compaction) when a done of
   the latest version precedes it, or, with no done at all, when the latest version's
-  first delivery was written before the cancel record (record timestamps). A cancel that counts by the cutoff and a delivery
-  anyway is *cancel_ignored*; one that counts by the fallback and a delivery anyway is
-  *unexpected*, as is any delivery of an id unknown to the buffer, and a delivery whose
-  ``delayq-version`` names a put with another due time than its ``delayq-deliver-at``.
+  first delivery was written before the cancel record (record timestamps). A cancel
+  that counts by the cutoff and a delivery anyway is *cancel_ignored*; one that counts
+  by the fallback and a delivery anyway is *unexpected*, as is any delivery of an id
+  unknown to the buffer, and a delivery whose ``delayq-version`` names a put with
+  another due time than its ``delayq-deliver-at``.
 * An older version delivered once, superseded too late (or with no cutoff to tell),
   is legitimate: a late reschedule delivers the old version and then the new one, and
   that is no duplicate. A *duplicate* is one version (same id and ``delayq-version``,
@@ -39,14 +44,20 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   known, its due time taken from its latest delivered version's ``delayq-deliver-at``,
   and any delivery counts. Only an id with no put, done or cancel left is *unknown*.
 * Due time of an id: its latest put's, else (compacted) its deliveries' header, else
-  its first delivery time. An id is judged when its due time falls in ``[since, until)``.
+  the frame its dead letter carries, else its first delivery time. An id is judged when
+  its due time falls in ``[since, until)``.
 * Expected: a scheduled (or compacted) id due before ``until - grace``; delivered:
-  expected and its latest version delivered at least once; missing: expected, latest
-  version never delivered, even when an older version was (a lost reschedule is
-  missing, never early); early: any delivery more than the tolerance before the due
-  time of the version it delivered; lateness: first delivery of the latest version
-  minus its due time. Every delivery of a judged id counts, whenever it happened, so
-  "missing" means "never delivered as of this run".
+  expected and its latest version delivered at least once; undeliverable: expected, not
+  delivered, and the master dead-lettered its latest version (a dead letter of that id
+  and ``delayq-version`` on the dead-letter topic; without a put left, of any version);
+  missing: expected, latest version neither delivered nor dead-lettered, even when an
+  older version was delivered (a lost reschedule is missing, never early); early: any
+  delivery more than the tolerance before the due time of the version it delivered;
+  lateness: first delivery of the latest version minus its due time, except for a put
+  written when it was already due (its record timestamp at or after its due time),
+  whose delay is measured from the put to its first delivery instead. Every delivery of
+  a judged id counts, whenever it happened, so "missing" means "never delivered as of
+  this run".
 
 The work is one shuffle by id: a window over each id's records gives every record its
 id's latest put and every put the write that superseded it; then two hash aggregations,
@@ -58,12 +69,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.proxy import envelope as env
+from delayq import wire as env
 
 from .options import ReconcileOptions
+from .records import (
+    BUFFER_SCHEMA,
+    CANCEL,
+    DEAD_LETTER,
+    DEAD_LETTER_SCHEMA,
+    DELIVERY,
+    DONE,
+    MALFORMED_CODES,
+    PUT,
+    classify_buffer,
+    classify_dead_letters,
+)
 from .session import ReconcileError, kafka_source_options, spark_session
 from .summary import HOUR_MS, Summary, histogram
 
@@ -74,8 +97,6 @@ if TYPE_CHECKING:
     from delayq import Settings
 
 WORST_LATE = 20
-# Kinds of record in the union of both sides (small ints: cheap to compare and aggregate).
-PUT, CANCEL, DONE, DELIVERY = 0, 1, 2, 3
 # The version key of a record with no put left to belong to; a delivery without delayq-version
 # of an older version is keyed below it by its due time (-2 - due). Real versions are offsets, >= 0.
 NO_PUT = -1
@@ -100,6 +121,11 @@ class Findings:
     missing_topics: list[str]
     timings_s: dict[str, float]
     spark_version: str
+    # total, by_code, repeated_sources, listed, truncated, topic, topic_found (dead_letter_findings)
+    dead_letters: dict[str, Any] = field(default_factory=dict)
+    malformed_by_code: dict[str, int] = field(default_factory=dict)
+    # Puts written when already due: how many, and first delivery minus the put's timestamp.
+    already_due: dict[str, int | None] = field(default_factory=dict)
 
 
 def _header(name: str, cast: str = "STRING") -> Column:
@@ -143,61 +169,39 @@ def read_topics(spark: SparkSession, settings: Settings, options: ReconcileOptio
     return reader.load()
 
 
-def buffer_rows(raw: DataFrame) -> DataFrame:
-    """One row per buffer record: its kind (put, cancel, done; null when malformed) and what the kind carries.
+def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
+    """One row per buffer record, classified as a node classifies it: a put, a cancel, a done, or malformed.
 
-    A put is a record with a value that starts with the envelope's frame line
-    (``put <deliver-at ms> <topic> <key length or -> [option ...]``) and carries no
-    ``delayq-`` header; a cancel or done has a null value, its op in ``delayq-op``,
-    each of ``delayq-op``, ``delayq-id``, ``delayq-version`` and ``delayq-cutoff`` at
-    most once, a ``delayq-id`` (if any) equal to the key, and, on a done only, a
-    version and a cutoff (if any) in decimal digits. Anything else, or a record
-    without a key, counts as malformed and takes no part otherwise: the same records
-    a node dead-letters.
+    Every record goes through :func:`delayq.wire.parse_buffer_record`, the nodes' own
+    parser (:func:`.records.classify_buffer`, in ``mapInArrow``), with the partition it
+    was read from and the buffer's partition count, so a record off its id's partition
+    is malformed here exactly as on a node. Malformed records (``malformed`` 1, ``kind``
+    null, ``code`` their :class:`delayq.wire.Reason`) take no part otherwise: the same
+    records a node dead-letters.
+
+    Args:
+        raw: the buffer topic as Spark's Kafka source reads it.
+        partitions: the buffer topic's partition count (Kafka metadata).
     """
+    from functools import partial
+
     from pyspark.sql import functions as F
 
-    head = f"CAST(substring(value, 1, {env.MAX_FRAME_LINE}) AS STRING)"
-    line = F.expr(f"substring_index({head}, '\\n', 1)")
-    framed = F.expr(f"instr({head}, '\\n') > 0")
-    reserved = F.expr(f"coalesce(exists(headers, h -> h.key LIKE '{env.RESERVED_PREFIX}%'), false)")
-    once = " AND ".join(f"size(filter(headers, h -> h.key = '{name}')) <= 1"
-                        for name in (env.OP, env.ID, env.VERSION, env.CUTOFF))
-    own_id = f"coalesce(try_element_at(filter(headers, h -> h.key = '{env.ID}'), 1).value = key, true)"
-    rows = raw.select(
+    parsed = (raw.select("key", "value", "headers", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
+              .mapInArrow(partial(classify_buffer, partitions=partitions), BUFFER_SCHEMA))
+    return parsed.select(
         F.col("key").cast("string").alias("id"),
-        F.col("value").isNotNull().alias("has_value"),
-        (framed & line.rlike(r"^put [0-9]{1,18} [^ ]+ (-|[0-9]+)( |$)") & ~reserved).alias("is_put"),
-        F.split(line, " ").alias("frame"),
-        F.regexp_extract(line, f" {env.RESTORES_OPTION}=([0-9]{{1,18}})( |$)", 1).alias("restores"),
-        # Only a tombstone's headers are looked at (a put's user headers may be many).
-        F.when(F.col("value").isNull(), F.expr(f"coalesce({once} AND {own_id}, true)")).alias("headers_ok"),
-        F.when(F.col("value").isNull(), _header(env.OP)).alias("op"),
-        F.when(F.col("value").isNull(), _header(env.VERSION)).alias("version"),
-        F.when(F.col("value").isNull(), _header(env.CUTOFF)).alias("cutoff"),
-        F.col("offset"),
-        F.unix_millis("timestamp").alias("ts"),
+        F.col("code").isNotNull().cast("int").alias("malformed"),
+        "kind", "code", "partition", "offset", "due", "put_topic", "restores", "ts", "version", "cutoff",
     )
-    has_id = F.col("id").isNotNull()
-    put = has_id & F.col("has_value") & F.col("is_put")
-    tombstone = has_id & ~F.col("has_value") & F.col("headers_ok")
-    version, cutoff = F.col("version"), F.col("cutoff")
-    cancel = tombstone & (F.col("op") == "cancel") & version.isNull() & cutoff.isNull()
-    done = (tombstone & (F.col("op") == "done") & (version.isNull() | version.rlike(_OFFSET_DIGITS))
-            & (cutoff.isNull() | cutoff.rlike(_OFFSET_DIGITS)))
 
-    return rows.select(
-        "id",
-        (~F.coalesce(put | cancel | done, F.lit(False))).cast("int").alias("malformed"),
-        F.when(put, PUT).when(cancel, CANCEL).when(done, DONE).alias("kind"),
-        F.col("offset"),
-        F.when(put, F.expr("try_cast(try_element_at(frame, 2) AS BIGINT)")).alias("due"),
-        F.when(put, F.expr("try_element_at(frame, 3)")).alias("put_topic"),
-        F.when(put & (F.col("restores") != ""), F.col("restores").cast("bigint")).alias("restores"),
-        F.col("ts"),
-        F.when(done, version.cast("bigint")).alias("version"),
-        F.when(done, cutoff.cast("bigint")).alias("cutoff"),
-    )
+
+def dead_letter_rows(raw: DataFrame) -> DataFrame:
+    """One row per dead-letter record (:data:`.records.DEAD_LETTER_SCHEMA`): who, why, from where, when."""
+    from pyspark.sql import functions as F
+
+    return (raw.select("key", "value", "headers", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
+            .mapInArrow(classify_dead_letters, DEAD_LETTER_SCHEMA))
 
 
 def delivery_rows(raw: DataFrame) -> DataFrame:
@@ -233,7 +237,7 @@ def _topic_name(column: str, topics: list[str]) -> Column:
 
 
 def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], early_tolerance_ms: int, *,
-                copies: bool = True) -> DataFrame:
+                copies: bool = True, dead_letters: DataFrame | None = None) -> DataFrame:
     """Both sides grouped by (delay id, version): one row per put, with its done and deliveries.
 
     Every record first learns its id's latest put (offset and due time) from a window
@@ -245,7 +249,8 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     * a put: its own offset; a done or a delivery with ``delayq-version``: that;
     * a delivery without it: the latest put if the due times agree, else an older
       version keyed by its due time (``-2 - due``, below every offset);
-    * a cancel, or a done without a version: the latest put (``-1`` when none is left).
+    * a cancel, or a done without a version: the latest put (``-1`` when none is left);
+    * a dead letter of an undeliverable message: the version its ``delayq-version`` names.
 
     A master's copy of a put (``restores=N``, written when a ``done`` of an older version
     came to follow the pending put) is the put nodes store in N's place when N is still
@@ -263,6 +268,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         early_tolerance_ms: a delivery this much or less before its due time is not early.
         copies: whether the buffer may hold masters' copies; False (none were seen) saves
             the window pass that tells the overtaken ones.
+        dead_letters: :func:`dead_letter_rows`; those of undeliverable messages count per version.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -273,6 +279,12 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
             .unionByName(deliveries.select("id", "kind", "ts", "due", "epoch", "version",
                                            _topic_index("delivery_topic", topics).alias("topic")),
                          allowMissingColumns=True))
+    if dead_letters is not None:
+        rows = rows.unionByName(
+            dead_letters.where(F.col("undeliverable") & F.col("id").isNotNull())
+            .select("id", F.lit(DEAD_LETTER).alias("kind"), "ts", "due", "version",
+                    _topic_index("put_topic", topics).alias("topic")),
+            allowMissingColumns=True)
     kind, offset, due, version = F.col("kind"), F.col("offset"), F.col("due"), F.col("version")
     put_offset = F.when(kind == PUT, offset)
     # Puts and cancels first, in offset order, so the row after a put is the write that superseded it.
@@ -308,12 +320,14 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     key = (F.when(kind == PUT, offset)
            .when(delivery, F.coalesce(version, F.when(due == F.col("latest_due"), latest), F.lit(NO_PUT - 1) - due,
                                       F.lit(NO_PUT)))
-           .when((kind == DONE) & version.isNotNull(), version)
+           .when(((kind == DONE) | (kind == DEAD_LETTER)) & version.isNotNull(), version)
            .otherwise(F.coalesce(latest, F.lit(NO_PUT))))
     early = delivery & (F.col("ts") < F.coalesce(due, F.col("latest_due")) - early_tolerance_ms)
 
     def of_deliveries(column: str) -> Column:
         return F.when(delivery, F.col(column))
+
+    dead_letter = kind == DEAD_LETTER
 
     # Only fixed-width aggregation buffers (no strings, structs or sets), so Spark keeps hash
     # aggregates instead of sorting by id once more.
@@ -321,6 +335,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.max("latest").alias("latest"),
         F.max(put_offset).alias("put_offset"),
         F.max(F.when(kind == PUT, due)).alias("put_due"),
+        F.max(F.when(kind == PUT, F.col("ts"))).alias("put_ms"),
         F.max(F.when(kind == PUT, F.col("topic"))).alias("put_topic"),
         F.max("superseded_at").alias("superseded_at"),
         F.max("superseded_by").alias("superseded_by"),
@@ -328,7 +343,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.min(F.when(cancel_after, offset)).alias("cancel_offset"),
         F.min_by(F.when(cancel_after, F.col("ts")), F.when(cancel_after, offset)).alias("cancel_ms"),
         F.min(F.when(done_of_latest, offset)).alias("done_offset"),
-        F.max((~delivery).cast("int")).alias("in_buffer"),
+        F.max((kind <= DONE).cast("int")).alias("in_buffer"),
         F.count(of_deliveries("ts")).alias("copies"),
         F.min(of_deliveries("ts")).alias("first_ms"),
         F.max(of_deliveries("ts")).alias("last_ms"),
@@ -338,6 +353,9 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.min(of_deliveries("due")).alias("header_due"),
         F.max(of_deliveries("due")).alias("header_due_max"),
         F.min(of_deliveries("topic")).alias("delivery_topic"),
+        F.count(F.when(dead_letter, 1)).alias("dead_letters"),
+        F.max(F.when(dead_letter, due)).alias("dead_letter_due"),
+        F.max(F.when(dead_letter, F.col("topic"))).alias("dead_letter_topic"),
     )
 
 
@@ -365,6 +383,7 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
     grouped = versions.groupBy("id").agg(
         F.max("put_offset").alias("put_offset"),
         F.max_by("put_due", "put_offset").alias("put_due"),
+        F.max_by("put_ms", "put_offset").alias("put_ms"),
         F.max_by("put_topic", "put_offset").alias("put_topic"),
         F.coalesce(F.sum(F.when(is_latest, copies)), F.lit(0)).alias("latest_copies"),
         F.min(F.when(is_latest, F.col("first_ms"))).alias("latest_first_ms"),
@@ -388,41 +407,53 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
         flag(mismatched).alias("version_mismatch"),
         F.max_by("header_due", F.when(copies > 0, version)).alias("header_due"),
         F.min("delivery_topic").alias("delivery_topic"),
+        F.coalesce(F.sum(F.when(is_latest, F.col("dead_letters"))), F.lit(0)).alias("latest_dead_letters"),
+        F.sum("dead_letters").alias("dead_letters"),
+        F.max("dead_letter_due").alias("dead_letter_due"),
+        F.max("dead_letter_topic").alias("dead_letter_topic"),
     )
     return (grouped.withColumn("put_topic", _topic_name("put_topic", topics))
-            .withColumn("delivery_topic", _topic_name("delivery_topic", topics)))
+            .withColumn("delivery_topic", _topic_name("delivery_topic", topics))
+            .withColumn("dead_letter_topic", _topic_name("dead_letter_topic", topics)))
 
 
 def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
     """Decide, per id due in the window, what it was and what went wrong (rules: module docstring)."""
     from pyspark.sql import functions as F
 
-    E, col = F.expr, F.col
+    expr, col = F.expr, F.col
     has_put = col("put_offset").isNotNull()
     delivered = F.when(has_put, col("latest_copies") > 0).otherwise(col("delivered_count") > 0)
     first_ms = F.when(has_put, col("latest_first_ms")).otherwise(col("first_ms"))
     cancel_after = col("cancel_offset").isNotNull()
     by_cutoff = col("cutoff").isNotNull()
-    too_late = (F.when(by_cutoff, E("cancel_offset >= cutoff"))
-                .when(col("done_offset").isNotNull(), E("done_offset < cancel_offset"))
+    too_late = (F.when(by_cutoff, expr("cancel_offset >= cutoff"))
+                .when(col("done_offset").isNotNull(), expr("done_offset < cancel_offset"))
                 .otherwise(F.coalesce(first_ms < col("cancel_ms"), F.lit(False))))
+    # The master dead-lettered the version that had to be delivered (undeliverable: no target topic or
+    # partition, or Kafka refused the record); without a put left, any version of the id.
+    dead_lettered = F.when(has_put, col("latest_dead_letters") > 0).otherwise(col("dead_letters") > 0)
+    # Written when it was already due: its lateness says how late the producer was, not the master.
+    already_due = has_put & (col("put_ms") >= col("put_due"))
     state = col("state")
     legit = state.isin("scheduled", "compacted")
     cancel_ignored = ((state == "cancelled") & delivered & by_cutoff) | col("older_cancel_ignored")
     return (ids
-            .withColumn("due_ms", E("coalesce(put_due, header_due, first_ms)"))
+            .withColumn("due_ms", expr("coalesce(put_due, header_due, dead_letter_due, first_ms)"))
             .where((col("due_ms") >= options.since_ms) & (col("due_ms") < options.until_ms))
             .withColumn("cancel_too_late", cancel_after & too_late)
             .withColumn("state", F.when(cancel_after & ~too_late, "cancelled")
                         .when(has_put, "scheduled")
                         .when(col("in_buffer"), "compacted")
                         .otherwise("unknown"))
-            .withColumn("topic", F.coalesce("put_topic", "delivery_topic"))
+            .withColumn("topic", F.coalesce("put_topic", "delivery_topic", "dead_letter_topic"))
             .withColumn("ignored", F.when(cancel_ignored, "cancel").when(col("reschedule_ignored"), "reschedule"))
             .withColumn("is_expected", legit & (col("due_ms") < options.expected_before_ms))
             .withColumn("in_grace", legit & (col("due_ms") >= options.expected_before_ms))
             .withColumn("is_delivered", col("is_expected") & delivered)
-            .withColumn("is_missing", col("is_expected") & ~delivered)
+            .withColumn("is_undeliverable", col("is_expected") & ~delivered & dead_lettered)
+            .withColumn("is_missing", col("is_expected") & ~delivered & ~dead_lettered)
+            .withColumn("already_due", F.coalesce(already_due, F.lit(False)))
             .withColumn("is_duplicate", col("most_copies") > 1)
             .withColumn("is_unexpected", ((state == "cancelled") & delivered & ~by_cutoff)
                         | ((state == "unknown") & (col("delivered_count") > 0)) | col("version_mismatch"))
@@ -430,21 +461,24 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
             .withColumn("is_cancel_ignored", col("ignored").isNotNull())
             .withColumn("rescheduled_too_late", col("older_delivered") & ~col("reschedule_ignored")
                         & ~col("older_cancel_ignored"))
-            .withColumn("lateness_ms", F.when(col("is_delivered"), first_ms - col("due_ms")))
-            .select(F.col("id"), "topic", "state", "due_ms", col("put_offset").alias("version"), "delivered_count",
+            .withColumn("lateness_ms", F.when(col("is_delivered") & ~col("already_due"), first_ms - col("due_ms")))
+            .withColumn("put_to_delivery_ms",
+                        F.when(col("is_delivered") & col("already_due"), first_ms - col("put_ms")))
+            .select(F.col("id"), "topic", "state", "due_ms", col("put_offset").alias("version"), "put_ms",
+                    "already_due", "put_to_delivery_ms", "dead_letters", "delivered_count",
                     "versions_delivered", "duplicate_records", "first_ms", "last_ms", "lateness_ms", "first_epoch",
                     "last_epoch", "cancel_offset", "cancel_ms", "cutoff", "cancel_too_late",
                     "rescheduled_too_late", "ignored", "is_expected", "in_grace", "is_delivered", "is_missing",
-                    "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored"))
+                    "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored", "is_undeliverable"))
 
 
-def _lateness_key() -> Column:
-    """Lateness exact below 1 s, else kept to three significant digits (see summary.py)."""
+def _rounded_ms(column: str) -> Column:
+    """A duration in ms exact below 1 s, else kept to three significant digits (see summary.py)."""
     from pyspark.sql import functions as F
 
-    return F.expr("CASE WHEN abs(lateness_ms) < 1000 THEN lateness_ms ELSE "
-                  "CAST(round(lateness_ms / pow(10, floor(log10(abs(lateness_ms))) - 2)) "
-                  "* pow(10, floor(log10(abs(lateness_ms))) - 2) AS BIGINT) END")
+    return F.expr(f"CASE WHEN abs({column}) < 1000 THEN {column} ELSE "
+                  f"CAST(round({column} / pow(10, floor(log10(abs({column}))) - 2)) "
+                  f"* pow(10, floor(log10(abs({column}))) - 2) AS BIGINT) END")
 
 
 def summary_groups(judged: DataFrame) -> DataFrame:
@@ -456,7 +490,8 @@ def summary_groups(judged: DataFrame) -> DataFrame:
 
     flag = F.col
     return judged.groupBy(
-        "topic", (F.floor(F.col("due_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"), _lateness_key().alias("lateness_key"),
+        "topic", (F.floor(F.col("due_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"),
+        _rounded_ms("lateness_ms").alias("lateness_key"), _rounded_ms("put_to_delivery_ms").alias("written_key"),
     ).agg(
         count_of(flag("is_expected")).alias("expected"),
         count_of(flag("is_delivered")).alias("delivered"),
@@ -464,6 +499,8 @@ def summary_groups(judged: DataFrame) -> DataFrame:
         count_of(flag("is_duplicate")).alias("duplicates"),
         F.sum(F.when(flag("is_duplicate"), F.col("duplicate_records"))).alias("duplicate_records"),
         count_of(flag("is_missing")).alias("missing"),
+        count_of(flag("is_undeliverable")).alias("undeliverable"),
+        count_of(flag("is_expected") & flag("already_due")).alias("already_due_when_written"),
         count_of(flag("is_unexpected")).alias("unexpected"),
         count_of(flag("is_unexpected") & (F.col("state") == "unknown")).alias("unknown"),
         count_of(flag("is_early")).alias("early"),
@@ -473,17 +510,45 @@ def summary_groups(judged: DataFrame) -> DataFrame:
         count_of(flag("rescheduled_too_late")).alias("rescheduled_too_late"),
         count_of(flag("in_grace")).alias("in_grace"),
         F.count("lateness_ms").alias("lateness_n"),
+        F.count("put_to_delivery_ms").alias("written_n"),
     )
 
 
-def _topics_on_broker(settings: Settings, topics: list[str]) -> set[str]:
+def _topics_on_broker(settings: Settings, topics: list[str]) -> dict[str, int]:
+    """The partition count of each of ``topics`` that exists on the broker."""
     from confluent_kafka.admin import AdminClient
 
     try:
         metadata = AdminClient(settings.kafka_conf()).list_topics(timeout=15)
     except Exception as err:  # KafkaException carries the cause; the user needs the address tried
         raise ReconcileError(f"Kafka at {settings.bootstrap_servers} did not answer: {err}") from err
-    return {t for t in topics if t in metadata.topics and metadata.topics[t].error is None}
+    return {t: len(metadata.topics[t].partitions) for t in topics
+            if t in metadata.topics and metadata.topics[t].error is None}
+
+
+def dead_letter_findings(letters: DataFrame, judged: DataFrame, options: ReconcileOptions) -> dict[str, Any]:
+    """The dead letters that concern the window, counted by reason code, the first ``list_limit`` listed.
+
+    Those of undeliverable messages whose id is judged (due in the window), and those of
+    malformed buffer records written (dead-lettered) in ``[since, until)``.
+    """
+    from pyspark.sql import functions as F
+
+    col = F.col
+    with_letters = judged.where(col("dead_letters") > 0).select("id")
+    scoped = (letters.where(col("undeliverable")).join(F.broadcast(with_letters), "id", "left_semi")
+              .unionByName(letters.where(~col("undeliverable") & (col("ts") >= options.since_ms)
+                                         & (col("ts") < options.until_ms))))
+    by_code = {r["code"]: int(r["count"]) for r in scoped.groupBy("code").count().orderBy("code").collect()}
+    repeated = (scoped.where(col("source").isNotNull()).groupBy("source").count().where(col("count") > 1)
+                .count())
+    listed = (scoped.orderBy("ts", "source", "id")
+              .select("ts", "code", "text", "id", "key_text", "source", "version", "put_topic", "due",
+                      "undeliverable")
+              .limit(options.list_limit).collect())
+    total = sum(by_code.values())
+    return {"total": total, "by_code": by_code, "repeated_sources": repeated,
+            "listed": [r.asDict() for r in listed], "truncated": total > len(listed)}
 
 
 def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: SparkSession | None = None,
@@ -507,7 +572,8 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         clock = now
 
     say(f"checking topics on {settings.bootstrap_servers}")
-    if not _topics_on_broker(settings, [settings.buffer_topic]):
+    found = _topics_on_broker(settings, [settings.buffer_topic, settings.dead_letter_topic])
+    if settings.buffer_topic not in found:
         raise ReconcileError(f"buffer topic {settings.buffer_topic!r} does not exist on {settings.bootstrap_servers}:"
                              " run `delayq init`, or set DELAYQ_BUFFER_TOPIC / DELAYQ_CLUSTER to the cluster's")
     say("starting Spark (the first run resolves the Kafka source from Maven)")
@@ -516,11 +582,23 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     lap("spark_start")
 
     say(f"reading the buffer topic {settings.buffer_topic}")
-    buffer = buffer_rows(read_topics(spark, settings, options, [settings.buffer_topic]))
+    buffer = buffer_rows(read_topics(spark, settings, options, [settings.buffer_topic]),
+                         found[settings.buffer_topic])
     buffer = buffer.persist(StorageLevel.MEMORY_AND_DISK)
-    seen = buffer.agg(F.count(F.lit(1)).alias("records"), F.sum("malformed").alias("malformed"),
-                      F.collect_set("put_topic").alias("topics"), F.count("restores").alias("copies")).first()
+    code = F.col("code")
+    seen = buffer.agg(F.count(F.lit(1)).alias("records"), F.count(code).alias("malformed"),
+                      F.collect_set("put_topic").alias("topics"), F.count("restores").alias("copies"),
+                      *(F.count(F.when(code == reason, 1)).alias(reason) for reason in MALFORMED_CODES)).first()
+    assert seen is not None  # a global aggregate has one row
     put_topics = sorted(seen["topics"])
+    letters = None
+    if settings.dead_letter_topic in found:
+        letters = dead_letter_rows(read_topics(spark, settings, options, [settings.dead_letter_topic],
+                                               from_ms=options.since_ms - options.lookback_ms))
+        letters = letters.persist(StorageLevel.MEMORY_AND_DISK)
+        if not letters.count():  # none since the lookback: nothing to join or to list
+            letters.unpersist()
+            letters = None
     lap("buffer")
 
     wanted = put_topics if options.topics is None else list(options.topics)
@@ -534,18 +612,25 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         raw = spark.createDataFrame([], _KAFKA_SCHEMA)
     topics = sorted(set(put_topics) | set(targets))
     versions = per_version(buffer, delivery_rows(raw), topics, options.early_tolerance_ms,
-                           copies=seen["copies"] > 0)
+                           copies=seen["copies"] > 0, dead_letters=letters)
     judged = judge(per_id(versions, topics), options).persist(StorageLevel.MEMORY_AND_DISK)
     judged.count()
     buffer.unpersist()
     lap("judge")
 
-    say("summing up: totals, topics, hours, lateness")
+    say("summing up: totals, topics, hours, lateness, dead letters")
     summary = Summary.of(r.asDict() for r in summary_groups(judged).collect())
-    # The latest version's first delivery, the one lateness is measured on.
-    worst = (judged.where(F.col("is_delivered")).orderBy(F.desc("lateness_ms"), "id").limit(WORST_LATE)
+    # The latest version's first delivery, the one lateness is measured on (puts written when
+    # already due have none: how late they went out says nothing about the master).
+    worst = (judged.where(F.col("lateness_ms").isNotNull()).orderBy(F.desc("lateness_ms"), "id").limit(WORST_LATE)
              .select("id", "topic", "due_ms", (F.col("due_ms") + F.col("lateness_ms")).alias("first_ms"),
                      "lateness_ms", "delivered_count", "first_epoch", "last_epoch").collect())
+    dead_letters: dict[str, Any] = {
+        "topic": settings.dead_letter_topic, "topic_found": settings.dead_letter_topic in found,
+        "total": 0, "by_code": {}, "repeated_sources": 0, "listed": [], "truncated": False}
+    if letters is not None:
+        dead_letters.update(dead_letter_findings(letters, judged, options))
+        letters.unpersist()
     lap("summaries")
 
     say("collecting the anomalies")
@@ -554,8 +639,8 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     anomalies = judged.where(flags).orderBy("due_ms", "id").toArrow()
     judged.unpersist()
     lap("anomalies")
-    totals = {**summary.overall.counts, "buffer_records": int(seen["records"]),
-              "malformed_buffer_records": int(seen["malformed"] or 0)}
+    totals = {**summary.overall.counts, "dead_lettered": int(dead_letters["total"]),
+              "buffer_records": int(seen["records"]), "malformed_buffer_records": int(seen["malformed"] or 0)}
     return Findings(
         totals=totals,
         lateness=summary.overall.lateness_ms(),
@@ -568,6 +653,9 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         missing_topics=missing_topics,
         timings_s=timings,
         spark_version=spark.version,
+        dead_letters=dead_letters,
+        malformed_by_code={reason: int(seen[reason]) for reason in MALFORMED_CODES if seen[reason]},
+        already_due=summary.overall.put_to_delivery_ms(),
     )
 
 

@@ -26,8 +26,9 @@ class SparkProgress:
         self._poll_s = poll_s
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
-        self._step_task = None
-        self._tasks_task = None
+        # Added before start(): rich shows them once the live display starts.
+        self._step_task = self._progress.add_task("starting", total=None)
+        self._tasks_task = self._progress.add_task("Spark: idle", total=None, visible=False)
         self._current: str | None = None
         self._started = 0.0
         self._stop = threading.Event()
@@ -35,8 +36,6 @@ class SparkProgress:
 
     def __enter__(self) -> SparkProgress:
         self._progress.start()
-        self._step_task = self._progress.add_task("starting", total=None)
-        self._tasks_task = self._progress.add_task("Spark: idle", total=None, visible=False)
         self._poller.start()
         return self
 

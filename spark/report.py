@@ -53,6 +53,11 @@ class Report:
     spark_version: str
     timings_s: dict[str, float] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    # Dead letters that concern the window (dead_letter_findings): total, by_code, listed, ...
+    dead_letters: dict[str, Any] = field(default_factory=dict)
+    malformed_buffer_records_by_code: dict[str, int] = field(default_factory=dict)
+    # Puts written when already due: count (expected ids), delivered, p50/p99/max of put to first delivery.
+    already_due_when_written: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -96,10 +101,26 @@ def build_report(findings: Findings, settings: Settings, options: ReconcileOptio
         anomalies=lists,
         anomalies_truncated=truncated,
         worst_late=[{**w, "due": iso(w["due_ms"]), "first_delivery": iso(w["first_ms"])} for w in findings.worst_late],
-        generated_at=iso(int(datetime.now(UTC).timestamp() * 1000)),
+        generated_at=iso(int(datetime.now(UTC).timestamp() * 1000)) or "",
         spark_version=findings.spark_version,
         timings_s=dict(findings.timings_s),
+        dead_letters=_dead_letters(findings.dead_letters),
+        malformed_buffer_records_by_code=dict(sorted(findings.malformed_by_code.items())),
+        already_due_when_written=dict(findings.already_due),
     )
+
+
+def _dead_letters(found: dict[str, Any]) -> dict[str, Any]:
+    """The report's dead-letter section: counts by reason code and the listed ones, with readable times."""
+    listed = [{"when": iso(d["ts"]), "when_ms": d["ts"],
+               "kind": "undeliverable" if d["undeliverable"] else "malformed",
+               "code": d["code"], "text": d["text"], "id": d["id"], "key": d["key_text"], "source": d["source"],
+               "version": d["version"], "topic": d["put_topic"], "due": iso(d["due"]), "due_ms": d["due"]}
+              for d in found.get("listed", [])]
+    return {"topic": found.get("topic"), "topic_found": found.get("topic_found", False),
+            "total": found.get("total", 0), "by_code": dict(found.get("by_code", {})),
+            "repeated_sources": found.get("repeated_sources", 0), "listed": listed,
+            "truncated": found.get("truncated", False)}
 
 
 def write_outputs(report: Report, anomalies: pa.Table, out: Path) -> Report:
@@ -134,39 +155,65 @@ def _with_readable_times(table: pa.Table) -> pa.Table:
 # -- HTML ----------------------------------------------------------------------
 
 _CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{margin-bottom:.2em} .muted{color:#666} table{border-collapse:collapse;margin:.5em 0 1.5em}
-table{display:block;overflow-x:auto;max-width:100%}
-td,th{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4}
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1280px;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} h2{margin:1.6em 0 .3em} .muted{color:#666} .note{color:#555;margin:.2em 0 .4em}
+table{border-collapse:collapse;margin:.5em 0 1.5em;display:block;overflow-x:auto;max-width:100%}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4;text-align:center}
 td.l{text-align:left;white-space:nowrap;font-family:ui-monospace,monospace;font-size:12px}
-th{text-align:center}
+td.t{text-align:left;font-size:12px;min-width:18em}
+td.w{text-align:left;font-family:ui-monospace,monospace;font-size:12px;overflow-wrap:anywhere;min-width:16em}
 .status{padding:.6em 1em;border-radius:6px;font-weight:600;margin:1em 0}
-.ok{background:#e3f6e5;color:#17612a} .alert{background:#fde8e8;color:#9b1c1c}
-.cards{display:flex;flex-wrap:wrap;gap:10px}
+.ok{background:#e3f6e5;color:#17612a} .alert{background:#fde8e8;color:#9b1c1c} .warn{background:#fff4dc;color:#7a4b00}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin-bottom:.6em}
 .card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;min-width:110px}
-.card b{display:block;font-size:22px} .card.bad b{color:#b91c1c} figure{margin:1em 0}
+.card b{display:block;font-size:22px} .card.bad b{color:#b91c1c} .card.warn b{color:#b45309}
+.group{font-size:12px;color:#666;text-transform:uppercase;letter-spacing:.05em;margin:.8em 0 .3em}
+figure{margin:1em 0}
 """
+
+# What each dead-letter reason code means, for the page.
+_CODE_MEANING = {
+    "missing-topic": "undeliverable: the target topic does not exist",
+    "bad-partition": "undeliverable: the target partition does not exist",
+    "rejected": "undeliverable: Kafka refused the record (too large, ...)",
+    "wrong-partition": "malformed: not on its id's buffer partition",
+    "bad-id": "malformed: no key, or a key that is not a delay id",
+    "bad-frame": "malformed: the put's frame line does not parse",
+    "unknown-option": "malformed: a frame option or partitioner this version does not know",
+    "bad-due-time": "malformed: a due time before 2000 (seconds meant?)",
+    "reserved-header": "malformed: a put with a delayq- header",
+    "bad-control": "malformed: a cancel or done with wrong delayq- headers",
+    "unknown": "the reason header starts with no known code",
+}
 
 
 def render_html(report: Report, anomalies: pa.Table) -> str:
-    """A self-contained page: status, totals, lateness, charts (inline SVG), worst and anomalous ids."""
+    """A self-contained page: status, totals, lateness, charts (inline SVG), dead letters, worst and anomalous ids."""
     totals = report.totals
     esc = html.escape
-    bad = set(ANOMALY_KINDS)
-    shown = ("expected", "delivered", "missing", "duplicates", "unexpected", "early", "cancel_ignored", "in_grace",
-             "cancelled", "cancelled_too_late", "rescheduled_too_late", "delivered_records")
-    cards = "".join(f'<div class="card{" bad" if k in bad and totals[k] else ""}"><b>{totals[k]:,}</b>'
-                    f'{esc(k.replace("_", " "))}</div>' for k in shown)
-    status = ('<div class="status ok">OK: every expected message was delivered, none twice, none early, no cancel '
-              'or reschedule ignored, nothing unexpected (exit code 0)</div>'
+    letters = report.dead_letters or {}
+    already = report.already_due_when_written or {}
+
+    def cards(names: tuple[str, ...], style: str = "") -> str:
+        return "".join(f'<div class="card{(" " + style) if style and totals.get(k) else ""}">'
+                       f'<b>{totals.get(k, 0):,}</b>{esc(k.replace("_", " "))}</div>' for k in names)
+
+    status = ('<div class="status ok">OK: every expected message was delivered or dead-lettered, none twice, none '
+              'early, no cancel or reschedule ignored, nothing unexpected (exit code 0)</div>'
               if report.ok else
               f'<div class="status alert">ALERT: {esc(alert_text(totals))} (exit code 1)</div>')
-    topic_rows = [[t, v["expected"], v["delivered"], v["missing"], v["duplicates"], v["unexpected"], v["early"],
-                   v["cancel_ignored"], *_pcts(v["lateness_ms"])] for t, v in report.by_topic.items()]
-    topic_rows.append(["all topics", totals["expected"], totals["delivered"], totals["missing"], totals["duplicates"],
-                       totals["unexpected"], totals["early"], totals["cancel_ignored"], *_pcts(report.lateness_ms)])
-    worst = [[w["id"], w["topic"], _when(w["due_ms"]), _when(w["first_ms"]), w["lateness_ms"], w["delivered_count"],
-              _epochs(w)] for w in report.worst_late]
+    if totals.get("dead_lettered") or totals.get("malformed_buffer_records"):
+        status += (f'<div class="status warn">{totals.get("dead_lettered", 0):,} dead letter(s) in this window and '
+                   f'{totals.get("malformed_buffer_records", 0):,} malformed buffer record(s): see "Dead letters" '
+                   'below. They do not fail the run.</div>')
+    topic_rows = [[_Name(t), v["expected"], v["delivered"], v["missing"], v.get("undeliverable", 0), v["duplicates"],
+                   v["unexpected"], v["early"], v["cancel_ignored"], *_pcts(v["lateness_ms"])]
+                  for t, v in report.by_topic.items()]
+    topic_rows.append(["all topics", totals["expected"], totals["delivered"], totals["missing"],
+                       totals.get("undeliverable", 0), totals["duplicates"], totals["unexpected"], totals["early"],
+                       totals["cancel_ignored"], *_pcts(report.lateness_ms)])
+    worst = [[w["id"], _name(w["topic"]), _when(w["due_ms"]), _when(w["first_ms"]), w["lateness_ms"],
+              w["delivered_count"], _epochs(w)] for w in report.worst_late]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>delayq reconciliation</title>",
         f"<style>{_CSS}</style></head><body>",
@@ -177,10 +224,20 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
          f"(grace {report.window['grace_ms'] / 1000:g} s); "
          f"{esc(report.source['isolation_level'])}; generated {esc(report.generated_at)}. Times are UTC.</p>"),
         status,
-        f"<div class='cards'>{cards}</div>",
-        "<h2>Lateness (first delivery minus due time, ms)</h2>",
-        _table(["topic", "expected", "delivered", "missing", "duplicates", "unexpected", "early", "cancel ignored",
-                "p50", "p90", "p99", "max"], topic_rows),
+        "<div class='group'>Anomalies: any of these fails the run</div>",
+        f"<div class='cards'>{cards(('missing', 'duplicates', 'unexpected', 'early', 'cancel_ignored'), 'bad')}</div>",
+        "<div class='group'>Messages due in the window</div>",
+        f"<div class='cards'>{cards(('expected', 'delivered', 'undeliverable', 'in_grace', 'delivered_records'))}"
+        f"{cards(('cancelled', 'cancelled_too_late', 'rescheduled_too_late', 'already_due_when_written'))}</div>",
+        "<div class='group'>Dead letters and bad input</div>",
+        f"<div class='cards'>{cards(('dead_lettered', 'malformed_buffer_records'), 'warn')}"
+        f"{cards(('buffer_records',))}</div>",
+        "<h2>Lateness per topic (ms)</h2>",
+        "<p class='note'>First delivery minus due time, of the delivered messages. Messages whose put was written "
+        "when it was already due are left out (see <i>Already due when written</i>). <i>Undeliverable</i>: "
+        "dead-lettered by the master instead of delivered.</p>",
+        _table(["topic", "expected", "delivered", "missing", "undeliverable", "duplicates", "unexpected", "early",
+                "cancel ignored", "p50", "p90", "p99", "max"], topic_rows),
     ]
     if report.source["topics_not_found"]:
         parts.append(f"<p class='status alert'>Target topics not found on the broker: "
@@ -188,24 +245,94 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
     parts += [
         "<figure>", _histogram_svg(report.lateness_histogram), "</figure>",
         "<h2>Per hour of due time</h2><figure>", _per_hour_svg(report.per_hour), "</figure>",
-        f"<h2>Latest {len(worst)} deliveries</h2>",
+        "<h2>Already due when written</h2>",
+        "<p class='note'>Puts whose record timestamp (their creation time) is at or after their due time: they "
+        "could not be on time, so their delay is measured from the put to its first delivery, and kept out of "
+        "the lateness above.</p>",
+        (_table(["messages", "delivered", "p50 put to first delivery", "p99", "max"],
+                [[already.get("count", 0), already.get("delivered", 0), _Figure(_duration(already.get("p50"))),
+                  _Figure(_duration(already.get("p99"))), _Figure(_duration(already.get("max")))]])
+         if already.get("count") else "<p>None: every put due in the window was written before its due time.</p>"),
+        f"<h2>The {len(worst)} most late deliveries (by lateness, highest first)</h2>",
         _table(["id", "topic", "due", "first delivery", "lateness ms", "copies", "epochs"], worst),
     ]
+    clean = [kind for kind in ANOMALY_KINDS if not totals[kind]]
+    if clean:
+        parts.append(f"<h2>Anomalous ids</h2><p>None {'at all' if len(clean) == len(ANOMALY_KINDS) else 'of these'}: "
+                     f"{esc(', '.join(_ALERT_NAMES[kind] for kind in clean))}.</p>")
     for kind in ANOMALY_KINDS:
         count = totals[kind]
-        parts.append(f"<h2>{esc(kind.replace('_', ' ').capitalize())}: {count:,}</h2>")
         if not count:
             continue
+        parts.append(f"<h2>{esc(kind.replace('_', ' ').capitalize())}: {count:,} (by due time, earliest first)</h2>")
         rows = anomalies.filter(anomalies[_FLAG[kind]]).slice(0, HTML_ROWS).to_pylist()
         parts.append(_table(
             ["id", "topic", "state", "due", "copies", "versions", "first delivery", "lateness ms", "epochs"],
-            [[r["id"], r["topic"], _state(r), _when(r["due_ms"]), r["delivered_count"], r.get("versions_delivered"),
-              _when(r["first_ms"]), r["lateness_ms"], _epochs(r)] for r in rows]))
+            [[r["id"], _name(r["topic"]), _state(r), _when(r["due_ms"]), r["delivered_count"],
+              r.get("versions_delivered"), _when(r["first_ms"]), r["lateness_ms"], _epochs(r)] for r in rows]))
         if count > HTML_ROWS:
             parts.append(f"<p class='muted'>First {HTML_ROWS} of {count:,}; all of them in "
                          f"anomalies/{kind}.parquet.</p>")
+    parts += _dead_letter_html(letters, report.malformed_buffer_records_by_code, totals)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _dead_letter_html(letters: dict[str, Any], malformed: dict[str, int], totals: dict[str, int]) -> list[str]:
+    """The page's dead-letter section: counts by reason code, the listed dead letters, malformed records by code."""
+    esc = html.escape
+    total = letters.get("total", 0)
+    topic = letters.get("topic") or "the dead-letter topic"
+    parts = [f"<h2>Dead letters: {total:,}</h2>",
+             f"<p class='note'>Read from <b>{esc(topic)}</b> (read_committed)"
+             f"{'' if letters.get('topic_found', True) else ', which does not exist'}: the dead letters of "
+             "undeliverable messages due in the window, and those of malformed buffer records dead-lettered in "
+             "the window. They do not fail the run: an undeliverable message is not missing.</p>"]
+    if total:
+        by_code = sorted(letters.get("by_code", {}).items(), key=lambda item: (-item[1], item[0]))
+        parts.append(_table(["reason code", "dead letters", "meaning"],
+                            [[code, count, _Text(_CODE_MEANING.get(code, ""))] for code, count in by_code]))
+        listed = letters.get("listed", [])
+        shown = listed[:HTML_ROWS]
+        which = f"All {total:,}" if len(shown) == total else f"The first {len(shown):,}"
+        parts.append(f"<h3>{which} dead letters (by time dead-lettered, oldest first)</h3>")
+        parts.append(_table(
+            ["dead-lettered", "code", "id", "source (buffer topic/partition/offset)", "reason"],
+            [[_when(d["when_ms"]), d["code"], d["id"] or (d.get("key") and f"key {d['key']!r}") or "", d["source"],
+              _Text(d["text"])] for d in shown]))
+        if total > len(shown):
+            parts.append(f"<p class='muted'>First {len(shown)} of {total:,}; report.json lists "
+                         f"{len(listed):,}{' (capped by --list-limit)' if letters.get('truncated') else ''}; "
+                         "the topic has them all.</p>")
+        if letters.get("repeated_sources"):
+            parts.append(f"<p class='status warn'>{letters['repeated_sources']:,} buffer record(s) were "
+                         "dead-lettered more than once (each should be once per cluster).</p>")
+    malformed_total = totals.get("malformed_buffer_records", 0)
+    parts.append(f"<h2>Malformed buffer records: {malformed_total:,}</h2>")
+    parts.append("<p class='note'>Every record of the buffer topic, as the nodes' own parser "
+                 "(<code>delayq.wire.parse_buffer_record</code>) classifies it; malformed ones take no part in the "
+                 "verdicts above, as on the nodes, which dead-letter them.</p>")
+    if malformed:
+        parts.append(_table(["reason code", "records", "meaning"],
+                            [[code, count, _Text(_CODE_MEANING.get(code, ""))]
+                             for code, count in sorted(malformed.items(), key=lambda i: (-i[1], i[0]))]))
+    return parts
+
+
+class _Text(str):
+    """A table cell of free text: wraps, left-aligned."""
+
+
+class _Figure(str):
+    """A table cell of a figure with its unit ("20 ms"): right-aligned like a number."""
+
+
+class _Name(str):
+    """A table cell of a long name (a topic): monospace, broken anywhere when the table would not fit."""
+
+
+def _name(topic: str | None) -> _Name | None:
+    return None if topic is None else _Name(topic)
 
 
 def alert_text(totals: dict[str, int]) -> str:
@@ -224,7 +351,7 @@ def _epochs(row: dict[str, Any]) -> str:
     first, last = row["first_epoch"], row["last_epoch"]
     if first is None:
         return ""
-    return str(first) if first == last else f"{first}–{last}"
+    return _Figure(first if first == last else f"{first}–{last}")
 
 
 def _when(ms: int | None) -> str | None:
@@ -244,6 +371,12 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
             return "<td></td>"
         if isinstance(value, int):
             return f"<td>{value:,}</td>"
+        if isinstance(value, _Text):
+            return f"<td class=t>{html.escape(str(value))}</td>"
+        if isinstance(value, _Name):
+            return f"<td class=w>{html.escape(str(value))}</td>"
+        if isinstance(value, _Figure):
+            return f"<td>{html.escape(str(value))}</td>"
         return f"<td class=l>{html.escape(str(value))}</td>"
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
@@ -251,66 +384,137 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _label_ms(ms: int | None) -> str:
+def _duration(ms: float | None) -> str:
+    """A duration for people: "850 ms", "12.5 s", "51 min", "2.5 h" (an axis tick or a table cell)."""
     if ms is None:
         return ""
-    return f"{ms / 1000:g}s" if abs(ms) >= 1000 else f"{ms}ms"
+    size = abs(ms)
+    if size < 1000:
+        return f"{ms:,.0f} ms"
+    if size < 60_000:
+        return f"{ms / 1000:.3g} s"
+    if size < 3_600_000:
+        return f"{ms / 60_000:.3g} min"
+    return f"{ms / 3_600_000:,.3g} h"
+
+
+def _unit(ms: float) -> tuple[str, int]:
+    """The unit a chart axis of durations up to ``ms`` reads best in, and its size in ms."""
+    if ms < 1000:
+        return "ms", 1
+    if ms < 60_000:
+        return "s", 1000
+    if ms < 3_600_000:
+        return "min", 60_000
+    return "h", 3_600_000
+
+
+def _label_ms(ms: int | None) -> str:
+    """A histogram edge: "10ms", "−1s", "1min" (a real minus sign: "-1s–-100ms" reads badly)."""
+    if ms is None:
+        return ""
+    if abs(ms) >= 60_000:
+        text = f"{ms / 60_000:g}min"
+    else:
+        text = f"{ms / 1000:g}s" if abs(ms) >= 1000 else f"{ms}ms"
+    return text.replace("-", "−")
+
+
+def _count_axis(axis) -> None:
+    """Whole numbers with thousands separators on ``axis``: never 1e6 or an offset."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
 
 
 def _histogram_svg(histogram: list[dict[str, Any]]) -> str:
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     labels = [f"< {_label_ms(b['to_ms'])}" if b["from_ms"] is None else
               f"≥ {_label_ms(b['from_ms'])}" if b["to_ms"] is None else
-              f"{_label_ms(b['from_ms'])}–{_label_ms(b['to_ms'])}" for b in histogram]
+              f"{_label_ms(b['from_ms'])} to {_label_ms(b['to_ms'])}" for b in histogram]
     counts = [b["count"] for b in histogram]
-    figure = Figure(figsize=(10, 3.4))
+    figure = Figure(figsize=(10, 3.6))
     axes = figure.subplots()
-    axes.bar(range(len(counts)), counts, color=["#c0392b" if (b["to_ms"] or 1) <= 0 else "#2f6db3" for b in histogram])
+    bars = axes.bar(range(len(counts)), counts,
+                    color=["#c0392b" if (b["to_ms"] or 1) <= 0 else "#2f6db3" for b in histogram])
     axes.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=8)
+    axes.set_xlabel("lateness (first delivery minus due time)", fontsize=9)
     axes.set_ylabel("messages")
     axes.set_title("Lateness of first delivery (red: before the due time)")
     if max(counts, default=0) > 50 * max(1, min((c for c in counts if c), default=1)):
         axes.set_yscale("log")
+        axes.yaxis.set_major_locator(LogLocator(base=10))
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}" if value >= 1 else ""))
+        axes.yaxis.set_minor_formatter(NullFormatter())
+        axes.set_ylim(0.8, max(counts) * 3)
+    else:
+        _count_axis(axes.yaxis)
+        axes.set_ylim(0, max(1, max(counts, default=0)) * 1.15)
+    for bar, count in zip(bars, counts, strict=True):
+        if count:
+            axes.annotate(f"{count:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 2),
+                          textcoords="offset points", ha="center", fontsize=7, color="#444")
     return _svg(figure)
 
 
 def _per_hour_svg(per_hour: list[dict[str, Any]]) -> str:
-    from matplotlib.figure import Figure
+    """Stacked bars per hour of due time (delivered, undeliverable, missing, in grace), and the p99 lateness.
 
-    figure = Figure(figsize=(10, 4))
+    The stack's height is what was due that hour; the other anomalies (duplicated, early,
+    unexpected, cancel ignored) are ids already counted in it, so they are written above
+    the bar rather than drawn as bars over it.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    figure = Figure(figsize=(10, 4.2))
     axes = figure.subplots()
     if not per_hour:
         axes.text(0.5, 0.5, "no message was due in this window", ha="center", va="center")
         axes.set_axis_off()
         return _svg(figure)
-    xs = range(len(per_hour))
-    width = 0.4
-    axes.bar([x - width / 2 for x in xs], [h["expected"] for h in per_hour], width, label="expected", color="#9bbbe0")
-    axes.bar([x + width / 2 for x in xs], [h["delivered"] for h in per_hour], width, label="delivered",
-             color="#2f6db3")
-    problems = [sum(h[kind] for kind in ANOMALY_KINDS) for h in per_hour]
-    axes.bar(xs, problems, width / 2, label="anomalies", color="#c0392b")
+    xs = list(range(len(per_hour)))
+    bottom = [0] * len(per_hour)
+    for name, label, color in (("delivered", "delivered", "#2f6db3"),
+                               ("undeliverable", "undeliverable (dead-lettered)", "#e0a030"),
+                               ("missing", "missing", "#c0392b"), ("in_grace", "in grace", "#c8ccd2")):
+        values = [h.get(name, 0) for h in per_hour]
+        if any(values) or name == "delivered":
+            axes.bar(xs, values, 0.8, bottom=bottom, label=label, color=color)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    # Ids already in the stack (a few among thousands would be an invisible bar): a number above it.
+    flagged = [sum(h[kind] for kind in ANOMALY_KINDS) for h in per_hour]
+    for x, count in zip(xs, flagged, strict=True):
+        if count:
+            axes.annotate(f"{count:,}", (x, bottom[x]), xytext=(0, 3), textcoords="offset points", ha="center",
+                          va="bottom", color="#9b1c1c", fontsize=7, fontweight="bold")
     step = max(1, len(per_hour) // 24)
-    axes.set_xticks(list(xs)[::step], [h["hour"][5:13].replace("T", " ") + "h" for h in per_hour][::step],
+    axes.set_xticks(xs[::step], [h["hour"][5:13].replace("T", " ") + "h" for h in per_hour][::step],
                     rotation=40, ha="right", fontsize=8)
-    axes.set_ylabel("messages")
+    axes.set_xlim(-0.6, len(per_hour) - 0.4)
+    axes.set_ylabel("messages due")
+    _count_axis(axes.yaxis)
+    axes.set_ylim(0, max(1, max(bottom)) * 1.2)
     p99 = axes.twinx()
-    p99.plot(list(xs), [h["lateness_ms"]["p99"] for h in per_hour], color="#e67e22", marker=".", label="p99 lateness")
-    p99.set_ylabel("p99 lateness (ms)")
-    values = [h["lateness_ms"]["p99"] or 0 for h in per_hour]
-    p99.set_ylim(min(0, *values), max(1, *values) * 1.2)  # from 0, so a flat line does not look like a jump
-    top = max(max(h["expected"], h["delivered"]) for h in per_hour)
-    for x, count in zip(xs, problems, strict=True):
-        if count:  # a handful of anomalies among thousands would be an invisible bar
-            axes.annotate(str(count), (x, max(per_hour[x]["expected"], per_hour[x]["delivered"])),
-                          xytext=(0, 3), textcoords="offset points", ha="center", color="#c0392b", fontsize=8)
-    axes.set_ylim(0, max(1, top) * 1.15)
+    values = [h["lateness_ms"]["p99"] for h in per_hour]
+    known = [v for v in values if v is not None] or [0]
+    unit, size = _unit(max(abs(v) for v in known))
+    p99.plot(xs, [float("nan") if v is None else v / size for v in values], color="#e67e22", marker=".",
+             label="p99 lateness (right axis)")
+    p99.set_ylabel(f"p99 lateness ({unit})")
+    # From 0, so a flat line does not look like a jump.
+    p99.set_ylim(min(0, *known) / size, max(1 / size, max(known) / size) * 1.25)
+    p99.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    p99.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.10g}"))
     handles, labels = axes.get_legend_handles_labels()
     more_handles, more_labels = p99.get_legend_handles_labels()
     axes.legend(handles + more_handles, labels + more_labels, fontsize=8, loc="upper center",
-                bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
-    axes.set_title("Messages per hour of due time")
+                bbox_to_anchor=(0.5, -0.28), ncol=5, frameon=False)
+    axes.set_title("Messages per hour of due time: what was due, stacked by outcome"
+                   + ("; red numbers: anomalies" if any(flagged) else ""))
     return _svg(figure)
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COUNT_FIELDS = ("expected", "delivered", "delivered_records", "duplicates", "duplicate_records", "missing",
-                "unexpected", "unknown", "early", "cancel_ignored", "cancelled", "cancelled_too_late",
-                "rescheduled_too_late", "in_grace")
+                "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "cancelled", "cancelled_too_late",
+                "rescheduled_too_late", "in_grace", "already_due_when_written")
 # Lateness histogram bucket edges in ms; the first bucket is everything below -1 s, the last from 1 min up.
 LATENESS_EDGES_MS = (-1000, -100, -10, 0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 60_000)
 HOUR_MS = 3_600_000
@@ -56,22 +56,36 @@ def histogram(lateness: Mapping[int, int]) -> list[dict[str, Any]]:
 
 @dataclass
 class Tally:
-    """The counts and the lateness values of one group of judged ids."""
+    """The counts and the lateness values of one group of judged ids.
+
+    ``lateness`` holds first delivery minus due time of the delivered ids, except those
+    whose put was written when it was already due (its timestamp at or after its due
+    time): ``put_to_delivery`` holds first delivery minus the put's timestamp of those.
+    """
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNT_FIELDS, 0))
     lateness: Counter = field(default_factory=Counter)
+    put_to_delivery: Counter = field(default_factory=Counter)
 
     def add(self, row: Mapping[str, Any]) -> None:
         for name in COUNT_FIELDS:
-            self.counts[name] += int(row[name] or 0)
+            self.counts[name] += int(row.get(name) or 0)
         if row["lateness_key"] is not None:
             self.lateness[int(row["lateness_key"])] += int(row["lateness_n"])
+        if row.get("written_key") is not None:
+            self.put_to_delivery[int(row["written_key"])] += int(row["written_n"])
 
     def lateness_ms(self) -> dict[str, int | None]:
         """p50, p90, p99, max and min of the first-delivery lateness, and how many ids it covers."""
         return {"p50": percentile(self.lateness, 0.5), "p90": percentile(self.lateness, 0.9),
                 "p99": percentile(self.lateness, 0.99), "max": max(self.lateness, default=None),
                 "min": min(self.lateness, default=None), "count": sum(self.lateness.values())}
+
+    def put_to_delivery_ms(self) -> dict[str, int | None]:
+        """Puts written when already due: how many were expected, and p50, p99, max of put to first delivery."""
+        table = self.put_to_delivery
+        return {"count": self.counts["already_due_when_written"], "delivered": sum(table.values()),
+                "p50": percentile(table, 0.5), "p99": percentile(table, 0.99), "max": max(table, default=None)}
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.counts, "lateness_ms": self.lateness_ms()}
@@ -88,7 +102,9 @@ class Summary:
     @classmethod
     def of(cls, rows: Iterable[Mapping[str, Any]]) -> Summary:
         """Sum the (topic, hour_ms, lateness_key) group rows Spark returned."""
-        overall, by_topic, per_hour = Tally(), {}, {}
+        overall = Tally()
+        by_topic: dict[str, Tally] = {}
+        per_hour: dict[int, Tally] = {}
         for row in rows:
             overall.add(row)
             by_topic.setdefault(row["topic"], Tally()).add(row)

@@ -11,8 +11,8 @@ import random
 from collections.abc import Iterable
 from typing import Self
 
-from delayq.proxy import Envelope, new_delay_id
-from delayq.proxy import envelope as env
+from delayq import wire as env
+from delayq.wire import Envelope, new_delay_id
 
 
 class TrafficWriter:
@@ -59,7 +59,7 @@ class TrafficWriter:
             self._errors.append(f"{message.topic()}: {err}")
 
     def _produce(self, topic: str, *, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes]], at_ms: int, wait: bool = False) -> int | None:
+                 headers: env.ProduceHeaders, at_ms: int, wait: bool = False) -> int | None:
         """Write one record; with ``wait``, wait for it and return its offset (else None)."""
         if wait:
             return self._produce_acked(topic, key=key, value=value, headers=headers, at_ms=at_ms)
@@ -71,7 +71,7 @@ class TrafficWriter:
                 self._producer.poll(0.05)
 
     def _produce_acked(self, topic: str, *, key: bytes | None, value: bytes | None,
-                       headers: list[tuple[str, bytes]], at_ms: int) -> int:
+                       headers: env.ProduceHeaders, at_ms: int) -> int:
         """Everything written so far, then this record, acknowledged; its offset.
 
         The batching producer reports errors only, so a record whose offset is wanted goes
@@ -161,7 +161,7 @@ class TrafficWriter:
             raise RuntimeError(f"{left} record(s) still unsent after {timeout_s} s")
 
 
-def delivery_headers(message: Envelope, epoch: int, version: int | None = None) -> list[tuple[str, bytes]]:
+def delivery_headers(message: Envelope, epoch: int, version: int | None = None) -> env.ProduceHeaders:
     """Headers of a delivery of ``message``; without ``version``, as masters wrote them before ``delayq-version``."""
     if version is not None:
         return message.delivery_headers(epoch, version)

@@ -2,15 +2,28 @@
 
 Public surface::
 
-    from delayq.store import TimeIndex, StoreOptions, Put, Remove, StoredEntry, ApplyResult
+    from delayq.store import TimeIndex, StoreOptions, Put, Remove, Malformed, MalformedEntry, StoredEntry, ApplyResult
     from delayq.store import StoreError, StoreFormatError
 """
 
 from .options import StoreOptions
-from .time_index import ApplyResult, Put, Remove, StoredEntry, StoreError, StoreFormatError, StoreOp, TimeIndex
+from .time_index import (
+    ApplyResult,
+    Malformed,
+    MalformedEntry,
+    Put,
+    Remove,
+    StoredEntry,
+    StoreError,
+    StoreFormatError,
+    StoreOp,
+    TimeIndex,
+)
 
 __all__ = [
     "ApplyResult",
+    "Malformed",
+    "MalformedEntry",
     "Put",
     "Remove",
     "StoreError",

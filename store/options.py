@@ -167,7 +167,8 @@ class StoreOptions:
             table.set_block_size(block_size)
         if bloom:
             # A full (not block-based) filter: one probe per SST file.
-            table.set_bloom_filter(self.bloom_bits_per_key, False)
+            # rocksdict's stub says int; the binding takes RocksDB's double bits_per_key (9.5 is valid).
+            table.set_bloom_filter(self.bloom_bits_per_key, False)  # type: ignore[arg-type]
         opts = rocksdict.Options(raw_mode=True)
         opts.set_block_based_table_factory(table)
         opts.set_max_write_buffer_number(self.max_write_buffers)

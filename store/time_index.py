@@ -9,7 +9,8 @@ Layout, one column family each:
   buffer offset of the put stored, so a `done` removes only the version it closes.
 - ``offsets``: buffer partition (4 bytes big-endian) -> next offset to read (8 bytes).
 - ``meta``: ``sys/...`` for the store's own bookkeeping (format, pending count, last
-  ingest time, ``sys/shadowed/<id>`` marks) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
+  ingest time, ``sys/shadowed/<id>`` marks, ``sys/malformed/<partition><offset>``
+  records waiting to be dead-lettered) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
 
 The store is a view of the buffer topic: every change arrives through :meth:`TimeIndex.apply`
 together with the buffer offsets that produced it, in one WriteBatch.
@@ -26,27 +27,33 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Container, Generator, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, cast, final
 
 import rocksdict
+
+from delayq.errors import DelayqError
 
 from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, StoreOptions
 
 MAX_DELIVER_AT_MS = 2**63 - 1
 _MAX_PARTITION = 2**31 - 1
 
-_FORMAT = b"delayq-time-index-2"
+# 3: malformed records are kept (sys/malformed/) and ingest enforces the wire contract's partition,
+# id and due-time rules; a store ingested under older rules is rebuilt rather than trusted.
+_FORMAT = b"delayq-time-index-3"
 _META_FORMAT = b"sys/format"
 _META_PENDING = b"sys/pending"
 _META_LAST_INGEST = b"sys/last_ingest_ms"
 _META_SHADOWED = b"sys/shadowed/"
+_META_MALFORMED = b"sys/malformed/"
 _USER_META = b"user/"
 
 
-class StoreError(RuntimeError):
+class StoreError(DelayqError):
     """The store cannot be opened, read or written; the message says why and what to do."""
 
 
@@ -70,6 +77,8 @@ def _check_id(value: object, argument: str = "delay_id") -> str:
     return value
 
 
+# Final, as Remove and Malformed: apply() takes these exact types (it tells them apart by `type(op) is`).
+@final
 @dataclass(frozen=True, slots=True)
 class Put:
     """A buffer `put`: add ``delay_id``, or replace what is stored of it (reschedule).
@@ -100,6 +109,7 @@ class Put:
             raise TypeError(f"payload must be bytes, not {type(self.payload).__name__}")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Remove:
     """A buffer `cancel` (``version`` None: whatever is stored) or `done` (the version it closes).
@@ -123,7 +133,45 @@ class Remove:
             _check_ms(self.version, "version")
 
 
-StoreOp = Put | Remove
+@final
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A buffer record no node may apply: kept, by its place in the buffer, until the cluster has dead-lettered it.
+
+    ``payload`` is what the dead-letter copy needs (the caller's form). ``delay_id`` is
+    set when the record's key is a valid id on its own partition: the record is then that
+    id's newest, and compaction would drop an older put of it, so a pending id becomes
+    shadowed (the master writes its put again, as after a stale `done`).
+
+    Raises:
+        TypeError, ValueError: a partition, offset or id out of range, or a payload that is not bytes.
+    """
+
+    partition: int
+    offset: int
+    payload: bytes
+    delay_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.partition, int) or not 0 <= self.partition <= _MAX_PARTITION:
+            raise ValueError(f"partition {self.partition!r} is outside [0, 2**31)")
+        _check_ms(self.offset, "offset")
+        if not isinstance(self.payload, bytes):
+            raise TypeError(f"payload must be bytes, not {type(self.payload).__name__}")
+        if self.delay_id is not None:
+            _check_id(self.delay_id)
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedEntry:
+    """A malformed buffer record waiting to be dead-lettered (:meth:`TimeIndex.malformed`)."""
+
+    partition: int
+    offset: int
+    payload: bytes
+
+
+StoreOp = Put | Remove | Malformed
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +222,37 @@ _COPY = b"c"
 _UNMARKED = b"-"  # in memory only, compared by identity
 
 
+_malformed_place = struct.Struct(">IQ")
+
+
+def _malformed_key(partition: int, offset: int) -> bytes:
+    return _META_MALFORMED + _malformed_place.pack(partition, offset)
+
+
 def _shadow_mark(stored: bytes) -> bytes | None:
     return None if stored == _REPUT else stored[len(_COPY):]
+
+
+class _Family(Protocol):
+    """A column family of the store, as the time index uses it: keys and values are bytes.
+
+    rocksdict's stubs type them for its default mode, where they are pickled Python values
+    (a key any scalar, a value Any); the store opens every family with ``raw_mode=True``
+    (:class:`StoreOptions`), where both are plain bytes.
+    """
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def __getitem__(self, keys: list[bytes]) -> list[bytes | None]: ...  # a multi-get
+
+    def __setitem__(self, key: bytes, value: bytes) -> None: ...
+
+    def put(self, key: bytes, value: bytes, write_opt: rocksdict.WriteOptions | None = None) -> None: ...
+
+    def keys(self, *, from_key: bytes | None = None) -> Iterator[bytes]: ...
+
+    def items(self, *, from_key: bytes | None = None,
+              read_opt: rocksdict.ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 
 
 class TimeIndex:
@@ -211,7 +288,7 @@ class TimeIndex:
         except Exception as err:  # rocksdict raises bare Exception for every RocksDB status
             raise self._open_error(err) from err
         self._closed = False
-        self._cfs = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
+        self._cfs = {name: cast(_Family, self._db.get_column_family(name)) for name in COLUMN_FAMILIES}
         self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self._time, self._ids = self._cfs[TIME_CF], self._cfs[IDS_CF]
         self._meta, self._offsets_cf = self._cfs[META_CF], self._cfs[OFFSETS_CF]
@@ -294,6 +371,7 @@ class TimeIndex:
         self._shadowed: dict[str, bytes | None] = {
             key[len(_META_SHADOWED):].decode("ascii"): _shadow_mark(value)
             for key, value in self._meta.items(from_key=_META_SHADOWED) if key.startswith(_META_SHADOWED)}
+        self._malformed = sum(1 for _ in self._malformed_keys())
 
     # -- writing -------------------------------------------------------------
 
@@ -308,7 +386,7 @@ class TimeIndex:
         stored offsets always say exactly which records the store reflects.
 
         Args:
-            ops: Puts and removes, in buffer order.
+            ops: Puts, removes and malformed records, in buffer order.
             offsets: Buffer partition -> next offset to read. Merged with the stored
                 offsets; an offset lower than the stored one is ignored (offsets only rise).
             ingested_at_ms: Wall-clock time of this ingest, kept for :meth:`last_ingest_ms`.
@@ -317,7 +395,7 @@ class TimeIndex:
             Counts of what the ops did.
 
         Raises:
-            TypeError: an op is not a Put or Remove, or an argument has the wrong type.
+            TypeError: an op is not a Put, Remove or Malformed, or an argument has the wrong type.
             ValueError: a partition or offset is out of range. Nothing is written then.
             StoreError: the store is closed or RocksDB failed to write (nothing was written).
         """
@@ -328,13 +406,18 @@ class TimeIndex:
         with self._write_lock:
             self._check_open()
             batch, result, pending, lowest_put, moved_away, shadow = self._plan(ops)
+            meta_cf = self._handles[META_CF]
+            malformed = 0
+            for op in ops:
+                if type(op) is Malformed:
+                    batch.put(_malformed_key(op.partition, op.offset), op.payload, meta_cf)
+                    malformed += 1
             merged = dict(self._offsets)
             offsets_cf = self._handles[OFFSETS_CF]
             for partition, offset in new_offsets.items():
                 if offset > merged.get(partition, -1):
                     merged[partition] = offset
                     batch.put(partition.to_bytes(4, "big"), _u64(offset), offsets_cf)
-            meta_cf = self._handles[META_CF]
             if pending != self._pending:
                 batch.put(_META_PENDING, _u64(pending), meta_cf)
             if ingested_at_ms is not None:
@@ -350,6 +433,7 @@ class TimeIndex:
                                      f"applied: {err}") from err
                 self._pending = pending
                 self._offsets = merged
+                self._malformed += malformed
                 for delay_id, mark in shadow.items():
                     if mark is _UNMARKED:
                         self._shadowed.pop(delay_id, None)
@@ -365,8 +449,8 @@ class TimeIndex:
             raise TypeError(f"ops must be an iterable of Put/Remove, not {type(ops).__name__}")
         ops = list(ops)
         for index, op in enumerate(ops):
-            if type(op) is not Put and type(op) is not Remove:
-                raise TypeError(f"ops[{index}] must be a Put or Remove, not {type(op).__name__}")
+            if type(op) is not Put and type(op) is not Remove and type(op) is not Malformed:
+                raise TypeError(f"ops[{index}] must be a Put, Remove or Malformed, not {type(op).__name__}")
         return ops
 
     @staticmethod
@@ -416,7 +500,7 @@ class TimeIndex:
         The ops are replayed on an in-memory view of the ids they touch, so later ops see
         earlier ones; only the net difference per id is written.
         """
-        touched = list(dict.fromkeys(op.delay_id for op in ops))
+        touched = list(dict.fromkeys(op.delay_id for op in ops if op.delay_id is not None))
         id_keys = [delay_id.encode("ascii") for delay_id in touched]
         stored = self._multi_get(IDS_CF, id_keys)
         # before[id] = (deliver_at_ms, version) as stored, or None.
@@ -424,13 +508,14 @@ class TimeIndex:
             delay_id: None if raw is None else _id_value.unpack(raw) for delay_id, raw in zip(touched, stored)
         }
         # A put at the stored time is a no-op only if its payload matches too.
-        same_time = {op.delay_id for op in ops
+        # same_time[id] = the stored time of a put's id, when the put has that time too.
+        same_time = {op.delay_id: at[0] for op in ops
                      if type(op) is Put and (at := before[op.delay_id]) is not None and at[0] == op.deliver_at_ms}
-        stored_payload: dict[str, bytes] = {}
+        stored_payload: dict[str, bytes | None] = {}
         if same_time:
             names = list(same_time)
-            keys = [_time_key(before[name][0], name.encode("ascii")) for name in names]  # type: ignore[index]
-            stored_payload = dict(zip(names, self._multi_get(TIME_CF, keys)))
+            keys = [_time_key(at_ms, name.encode("ascii")) for name, at_ms in same_time.items()]
+            stored_payload = dict(zip(names, self._multi_get(TIME_CF, keys), strict=True))
 
         # now[id] = (deliver_at_ms, version, payload) or None; payload None = as stored.
         now: dict[str, tuple[int, int, bytes | None] | None] = {
@@ -442,6 +527,11 @@ class TimeIndex:
         shadow: dict[str, bytes] = {}
         added = moved = removed = unchanged = kept = 0
         for op in ops:
+            if type(op) is Malformed:
+                if op.delay_id is not None and now[op.delay_id] is not None:
+                    # The id's newest record is one no node applies: write the stored put again.
+                    shadow[op.delay_id] = _REPUT
+                continue
             current = now[op.delay_id]
             if type(op) is Put and op.restores is not None and (current is None or current[1] != op.restores):
                 # A stale copy: nothing of it is stored, but it is now the id's newest record.
@@ -462,7 +552,7 @@ class TimeIndex:
             elif current is None:
                 shadow[op.delay_id] = _UNMARKED
                 unchanged += 1
-            elif op.version is not None and op.version < current[1]:  # type: ignore[union-attr]
+            elif op.version is not None and op.version < current[1]:
                 shadow[op.delay_id] = _REPUT
                 kept += 1
             else:
@@ -574,7 +664,7 @@ class TimeIndex:
                 return _key_time(key)[0]
         return None
 
-    def _scan(self, up_to_ms: int | None, skip: Container[str]) -> Iterator[tuple[str, bytes, bytes]]:
+    def _scan(self, up_to_ms: int | None, skip: Container[str]) -> Generator[tuple[str, bytes, bytes], None, None]:
         """(delay id, time key, payload) from the front, up to ``up_to_ms`` if given, minus ``skip``."""
         read_opts = rocksdict.ReadOptions()
         upper = None
@@ -587,9 +677,12 @@ class TimeIndex:
             self._check_open()
             version = self._version
             end = self._skipped_end
-            resumed = end is not None and all(delay_id in skip for delay_id in self._skipped)
-            run = dict(self._skipped) if resumed else {}
-            seek = end + b"\x00" if resumed else self._scan_from
+            # Just past the cached skipped run, if `skip` still holds all of it; else None.
+            resumed_at = None
+            if end is not None and all(delay_id in skip for delay_id in self._skipped):
+                resumed_at = end + b"\x00"
+            run = dict(self._skipped) if resumed_at is not None else {}
+            seek = self._scan_from if resumed_at is None else resumed_at
             try:
                 items = self._time.items(from_key=seek, read_opt=read_opts)
             except Exception as err:
@@ -610,7 +703,7 @@ class TimeIndex:
         finally:
             with self._view_lock:
                 if self._version == version and not self._closed:
-                    self._learn(seek if resumed else None, first, upper, run, last)
+                    self._learn(resumed_at, first, upper, run, last)
 
     def _learn(self, resumed_at: bytes | None, first: bytes | None, upper: bytes | None,
                run: dict[str, bytes], last: bytes | None) -> None:
@@ -671,6 +764,56 @@ class TimeIndex:
         """
         self._check_open()
         return dict(self._shadowed)
+
+    def _malformed_keys(self) -> Iterator[bytes]:
+        for key in self._meta.keys(from_key=_META_MALFORMED):
+            if not key.startswith(_META_MALFORMED):
+                return
+            yield key
+
+    @property
+    def malformed_count(self) -> int:
+        """How many malformed records wait to be dead-lettered (kept as a counter)."""
+        self._check_open()
+        return self._malformed
+
+    def malformed(self, limit: int = 1000) -> list[MalformedEntry]:
+        """Up to ``limit`` malformed records waiting to be dead-lettered, by partition, then offset."""
+        self._check_open()
+        found: list[MalformedEntry] = []
+        for key, value in self._meta.items(from_key=_META_MALFORMED):
+            if not key.startswith(_META_MALFORMED) or len(found) >= limit:
+                break
+            partition, offset = _malformed_place.unpack_from(key, len(_META_MALFORMED))
+            found.append(MalformedEntry(partition, offset, value))
+        return found
+
+    def forget_malformed(self, handled: Mapping[int, int]) -> int:
+        """Drop the malformed records below ``handled`` (partition -> offset): the cluster has dead-lettered them.
+
+        Returns:
+            How many were dropped.
+        """
+        with self._write_lock:
+            self._check_open()
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            meta_cf = self._handles[META_CF]
+            dropped = kept = 0
+            for key in self._malformed_keys():
+                partition, offset = _malformed_place.unpack_from(key, len(_META_MALFORMED))
+                if offset < handled.get(partition, 0):
+                    batch.delete(key, meta_cf)
+                    dropped += 1
+                else:
+                    kept += 1
+            if dropped:
+                try:
+                    self._db.write(batch, self._write_opts)
+                except Exception as err:
+                    raise StoreError(f"dropping dead-lettered records from {self.path} failed: {err}") from err
+            # Recounted, not decremented: a record read twice (a rebuild racing this) is one key.
+            self._malformed = kept
+        return dropped
 
     def pending_count(self) -> int:
         """How many entries are stored (kept as a counter, not counted)."""
@@ -736,9 +879,11 @@ class TimeIndex:
             if self._closed:
                 return
             self._closed = True
+            # Every reference to the database goes: RocksDB releases the directory lock only with
+            # the last one, and a column family holds one.
             self._cfs.clear()
             self._handles.clear()
-            self._time = self._ids = self._meta = self._offsets_cf = None
+            del self._time, self._ids, self._meta, self._offsets_cf
             self._db.close()
 
     def __enter__(self) -> TimeIndex:

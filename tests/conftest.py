@@ -82,7 +82,7 @@ def settings(dev_stack: DevStack, names: Names, tmp_path, request) -> Settings:
 @pytest.fixture
 def cluster(settings: Settings, tmp_path):
     """Nodes of this test's cluster as `delayq node` processes; its topics exist; all are killed at the end."""
-    from delayq.delay_service import LocalCluster
+    from delayq.testing import LocalCluster
 
     cluster = LocalCluster(settings, tmp_path)
     yield cluster

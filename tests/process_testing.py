@@ -8,7 +8,7 @@ import sys
 import time
 
 from delayq import Settings
-from delayq.delay_service.local import settings_env
+from delayq.testing import settings_env
 
 
 def run_delayq(*args: str, settings: Settings | None = None, env: dict[str, str] | None = None,

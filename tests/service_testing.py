@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import Producer
 
-from delayq import Settings
-from delayq.delay_service.local import LocalCluster as Cluster
-from delayq.delay_service.local import NodeProcess, free_port, settings_env
-from delayq.proxy import Envelope, envelope, new_delay_id
+from delayq import Settings, wire
+from delayq.clock import now_ms
+from delayq.testing import LocalCluster as Cluster
+from delayq.testing import NodeProcess, free_port, settings_env
+from delayq.wire import Envelope, new_delay_id
 
 __all__ = ["Cluster", "Feeder", "NodeProcess", "free_port", "now_ms", "settings_env"]
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Feeder:
@@ -36,7 +32,7 @@ class Feeder:
 
     def cancel(self, delay_id: str) -> None:
         self.producer.produce(self.settings.buffer_topic, key=delay_id.encode(), value=None,
-                              headers=envelope.control_headers(envelope.OP_CANCEL, delay_id))
+                              headers=wire.control_headers(wire.OP_CANCEL, delay_id))
 
     def raw(self, key: bytes | None, value: bytes | None, headers: list) -> None:
         self.producer.produce(self.settings.buffer_topic, key=key, value=value, headers=headers)

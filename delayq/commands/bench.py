@@ -7,9 +7,9 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    from delayq.bench.runner import SUITES
+    from delayq.bench.suites import SUITE_TEXT
 
-    suites = "\n".join(f"  {name:<10} {text}" for name, (_, text) in SUITES.items())
+    suites = "\n".join(f"  {name:<10} {text}" for name, text in SUITE_TEXT.items())
     bench = subparsers.add_parser(
         "bench", help="the benchmark suite (figures in BENCHMARKS.md), beside a Redis sorted-set peer",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -17,7 +17,8 @@ def register(subparsers) -> None:
                     "its spread; the Redis peer runs alternately with delayq where it has a counterpart. Writes "
                     "bench/results.json and the table in BENCHMARKS.md (a run with --only updates its own figures "
                     f"and keeps the others).\n\nsuites:\n{suites}")
-    bench.add_argument("--only", metavar="NAME[,NAME]", type=lambda text: [n.strip() for n in text.split(",") if n.strip()],
+    bench.add_argument("--only", metavar="NAME[,NAME]",
+                       type=lambda text: [n.strip() for n in text.split(",") if n.strip()],
                        help="run these suites only")
     bench.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     bench.add_argument("--capacity-runs", type=int, default=1,

@@ -1,14 +1,22 @@
-"""``delayq dev up|down|status|env``: the embedded local stack."""
+"""``delayq dev up|down|status|env``: the embedded local stack.
+
+Every action works on the stack of one state folder (``--state-dir``) and, unless
+``--kafka-port``/``--zk-port`` say otherwise, on the ports ``up`` recorded there. An
+error is one line: what failed, the value, the fix; never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from delayq.dev import DevStack, default_state_dir
+from delayq.dev import DevStack, StackError, cache_dir, default_state_dir
+from delayq.dev.stack import DEFAULT_KAFKA_PORT, DEFAULT_ZK_PORT
 
 console = Console()
 
@@ -22,12 +30,47 @@ def register(subparsers) -> None:
         ("status", _status, "say what runs where"),
         ("env", _env, "print export lines for DELAYQ_BOOTSTRAP_SERVERS and DELAYQ_ZK_CONNECT"),
     ):
-        action = actions.add_parser(name, help=text)
-        action.add_argument("--state-dir", type=Path, default=default_state_dir(), help="where data and logs live")
-        action.add_argument("--kafka-port", type=int, default=9092)
-        action.add_argument("--zk-port", type=int, default=2181)
-        action.set_defaults(func=func)
+        action = actions.add_parser(name, help=text, description=text)
+        action.add_argument("--state-dir", type=Path, default=default_state_dir(),
+                            help="the stack's folder: its data, logs and recorded ports (default %(default)s)")
+        action.add_argument("--kafka-port", type=int,
+                            help=f"Kafka's port; its controller takes the next one (default: the port `up` "
+                                 f"recorded in --state-dir, else {DEFAULT_KAFKA_PORT})")
+        action.add_argument("--zk-port", type=int,
+                            help=f"ZooKeeper's port (default: the port `up` recorded in --state-dir, "
+                                 f"else {DEFAULT_ZK_PORT})")
+        action.set_defaults(func=_one_line(func))
     actions.choices["up"].add_argument("--timeout", type=float, default=90.0, help="seconds to wait for both to answer")
+    actions.choices["down"].add_argument(
+        "--wipe", action="store_true", help="also delete the stack's data and logs (the next `up` starts an empty one)")
+
+
+def _one_line(func):
+    """Every failure of an action as one line (cli.main prints it), never a traceback."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except StackError as err:
+            message = " ".join(str(err).split())
+        except OSError as err:
+            message = _os_problem(args, err)
+        raise StackError(message) from None
+
+    return run
+
+
+def _os_problem(args: argparse.Namespace, err: OSError) -> str:
+    state_dir = Path(args.state_dir).expanduser()
+    if state_dir.exists() and not state_dir.is_dir():
+        return f"the state folder {state_dir} is a file, not a folder: choose another with --state-dir"
+    what = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+    if err.filename and Path(err.filename).is_relative_to(cache_dir()):
+        fix = "check that folder, or choose another jar cache with DELAYQ_CACHE_DIR"
+    else:
+        fix = "check that folder, or choose another state folder with --state-dir"
+    return f"dev {args.action} failed ({what}); {fix}"
 
 
 def stack_from(args: argparse.Namespace) -> DevStack:
@@ -40,30 +83,41 @@ def _up(args: argparse.Namespace) -> int:
     with console.status("starting Kafka and ZooKeeper"):
         started = stack.up(say=console.print)
     what = ", ".join(started) if started else "nothing (both were running)"
-    console.print(f"started {what}; Kafka at {stack.bootstrap_servers}, ZooKeeper at {stack.zk_connect}")
+    console.print(f"started {what}; Kafka at {stack.bootstrap_servers}, ZooKeeper at {stack.zk_connect}",
+                  highlight=False)
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    stopped = stack_from(args).down()
-    console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
+    stack = stack_from(args)
+    stopped = stack.down()
+    console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running", highlight=False)
+    if args.wipe:
+        stack.wipe()
+        console.print(f"deleted {stack.state_dir}", highlight=False, markup=False)
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    table = Table(title=f"delayq dev stack ({args.state_dir})")
+    stack = stack_from(args)
+    table = Table(title=escape(f"delayq dev stack ({stack.state_dir})"))
     for column in ("service", "version", "address", "pid", "state", "log"):
         table.add_column(column)
     healthy = True
-    for status in stack_from(args).status():
+    for status in stack.status():
         state = "healthy" if status.healthy else ("running, not answering" if status.running else "stopped")
         healthy &= status.healthy
-        table.add_row(status.name, status.version, status.address, str(status.pid or "-"), state, str(status.log))
+        table.add_row(status.name, status.version, status.address, str(status.pid or "-"), state,
+                      escape(str(status.log)))
     console.print(table)
     return 0 if healthy else 1
 
 
 def _env(args: argparse.Namespace) -> int:
-    for key, value in stack_from(args).env().items():
+    stack = stack_from(args)
+    if args.kafka_port is None and args.zk_port is None and stack.recorded_ports() is None:
+        raise StackError(f"no dev stack has run in {stack.state_dir} (no ports recorded there): start one with "
+                         f"delayq dev up --state-dir {stack.state_dir}")
+    for key, value in stack.env().items():
         print(f"export {key}={value}")
     return 0

@@ -6,9 +6,6 @@ import argparse
 
 from rich.console import Console
 
-from delayq.delay_service import ensure_topics
-from delayq.settings import Settings
-
 console = Console()
 
 
@@ -20,6 +17,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from delayq.delay_service import ensure_topics
+    from delayq.settings import Settings
+
     overrides = {"buffer_partitions": args.partitions} if args.partitions else {}
     settings = Settings(**overrides)
     differs = False

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from delayq.settings import Settings
+from delayq.errors import DelayqError
 
 
 def register(subparsers) -> None:
@@ -18,12 +18,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from delayq.settings import Settings
+
     if args.config:
         os.environ["DELAYQ_CONFIG"] = args.config
     settings = Settings(**({"log_level": args.log_level} if args.log_level else {}))
-    logging.basicConfig(level=settings.log_level,
+    logging.basicConfig(level=settings.log_level, force=True,
                         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     from delayq.delay_service import Node
 
-    return Node(settings).run()
+    try:
+        return Node(settings).run()
+    except DelayqError as err:
+        # A node that cannot start says why in one line and exits 1 (an orchestrator restarts it).
+        logging.getLogger("delayq.node").error("node %s cannot start: %s", settings.node_id, err)
+        return 1

@@ -8,44 +8,72 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaException
-
-from delayq import Settings
 from delayq.cli import CommandError
+from delayq.clock import DURATION_FORMS, parse_duration_ms
+from delayq.errors import UsageError
+from delayq.wire import MIN_DUE_MS
 
-_UNITS = {"ms": timedelta(milliseconds=1), "s": timedelta(seconds=1), "m": timedelta(minutes=1),
-          "h": timedelta(hours=1), "d": timedelta(days=1)}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+
+    from delayq.settings import Settings
+# The earliest due time delayq takes (delayq.wire.MIN_DUE_MS): 2000-01-01T00:00:00Z.
+_MIN_AT = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=MIN_DUE_MS)
 
 
 def parse_duration(text: str) -> timedelta:
-    """``30s``, ``5m``, ``2h``, ``1d``, ``250ms``, ``1h30m``, or plain seconds (``90``, ``1.5``).
+    """A duration in delayq's one grammar (delayq.clock): ``90``, ``250ms``, ``30s``, ``5m``, ``2h``, ``1d``, ``1w``.
 
     Raises:
         argparse.ArgumentTypeError: anything else, with the accepted forms.
     """
-    text = text.strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return timedelta(seconds=float(text))
-    if text and re.fullmatch(f"(?:{_PART.pattern})+", text):
-        return sum((float(n) * _UNITS[unit] for n, unit in _PART.findall(text)), timedelta())
-    raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 30s, 5m, 2h, 1d, 250ms, 1h30m "
-                                     "or plain seconds")
+    try:
+        return timedelta(milliseconds=parse_duration_ms(text, "--delay"))
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_at(text: str) -> datetime:
-    """An ISO 8601 time with a timezone (``2026-12-01T09:00:00Z``, ``...+01:00``)."""
+    """An ISO 8601 time with a timezone (``2026-12-01T09:00:00Z``, ``...+01:00``), not before 2000.
+
+    Raises:
+        argparse.ArgumentTypeError: not ISO 8601, no timezone, or before 2000-01-01
+            (delayq refuses such due times: delayq.wire.MIN_DUE_MS).
+    """
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time, e.g. 2026-12-01T09:00:00Z") from None
-    if when.tzinfo is None:
+    if when.tzinfo is None or when.utcoffset() is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no timezone: add one, e.g. {text}Z for UTC")
+    if when < _MIN_AT:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 2000-01-01T00:00:00Z: delayq refuses due times "
+                                         "before 2000")
     return when
+
+
+def format_span(span: timedelta) -> str:
+    """A short span for people: ``2d3h``, ``3h12m``, ``5m7s``, ``42s``, ``350ms``."""
+    ms = max(0, round(span / timedelta(milliseconds=1)))
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    first = next(i for i, (n, _) in enumerate(parts) if n)
+    return "".join(f"{n}{unit}" for n, unit in parts[first:first + 2] if n)
+
+
+def iso(when: datetime) -> str:
+    """``when`` in ISO 8601, UTC written ``Z``."""
+    text = when.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def parse_header(text: str) -> tuple[str, bytes]:
@@ -61,7 +89,7 @@ def register(subparsers) -> None:
         description="Send one message. With --delay or --at it is held by delayq and the delay id is printed.")
     produce.add_argument("--topic", required=True, help="target topic")
     when = produce.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=parse_duration, help="hold it this long: 30s, 5m, 2h, 1d, 250ms, 1h30m")
+    when.add_argument("--delay", type=parse_duration, help=f"hold it this long: {DURATION_FORMS}")
     when.add_argument("--at", dest="deliver_at", type=parse_at, metavar="ISO8601",
                       help="deliver at this time, with a timezone: 2026-12-01T09:00:00Z")
     produce.add_argument("--key", help="message key (UTF-8)")
@@ -83,24 +111,67 @@ def register(subparsers) -> None:
     get.set_defaults(func=_get)
 
 
+def require_buffer_topic(producer: Producer, settings: Settings, timeout_s: float) -> None:
+    """Fail at once, naming the topic and the fix, when the cluster's buffer topic does not exist.
+
+    Without this a delayed produce or a cancel waits its whole timeout for a topic that is not there.
+
+    Raises:
+        CommandError: Kafka does not answer, or the buffer topic does not exist.
+    """
+    from confluent_kafka import KafkaException
+
+    try:
+        # All topics, not just the buffer: a metadata request naming a missing topic may auto-create it.
+        topics = producer.list_topics(timeout=timeout_s).topics
+    except KafkaException as err:
+        raise CommandError(f"Kafka at {settings.bootstrap_servers} did not answer within {timeout_s:g}s: "
+                           f"{err.args[0].str()}; is it running (delayq dev status)?") from None
+    found = topics.get(settings.buffer_topic)
+    if found is None or found.error is not None:
+        raise CommandError(f"buffer topic {settings.buffer_topic!r} does not exist on {settings.bootstrap_servers}: "
+                           "create it with `delayq init`, or set DELAYQ_CLUSTER (or DELAYQ_BUFFER_TOPIC) to the "
+                           "cluster's")
+
+
 def _produce(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
     from delayq.proxy import Producer
     from delayq.proxy.producer import send_and_wait
+    from delayq.settings import Settings
 
     value = sys.stdin.buffer.read() if args.value == "-" else args.value.encode()
     key = args.key.encode() if args.key is not None else None
-    producer = Producer(Settings().kafka_conf())
+    settings = Settings()
+    try:
+        producer = Producer(settings.kafka_conf())
+    except ValueError as err:  # a DELAYQ_* setting the producer refuses
+        raise CommandError(str(err)) from err
     delayed = args.delay is not None or args.deliver_at is not None
+    if delayed:
+        require_buffer_topic(producer, settings, min(10.0, args.timeout))
+    if args.deliver_at is not None:
+        late = datetime.now(UTC) - args.deliver_at
+        if late > timedelta(0):
+            # Legal (it is delivered at once), but a time meant to be ahead may have come out behind.
+            print(f"warning: --at {iso(args.deliver_at)} is {format_span(late)} in the past; "
+                  "the message is delivered at once", file=sys.stderr, flush=True)
     ids: list[str | None] = []
 
     def send(report) -> None:
-        ids.append(producer.produce(args.topic, value, key, headers=args.headers or None, on_delivery=report,
-                                    delay=args.delay, deliver_at=args.deliver_at))
+        try:
+            ids.append(producer.produce(args.topic, value, key, headers=args.headers or None, on_delivery=report,
+                                        delay=args.delay, deliver_at=args.deliver_at))
+        except (ValueError, TypeError) as err:
+            # Input the producer refuses before sending (a topic name, a delay past the maximum,
+            # a delayq- header): one line, exit 2, as the parser's own refusals.
+            raise CommandError(str(err)) from err
 
     try:
         msg = send_and_wait(producer, send, args.timeout)
     except KafkaException as err:
-        raise CommandError(f"Kafka did not take the message: {err.args[0]}") from err
+        raise CommandError(f"Kafka did not take the message: {err.args[0].str()}") from err
     if delayed:
         print(ids[0])
     else:
@@ -109,12 +180,25 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from delayq.proxy import cancel
+    from confluent_kafka import KafkaException
+
+    from delayq.proxy import Producer
+    from delayq.proxy.producer import send_and_wait
+    from delayq.settings import Settings
+    from delayq.wire import check_delay_id
 
     try:
-        msg = cancel(args.delay_id, conf=Settings().kafka_conf(), timeout=args.timeout)
+        check_delay_id(args.delay_id, "ID")
+    except ValueError as err:  # not a delay id; nothing was sent
+        raise CommandError(str(err)) from err
+    settings = Settings()
+    producer = Producer(settings.kafka_conf())
+    require_buffer_topic(producer, settings, min(10.0, args.timeout))
+    try:
+        msg = send_and_wait(producer, lambda report: producer.cancel(args.delay_id, on_delivery=report),
+                            args.timeout)
     except KafkaException as err:
-        raise CommandError(f"the cancel was not written: {err.args[0]}") from err
+        raise CommandError(f"the cancel was not written: {err.args[0].str()}") from err
     print(f"cancel of {args.delay_id} written to {msg.topic()} [{msg.partition()}] at offset {msg.offset()} "
           "(no effect if it was already delivered)")
     return 0
@@ -125,16 +209,19 @@ def _get(args: argparse.Namespace) -> int:
 
     try:
         found = lookup(args.delay_id, timeout=args.timeout)
-    except NodeUnreachable as err:
+    except (NodeUnreachable, ValueError) as err:  # ValueError: not a delay id, or a node refused it
         raise CommandError(str(err)) from err
     if args.json:
         print(json.dumps({"id": found.delay_id, "pending": found.pending, "deliver_at_ms": found.deliver_at_ms,
                           "deliver_at": found.deliver_at.isoformat() if found.deliver_at else None,
                           "topic": found.topic, "node": found.node}))
     elif found.pending:
-        left = (found.deliver_at - datetime.now(timezone.utc)).total_seconds()
-        when = f"in {left:.1f} s" if left >= 0 else f"{-left:.1f} s overdue"
-        print(f"pending: due {found.deliver_at.isoformat()} ({when}) to topic {found.topic}")
+        if found.deliver_at is None:  # past the year 9999
+            print(f"pending: due at {found.deliver_at_ms} ms since the epoch (after 9999) to topic {found.topic}")
+        else:
+            left = (found.deliver_at - datetime.now(UTC)).total_seconds()
+            when = f"in {left:.1f} s" if left >= 0 else f"{-left:.1f} s overdue"
+            print(f"pending: due {found.deliver_at.isoformat()} ({when}) to topic {found.topic}")
     else:
         print(f"not pending: {found.delay_id} was delivered, cancelled, or never produced")
     return 0 if found.pending else 1

@@ -7,18 +7,19 @@ from pathlib import Path
 
 
 def _seconds(text: str) -> float:
-    from delayq.spark.options import parse_duration
+    from delayq.clock import parse_duration_ms
+    from delayq.errors import UsageError
 
     try:
-        return parse_duration(text, "--duration") / 1000
-    except ValueError as err:
+        return parse_duration_ms(text, "--duration") / 1000
+    except UsageError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def register(subparsers) -> None:
-    from delayq.bench.soak_faults import DESCRIPTIONS
+    from delayq.bench.suites import FAULT_TEXT
 
-    faults = "\n".join(f"  {name:<15} {text}" for name, text in DESCRIPTIONS.items())
+    faults = "\n".join(f"  {name:<15} {text}" for name, text in FAULT_TEXT.items())
     soak = subparsers.add_parser(
         "soak", help="chaos soak test: delayed traffic under faults, every message checked, Spark verdict beside",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -8,9 +8,6 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from delayq.delay_service import cluster_status
-from delayq.settings import Settings
-
 console = Console()
 
 
@@ -21,6 +18,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from delayq.delay_service import cluster_status
+    from delayq.settings import Settings
+
     status = cluster_status(Settings())
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))

@@ -8,7 +8,8 @@ import pytest
 from kafka_testing import create_topics, read_topic
 from service_testing import Feeder, now_ms
 
-from delayq.proxy import envelope as env
+from delayq import wire as env
+from delayq.wire import new_delay_id
 
 pytestmark = pytest.mark.integration
 
@@ -113,20 +114,62 @@ def test_http_endpoints_report_health_metrics_and_messages(cluster, feeder, sett
 def test_malformed_records_and_missing_topic_are_dead_lettered_while_the_rest_flows(cluster, feeder, settings, names):
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
-    cluster.start("node-a")
-    feeder.raw(b"no-frame", b"a payload without the envelope", [])
-    feeder.raw(b"bad-time", f"put soon {target} -\n".encode() + b"x", [])
-    feeder.raw(b"no-op-header", None, [])
+    node = cluster.start("node-a")
+    no_frame, bad_time, no_op = new_delay_id(), new_delay_id(), new_delay_id()
+    feeder.raw(b"not-an-id", f"put {now_ms()} {target} -\n".encode() + b"x", [])
+    feeder.raw(no_frame.encode(), b"a payload without the envelope", [])
+    feeder.raw(bad_time.encode(), f"put 1795404000 {target} -\n".encode() + b"x", [])
+    feeder.raw(no_op.encode(), None, [])
     lost = feeder.put(names.topic("does-not-exist"), b"nowhere", now_ms() + 200)
     good = feeder.put(target, b"fine", now_ms() + 500)
     feeder.flush()
 
     assert [r.value() for r in read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=15)] == [b"fine"]
-    dead = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=4, timeout_s=30, idle_s=2)
+    dead = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=5, timeout_s=30, idle_s=2)
     reasons = {r.key(): header(r, env.DEAD_LETTER_REASON).decode() for r in dead}
-    assert set(reasons) == {b"no-frame", b"bad-time", b"no-op-header", lost.encode()}
-    assert "a put's value must start with 'put <deliver-at ms>" in reasons[b"no-frame"]
-    assert "deliver-at time is b'soon'; expected ASCII digits" in reasons[b"bad-time"]
-    assert "needs header delayq-op" in reasons[b"no-op-header"]
-    assert "does not exist" in reasons[lost.encode()]
+    assert set(reasons) == {b"not-an-id", no_frame.encode(), bad_time.encode(), no_op.encode(), lost.encode()}
+    assert reasons[b"not-an-id"].startswith("bad-id: record key b'not-an-id' is not a delay id")
+    assert reasons[no_frame.encode()].startswith("bad-frame: a put's value must start with 'put <deliver-at ms>")
+    assert reasons[bad_time.encode()].startswith("bad-due-time: ") and "were seconds meant?" in reasons[bad_time.encode()]
+    assert reasons[no_op.encode()].startswith("bad-control: ") and "needs header delayq-op" in reasons[no_op.encode()]
+    assert reasons[lost.encode()].startswith("missing-topic: ") and "does not exist" in reasons[lost.encode()]
+    for record in dead:  # each points at the buffer record it copies
+        topic, partition, offset = header(record, env.DEAD_LETTER_SOURCE).decode().rsplit("/", 2)
+        assert topic == settings.buffer_topic and int(partition) >= 0 and int(offset) >= 0
     assert good != lost
+    for code in ("bad-id", "bad-frame", "bad-due-time", "bad-control", "missing-topic"):
+        assert node.metric("delayq_dead_lettered_total", reason=code) == 1, code
+
+
+def broker_auto_creates_topics(bootstrap: str) -> bool:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    broker = next(iter(admin.list_topics(timeout=10).brokers))
+    resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
+    configs = admin.describe_configs([resource])[resource].result(15)
+    return configs["auto.create.topics.enable"].value == "true"
+
+
+def topic_exists(bootstrap: str, topic: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    found = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+    return topic in found and found[topic].error is None
+
+
+def test_a_message_for_a_missing_topic_is_dead_lettered_and_never_creates_it(cluster, feeder, settings, names):
+    # Most brokers create a topic on a producer's metadata request (Kafka's default); the dev broker does too.
+    assert broker_auto_creates_topics(settings.bootstrap_servers), (
+        "the dev broker runs with auto.create.topics.enable=false; restart it (delayq dev down && delayq dev up) "
+        "so this test sees what most users' brokers do")
+    missing = names.topic("never-created")
+    node = cluster.start("node-a")
+    lost = feeder.put(missing, b"nowhere", now_ms() + 100)
+    feeder.flush()
+
+    [letter] = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=1, timeout_s=30, idle_s=2)
+    assert letter.key() == lost.encode()
+    assert header(letter, env.DEAD_LETTER_REASON).startswith(b"missing-topic: ")
+    assert not topic_exists(settings.bootstrap_servers, missing)
+    assert node.metric("delayq_dead_lettered_total", reason="missing-topic") == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -9,7 +11,18 @@ import pytest
 from kazoo.client import KazooClient
 from process_testing import wait_until
 
-from delayq.election import Cursor, Epoch, FencedError, Leadership, Membership, connect
+from delayq.election import (
+    Cursor,
+    CursorRecord,
+    DuplicateNodeId,
+    Epoch,
+    FencedError,
+    Leadership,
+    Membership,
+    NodeRecord,
+    Role,
+    connect,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -57,22 +70,73 @@ def test_cursor_write_from_a_stale_reader_is_fenced(zk, names):
     old, new = Cursor(zk(), names.zk_root), Cursor(zk(), names.zk_root)
     old.read()
     new.read()
-    new.write({"epoch": 2, "delivered": 10})
+    newer = CursorRecord(epoch=2, node_id="b", watermark_deliver_at_ms=7, last_id="x", delivered=10, committed_at_ms=9)
+    new.write(newer)
 
     with pytest.raises(FencedError):
-        old.write({"epoch": 1, "delivered": 5})
-    assert Cursor(zk(), names.zk_root).read() == {"epoch": 2, "delivered": 10}
+        old.write(CursorRecord(epoch=1, node_id="a", watermark_deliver_at_ms=5, last_id="y", delivered=5,
+                               committed_at_ms=8))
+    assert Cursor(zk(), names.zk_root).read() == newer
 
 
 def test_membership_is_ephemeral_and_updates_in_place(zk, names):
     member_client, observer = zk(), zk()
     membership = Membership(member_client, names.zk_root, "node-a")
-    membership.publish({"node_id": "node-a", "role": "standby"})
-    membership.publish({"node_id": "node-a", "role": "master"})
+    membership.claim(NodeRecord("node-a", Role.STANDBY), timeout_s=5)
+    membership.publish(NodeRecord("node-a", Role.MASTER, http="http://h:1", lag=0, pending=3, epoch=2))
 
-    assert Membership.members(observer, names.zk_root) == [{"node_id": "node-a", "role": "master"}]
+    assert Membership.members(observer, names.zk_root) == [
+        NodeRecord("node-a", Role.MASTER, http="http://h:1", lag=0, pending=3, epoch=2)]
     member_client.stop()
     assert Membership.members(observer, names.zk_root) == []
+
+
+def test_a_second_live_node_with_the_same_id_is_refused_and_cannot_remove_the_first(zk, names):
+    first_client, second_client, observer = zk(), zk(), zk()
+    first = Membership(first_client, names.zk_root, "node-a")
+    first.claim(NodeRecord("node-a", Role.STANDBY, http="http://first:1"), timeout_s=5)
+    stop = threading.Event()
+
+    def keep_publishing():  # as a live node does, every second (faster here)
+        while not stop.wait(0.2):
+            first.publish(NodeRecord("node-a", Role.STANDBY, http="http://first:1", updated_at_ms=time.time_ns()))
+
+    publisher = threading.Thread(target=keep_publishing)
+    publisher.start()
+    try:
+        second = Membership(second_client, names.zk_root, "node-a")
+        with pytest.raises(DuplicateNodeId, match=r"node id 'node-a' is already registered by a live node "
+                                                  r"\(http http://first:1\): give this node another DELAYQ_NODE_ID"):
+            second.claim(NodeRecord("node-a", Role.STANDBY, http="http://second:2"), timeout_s=10)
+        with pytest.raises(DuplicateNodeId):
+            second.publish(NodeRecord("node-a", Role.STANDBY, http="http://second:2"))
+        second.withdraw()  # not its registration: it must not delete the live node's
+        assert [m.http for m in Membership.members(observer, names.zk_root)] == ["http://first:1"]
+    finally:
+        stop.set()
+        publisher.join()
+
+
+def test_a_registration_left_by_a_dead_session_is_taken_over_once_it_expires(zk, names, dev_stack):
+    # A node process killed with SIGKILL: its session (and registration) lingers until ZooKeeper expires it.
+    script = (
+        "import sys, time\n"
+        "from delayq.election import Membership, NodeRecord, Role, connect\n"
+        f"client = connect({dev_stack.zk_connect!r}, session_timeout_ms=2000)\n"
+        f"Membership(client, {names.zk_root!r}, 'node-a').claim(NodeRecord('node-a', Role.MASTER), timeout_s=5)\n"
+        "print('registered', flush=True)\n"
+        "time.sleep(60)\n")
+    doomed = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert doomed.stdout.readline().strip() == "registered"
+    finally:
+        doomed.kill()
+        doomed.wait()
+    assert [m.role for m in Membership.members(zk(), names.zk_root)] == [Role.MASTER]
+
+    successor = Membership(zk(), names.zk_root, "node-a")
+    successor.claim(NodeRecord("node-a", Role.STARTING, http="http://new:3"), timeout_s=10)
+    assert [m.http for m in Membership.members(zk(), names.zk_root)] == ["http://new:3"]
 
 
 def run_contender(client, root, name, log):
@@ -81,7 +145,7 @@ def run_contender(client, root, name, log):
     def lead(term):
         log.append((name, term.epoch))
         while term.active:
-            term.wait(0.05)
+            time.sleep(0.05)
 
     thread = threading.Thread(target=leadership.run, args=(lead,), daemon=True)
     thread.start()

@@ -19,9 +19,10 @@ from process_testing import wait_until
 from service_testing import Cluster, Feeder, free_port, now_ms
 
 from delayq import Settings
+from delayq import wire as env
 from delayq.dev import DevStack, StackError
-from delayq.proxy import Producer, buffer_partition
-from delayq.proxy import envelope as env
+from delayq.proxy import Producer
+from delayq.wire import buffer_partition
 
 pytestmark = pytest.mark.integration
 
@@ -36,16 +37,26 @@ def delivered_ids(records) -> Counter:
 @pytest.fixture
 def private_stack(tmp_path):
     """A Kafka and ZooKeeper of this test's own (its broker gets killed), on free ports."""
-    kafka_port = free_port()
-    while kafka_port >= 65535:  # the controller listens on the next port
+    for attempt in range(5):
         kafka_port = free_port()
-    stack = DevStack(state_dir=tmp_path / "stack", kafka_port=kafka_port, zk_port=free_port())
-    try:
-        stack.up(say=lambda _text: None)
-    except StackError as err:
-        pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
+        while kafka_port >= 65535:  # the controller listens on the next port
+            kafka_port = free_port()
+        stack = DevStack(state_dir=tmp_path / f"stack-{attempt}", kafka_port=kafka_port, zk_port=free_port())
+        try:
+            stack.up(say=lambda _text: None)
+            break
+        except StackError as err:
+            stack.down()
+            if "is taken" not in str(err) or attempt == 4:  # another process took a port in between: try others
+                pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
     yield stack
     stack.down()
+
+
+def private_settings(stack: DevStack, names) -> Settings:
+    """Settings of a cluster of this test's own on the private stack (a short session: faults show fast)."""
+    return Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect, cluster=names.cluster,
+                    buffer_partitions=3, zk_session_timeout_ms=4000)
 
 
 def kill_kafka(stack: DevStack) -> None:
@@ -57,8 +68,7 @@ def kill_kafka(stack: DevStack) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_delivery_resumes_after_a_broker_restart_without_restarting_any_node(private_stack, names, tmp_path):
-    settings = Settings(bootstrap_servers=private_stack.bootstrap_servers, zk_connect=private_stack.zk_connect,
-                        cluster=names.cluster, buffer_partitions=3, zk_session_timeout_ms=4000)
+    settings = private_settings(private_stack, names)
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target], partitions=2)
     cluster = Cluster(settings, tmp_path / "nodes")
@@ -95,6 +105,41 @@ def test_delivery_resumes_after_a_broker_restart_without_restarting_any_node(pri
         # No election storm: at most a handful of terms for one broker restart.
         elections = sum(n.metric("delayq_elections_total") for n in nodes)
         assert elections <= 3, f"{elections} elections for one broker restart"
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_zookeeper_outage_stops_the_master_and_every_node_says_why(private_stack, names, tmp_path):
+    settings = private_settings(private_stack, names)
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster = Cluster(settings, tmp_path / "nodes")
+    try:
+        nodes = [cluster.start(node_id) for node_id in ("node-a", "node-b")]
+        master = cluster.master()
+        epoch = int(master.metric("delayq_epoch"))
+        pid = int((private_stack.state_dir / "zookeeper" / "zookeeper.pid").read_text())
+        os.killpg(pid, signal.SIGKILL)
+        # Without ZooKeeper no node may act as master: it could not be fenced.
+        assert wait_until(lambda: master.metric("delayq_is_master") == 0, timeout_s=20), master.log_tail()
+        assert wait_until(lambda: "membership not published" in master.log_tail(200), timeout_s=10)
+        log = master.log_tail(200)
+        assert f"stepped down as master of {settings.cluster}, epoch {epoch}: ZooKeeper session suspended" in log
+        published = [line for line in log.splitlines() if "membership not published" in line]
+        assert published[0].split("membership not published: ")[1].strip(), "an empty reason"
+        assert len(published) == 1, "the same outage logged again every second"
+
+        private_stack.up(say=lambda _text: None)
+        assert cluster.master(timeout_s=40)
+        feeder = Feeder(settings)
+        after = {feeder.put(target, b"after", now_ms() + 200) for _ in range(20)}
+        feeder.flush()
+        counts = delivered_ids(read_topic(settings.bootstrap_servers, target, expect=20, timeout_s=40, idle_s=2))
+        assert set(counts) == after and max(counts.values()) == 1
+        assert all(n.process.poll() is None for n in nodes)
+        assert wait_until(lambda: "membership published again" in master.log_tail(400), timeout_s=20)
     finally:
         cluster.close()
 

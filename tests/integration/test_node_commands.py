@@ -7,8 +7,8 @@ import socket
 import subprocess
 
 import pytest
-from process_testing import run_delayq
 from confluent_kafka.admin import AdminClient
+from process_testing import run_delayq
 from service_testing import Cluster
 
 from delayq import Settings
@@ -68,8 +68,9 @@ def test_status_json_names_the_master_and_every_node(settings, tmp_path):
 
 def test_node_without_a_buffer_topic_says_to_run_init(settings, tmp_path):
     result = delayq(settings, "node", DELAYQ_DATA_DIR=str(tmp_path), DELAYQ_HTTP_PORT="0")
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "does not exist" in result.stderr and "delayq init" in result.stderr
+    assert_one_error_line(result)
 
 
 def test_node_that_cannot_reach_kafka_says_so_in_one_line(settings, tmp_path):
@@ -78,5 +79,55 @@ def test_node_that_cannot_reach_kafka_says_so_in_one_line(settings, tmp_path):
         address = f"127.0.0.1:{closed.getsockname()[1]}"
     result = delayq(settings, "node", DELAYQ_DATA_DIR=str(tmp_path), DELAYQ_HTTP_PORT="0",
                     DELAYQ_BOOTSTRAP_SERVERS=address)
-    assert result.returncode == 2
-    assert f"Kafka at {address}" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert f"Kafka at {address}" in result.stderr
+    assert_one_error_line(result)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The node's reason is one log line at ERROR, and nothing else went wrong loudly (no traceback)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    assert "cannot start" in errors[0]
+    return errors[0]
+
+
+def test_a_second_node_with_a_live_nodes_id_exits_1_at_start_and_leaves_the_first_registered(settings, tmp_path):
+    cluster = Cluster(settings, tmp_path)
+    try:
+        first = cluster.start("node-a")
+        result = delayq(settings, "node", DELAYQ_NODE_ID="node-a", DELAYQ_DATA_DIR=str(tmp_path / "other"),
+                        DELAYQ_HTTP_PORT="0")
+        assert result.returncode == 1
+        line = assert_one_error_line(result)
+        assert "node id 'node-a' is already registered by a live node" in line and "DELAYQ_NODE_ID" in line
+        status = json.loads(delayq(settings, "status", "--json").stdout)
+        assert [(n["node_id"], n["http"]) for n in status["nodes"]] == [("node-a", first.url)]
+    finally:
+        cluster.close()
+
+
+def test_a_node_whose_http_port_is_taken_names_delayq_http_port(settings, tmp_path):
+    Cluster(settings, tmp_path)  # creates the topics
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = delayq(settings, "node", DELAYQ_DATA_DIR=str(tmp_path / "data"), DELAYQ_HTTP_PORT=str(port))
+    assert result.returncode == 1
+    line = assert_one_error_line(result)
+    assert f"HTTP port {port} on 127.0.0.1 is taken (DELAYQ_HTTP_PORT={port})" in line
+
+
+def test_two_nodes_sharing_one_data_directory_fail_in_one_line(settings, tmp_path):
+    cluster = Cluster(settings, tmp_path)
+    try:
+        first = cluster.start("node-a")
+        result = delayq(settings, "node", DELAYQ_NODE_ID="node-b", DELAYQ_DATA_DIR=str(first.data_dir),
+                        DELAYQ_HTTP_PORT="0")
+        assert result.returncode == 1
+        line = assert_one_error_line(result)
+        assert str(first.data_dir) in line
+    finally:
+        cluster.close()

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka import Producer as PlainProducer
 from kafka_testing import create_topics, end_offsets, read_topic
-from process_testing import run_delayq
+from process_testing import run_delayq, wait_until
 
 import delayq
+from delayq import wire as env
 from delayq.delay_service import ensure_topics
-from delayq.proxy import Envelope, buffer_partition, parse_buffer_record
-from delayq.proxy import envelope as env
+from delayq.wire import Envelope, buffer_partition, parse_buffer_record
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +36,9 @@ def buffer(settings) -> str:
 def target(settings, names) -> str:
     topic = names.topic("target")
     create_topics(settings.bootstrap_servers, [topic], partitions=3)
+    # A topic this new may still show no partitions in metadata: a test comparing its end
+    # offsets before and after would see {} turn into {0: 0, 1: 0, 2: 0}.
+    assert wait_until(lambda: len(end_offsets(settings.bootstrap_servers, topic)) == 3)
     return topic
 
 
@@ -172,13 +175,13 @@ def test_deliver_at_datetime_and_epoch_ms_are_stored_to_the_millisecond(producer
     first = producer.produce(target, b"at datetime", deliver_at=when)
     epoch_ms = now_ms() + 3_600_123
     second = producer.produce(target, b"at epoch ms", deliver_at=epoch_ms)
-    past = producer.produce(target, b"already due", deliver_at=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    past = producer.produce(target, b"already due", deliver_at=datetime(2020, 1, 1, tzinfo=UTC))
     producer.flush(10)
 
     due = {r.key().decode(): parse_buffer_record(r.key(), r.value(), r.headers(), r.timestamp()[1]).envelope.deliver_at_ms
            for r in read_topic(settings.bootstrap_servers, buffer, expect=3, idle_s=0.5)}
     # Rounded up: a due time between two milliseconds is not reached before the later one.
-    when_ms = -((when - datetime(1970, 1, 1, tzinfo=timezone.utc)) // -timedelta(milliseconds=1))
+    when_ms = -((when - datetime(1970, 1, 1, tzinfo=UTC)) // -timedelta(milliseconds=1))
     assert due == {first: when_ms, second: epoch_ms, past: 1_577_836_800_000}
 
 
@@ -250,7 +253,7 @@ def test_buffer_partition_is_librdkafkas_consistent_hash(settings, names):
     topic = names.topic("five")
     create_topics(settings.bootstrap_servers, [topic], partitions=5)
     plain = PlainProducer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "consistent"})
-    ids = [delayq.proxy.new_delay_id() for _ in range(40)]
+    ids = [env.new_delay_id() for _ in range(40)]
     for delay_id in ids:
         plain.produce(topic, b"", delay_id)
     plain.flush(10)
@@ -283,10 +286,17 @@ BAD_INPUTS = [
     (dict(delay=5, deliver_at=1_900_000_000_000), ValueError, r"give delay or deliver_at, not both"),
     (dict(deliver_at=datetime(2030, 1, 1)), ValueError, r"deliver_at must be a timezone-aware datetime"),
     (dict(deliver_at=1.9e12), TypeError, r"deliver_at must be a timezone-aware datetime or epoch milliseconds"),
-    (dict(deliver_at=-1), ValueError, r"deliver_at must be at or after 1970"),
+    (dict(deliver_at=-1), ValueError, r"deliver_at -1 is before 2000-01-01 in epoch milliseconds"),
+    (dict(deliver_at=1_795_404_000), ValueError, r"deliver_at 1795404000 is before 2000-01-01 in epoch milliseconds: "
+                                                 r"did you mean seconds\? use deliver_at=1795404000000 or a datetime"),
+    (dict(deliver_at=datetime(1999, 12, 31, 23, tzinfo=UTC)), ValueError,
+     r"deliver_at 1999-12-31T23:00:00\+00:00 is before 2000-01-01T00:00:00Z"),
+    (dict(delay=5, timestamp=1.7e12), TypeError, r"timestamp must be epoch milliseconds as an int \(0: now\); "
+                                                 r"got float"),
+    (dict(delay=5, timestamp="now"), TypeError, r"timestamp must be epoch milliseconds as an int"),
     (dict(delay=366 * DAY_S), ValueError, r"delay 31622400 is 366 days .* beyond the maximum delay of 365 days"),
     (dict(delay=timedelta(days=365, seconds=1)), ValueError, r"beyond the maximum delay of 365 days"),
-    (dict(deliver_at=datetime.now(timezone.utc) + timedelta(days=400)), ValueError, r"deliver_at .* beyond the maximum"),
+    (dict(deliver_at=datetime.now(UTC) + timedelta(days=400)), ValueError, r"deliver_at .* beyond the maximum"),
     (dict(delay=5, headers=[("ok", b"1"), ("delayq-id", b"x")]), ValueError,
      r"headers: name 'delayq-id' starts with 'delayq-', which delayq reserves"),
     (dict(delay=5, headers={"delayq-anything": b"x"}), ValueError, r"name 'delayq-anything' starts with 'delayq-'"),
@@ -319,10 +329,14 @@ def test_bad_input_raises_and_sends_nothing(producer, settings, buffer, target, 
     (lambda p: p.cancel("0190A3E4-5B6C-7D8E-9F00-112233445566"), ValueError, r"is not a delay id"),
     (lambda p: delayq.cancel("nope", conf={}), ValueError, r"delay_id 'nope' is not a delay id"),
     (lambda p: p.reschedule("nope", "t", b"v", delay=5), ValueError, r"delay_id 'nope' is not a delay id"),
-    (lambda p: p.reschedule(delayq.proxy.new_delay_id(), "t", b"v"), ValueError, r"give delay .* or deliver_at"),
+    (lambda p: p.reschedule(env.new_delay_id(), "t", b"v"), ValueError, r"give delay .* or deliver_at"),
+    (lambda p: p.reschedule(env.new_delay_id(), "t", b"v", deliver_at=1_795_404_000), ValueError,
+     r"deliver_at 1795404000 is before 2000-01-01 in epoch milliseconds: did you mean seconds\?"),
+    (lambda p: p.produce("t", b"v", deliver_at=946_684_799_999, delay_id=env.new_delay_id()), ValueError,
+     r"deliver_at 946684799999 is before 2000-01-01"),
     (lambda p: p.produce_batch("t", [{"value": b"v", "delay": 5}]), TypeError, r"cannot delay messages"),
 ], ids=["cancel-malformed", "cancel-int", "cancel-uppercase", "module-cancel", "reschedule-malformed",
-        "reschedule-no-time", "batch-delay"])
+        "reschedule-no-time", "reschedule-seconds", "re-put-before-2000", "batch-delay"])
 def test_bad_ids_and_calls_raise_and_send_nothing(producer, settings, buffer, call, error, message):
     ends = end_offsets(settings.bootstrap_servers, buffer)
 
@@ -380,6 +394,20 @@ def test_produce_command_at_a_time_reads_the_value_from_stdin(settings, buffer, 
     assert (message.value, message.deliver_at_ms) == (b"\x00binary\xff", 1_809_165_600_250)
 
 
+def test_produce_command_at_a_past_time_warns_in_one_stderr_line_and_still_sends(settings, buffer, target):
+    at = (datetime.now(UTC) - timedelta(hours=3, minutes=12, seconds=30)).replace(microsecond=0)
+    text = at.isoformat().replace("+00:00", "Z")
+
+    result = delayq_cli(settings, "produce", "--topic", target, "--at", text, "late")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.decode() == f"warning: --at {text} is 3h12m in the past; the message is delivered at once\n"
+    [record] = read_topic(settings.bootstrap_servers, buffer, expect=1, idle_s=0.5)
+    message = parse_buffer_record(record.key(), record.value(), record.headers(), record.timestamp()[1]).envelope
+    assert (message.delay_id, message.value) == (result.stdout.decode().strip(), b"late")
+    assert message.deliver_at_ms == int(at.timestamp() * 1000)
+
+
 def test_produce_command_without_delay_sends_at_once(settings, buffer, target):
     ends = end_offsets(settings.bootstrap_servers, buffer)
 
@@ -400,7 +428,7 @@ def test_cancel_command_writes_the_tombstone(settings, producer, buffer, target)
 
     assert result.returncode == 0, result.stderr
     assert f"cancel of {delay_id} written to {buffer}" in result.stdout.decode()
-    put, cancel = read_topic(settings.bootstrap_servers, buffer, expect=2, idle_s=0.5)
+    _put, cancel = read_topic(settings.bootstrap_servers, buffer, expect=2, idle_s=0.5)
     assert (cancel.key(), cancel.value(), dict(cancel.headers())[env.OP]) == (delay_id.encode(), None, b"cancel")
 
 
@@ -408,8 +436,11 @@ def test_cancel_command_writes_the_tombstone(settings, producer, buffer, target)
     (("produce", "--topic", "t", "--delay", "400d", "v"), "beyond the maximum delay of 365 days"),
     (("produce", "--topic", "t", "--delay", "soon", "v"), "'soon' is not a duration"),
     (("produce", "--topic", "t", "--at", "2030-01-01T00:00:00", "v"), "has no timezone"),
+    (("produce", "--topic", "t", "--at", "1999-12-31T23:59:59Z", "v"),
+     "'1999-12-31T23:59:59Z' is before 2000-01-01T00:00:00Z: delayq refuses due times before 2000"),
     (("produce", "--topic", "t", "--delay", "5s", "--header", "delayq-op=put", "v"), "reserves for its envelope"),
     (("cancel", "not-an-id"), "is not a delay id"),
+    (("get", "not-an-id"), "is not a delay id"),
 ])
 def test_commands_refuse_bad_input_with_exit_2_and_send_nothing(settings, buffer, args, message):
     ends = end_offsets(settings.bootstrap_servers, buffer)
@@ -418,4 +449,17 @@ def test_commands_refuse_bad_input_with_exit_2_and_send_nothing(settings, buffer
 
     assert result.returncode == 2
     assert message in " ".join(result.stderr.decode().split())
+    assert b"Traceback" not in result.stderr
     assert end_offsets(settings.bootstrap_servers, buffer) == ends
+
+
+@pytest.mark.parametrize("command", [("produce", "--topic", "t", "--delay", "30s", "v"),
+                                     ("cancel", "0190a3e4-5b6c-7d8e-9f00-112233445566")])
+def test_produce_and_cancel_without_a_buffer_topic_fail_fast_naming_it_and_delayq_init(settings, command):
+    started = time.monotonic()
+    done = run_delayq(*command, settings=settings)  # this test's cluster: no `delayq init` ran
+    took = time.monotonic() - started
+    assert done.returncode == 2 and took < 15, (done.returncode, took)
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert f"buffer topic {settings.buffer_topic!r} does not exist" in done.stderr
+    assert "delayq init" in done.stderr and "Traceback" not in done.stderr

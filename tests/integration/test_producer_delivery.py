@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
+import confluent_kafka
 import pytest
 from confluent_kafka import Producer as PlainProducer
 from kafka_testing import create_topics, read_topic
 from process_testing import run_delayq, wait_until
 
 import delayq
-from delayq.proxy import envelope as env
+from delayq import wire as env
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,7 @@ def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, s
     plain_murmur.produce(target, b"now-murmur", b"order-5")
     keyed = producer.produce(target, b"\x00keyed", b"order-1", headers=keyed_headers, delay=1.5)
     pinned = producer.produce(target, None, partition=2, headers={"h": "x"},
-                              deliver_at=datetime.now(timezone.utc) + timedelta(seconds=2))
+                              deliver_at=datetime.now(UTC) + timedelta(seconds=2))
     hashed = murmur.produce(target, b"murmur", b"order-5", delay=1.5)
     cancelled = producer.produce(target, b"cancelled", delay=2.5)
     cancelled_due_ms = time.time_ns() // 1_000_000 + 2500
@@ -47,7 +48,7 @@ def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, s
     producer.reschedule(moved, target, b"rescheduled", b"m", headers=[("v", b"2")], delay=2)
     producer.flush(10)
     for delay_id in (keyed, pinned, hashed, moved):
-        assert wait_until(lambda: delayq.lookup(delay_id, settings=settings).pending), delay_id
+        assert wait_until(lambda delay_id=delay_id: delayq.lookup(delay_id, settings=settings).pending), delay_id
         due[delay_id] = delayq.lookup(delay_id, settings=settings).deliver_at_ms
 
     records = read_topic(settings.bootstrap_servers, target, expect=6, timeout_s=30, idle_s=1)
@@ -77,6 +78,35 @@ def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, s
             assert record.partition() == partition
     assert due[moved] - due[keyed] < 5_000, "reschedule did not move the due time"
     assert wait_until(lambda: not delayq.lookup(keyed, settings=settings).pending)
+
+
+def test_a_delayed_messages_timestamp_stamps_the_buffer_put_and_the_delivery_is_stamped_when_delivered(
+        cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    producer = delayq.Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster})
+    an_hour_ago = time.time_ns() // 1_000_000 - 3_600_000
+
+    delay_id = producer.produce(target, b"stamped", b"k", timestamp=an_hour_ago, delay=1.5)
+    assert producer.flush(10) == 0
+
+    [delivered] = read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=30, idle_s=0.5)
+    # The buffer holds the put and, since the delivery, the master's `done` (a null value).
+    [put] = [r for r in read_topic(settings.bootstrap_servers, settings.buffer_topic, expect=2, idle_s=0.5)
+             if r.value() is not None]
+    envelope = env.parse_buffer_record(put.key(), put.value(), put.headers(), put.timestamp()[1]).envelope
+    assert (envelope.delay_id, envelope.created_at_ms) == (delay_id, an_hour_ago)
+    assert put.timestamp() == (confluent_kafka.TIMESTAMP_CREATE_TIME, an_hour_ago), "the put is not stamped ts"
+    # The due time counts from when produce() was called, not from the timestamp.
+    assert envelope.deliver_at_ms - an_hour_ago >= 3_600_000 + 1_500
+    headers = dict(delivered.headers())
+    assert (delivered.value(), headers[env.ID], headers[env.DELIVER_AT]) == (
+        b"stamped", delay_id.encode(), str(envelope.deliver_at_ms).encode())
+    # The delivered record is stamped at delivery: at or after its due time, not with the user's timestamp.
+    kind, stamped_at = delivered.timestamp()
+    assert kind == confluent_kafka.TIMESTAMP_CREATE_TIME
+    assert envelope.deliver_at_ms <= stamped_at <= time.time_ns() // 1_000_000
 
 
 def test_cli_get_and_cancel_through_a_node_found_in_zookeeper(cluster, settings, names):

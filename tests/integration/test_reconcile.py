@@ -26,8 +26,8 @@ from confluent_kafka import Producer
 from kafka_testing import create_topics
 
 from delayq import Settings
+from delayq import wire as env
 from delayq.cli import main as delayq_main
-from delayq.proxy import envelope as env
 from delayq.spark import ANOMALY_KINDS, ReconcileOptions, iso, load_report, reconcile, spark_session
 from delayq.spark.session import spark_home_dir
 from delayq.spark.synthetic import TrafficWriter, delivery_headers, healthy_traffic, new_message
@@ -60,7 +60,8 @@ class Staged:
 
 def stage_topics(dev_stack, prefix: str, targets: int = 2) -> tuple[Settings, list[str], int, int]:
     """Fresh buffer and target topics (names unique like the ``names`` fixture's), and a window ending now."""
-    settings = Settings(bootstrap_servers=dev_stack.bootstrap_servers, buffer_topic=f"{prefix}-buffer")
+    settings = Settings(bootstrap_servers=dev_stack.bootstrap_servers, buffer_topic=f"{prefix}-buffer",
+                        dead_letter_topic=f"{prefix}-dead-letter")
     topics = [f"{prefix}-target-{i}" for i in range(targets)]
     create_topics(dev_stack.bootstrap_servers, [settings.buffer_topic, *topics], partitions=3)
     now = int(time.time() * 1000)
@@ -373,6 +374,140 @@ def test_a_cancel_ignored_alone_fails_the_run(races_lost, spark, tmp_path):
     assert report.anomalies["cancel_ignored"] == [races_lost.ids["cancel_ignored"]]
     assert sum(report.totals[kind] for kind in ANOMALY_KINDS) == 1
     assert report.exit_code == 1 and not load_report(tmp_path)["ok"]
+
+
+def _write(producer: Producer, topic: str, key: bytes | None, value: bytes | None, headers: list | None,
+           at_ms: int, partition: int | None = None) -> tuple[int, int]:
+    """One record, acknowledged: its (partition, offset)."""
+    reports: list = []
+    producer.produce(topic, key=key, value=value, headers=headers, timestamp=at_ms,
+                     on_delivery=lambda err, msg: reports.append((err, msg)),
+                     **({} if partition is None else {"partition": partition}))
+    producer.flush(30)
+    err, message = reports[0]
+    assert err is None, err
+    return message.partition(), message.offset()
+
+
+@pytest.fixture(scope="module")
+def dead_lettered(dev_stack, spark) -> Staged:
+    """Healthy traffic, two undeliverable messages and four malformed buffer records with their dead letters
+    (as the master writes them, in transactions), a cancel on the wrong partition and a put written an hour
+    after its due time."""
+    prefix = f"t-reconcile-dead-{uuid.uuid4().hex[:8]}"
+    settings, (a, b), since, until = stage_topics(dev_stack, prefix)
+    create_topics(dev_stack.bootstrap_servers, [settings.dead_letter_topic])
+    buffer = settings.buffer_topic
+    ids: dict[str, str] = {}
+    raw = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    letters: list[tuple[bytes | None, bytes | None, list, int]] = []  # key, value, headers, when
+    with TrafficWriter(settings.bootstrap_servers, buffer) as writer:
+        healthy_traffic(writer, HEALTHY, [a, b], since, until - 30 * MINUTE, seed=5)
+        # Undeliverable: its target topic does not exist. The master closed the version with a
+        # done and wrote the dead letter (the put's value, user headers, epoch, version, reason, source).
+        lost = new_message(f"{prefix}-nowhere", since + 20 * MINUTE)
+        lost.headers = [("trace", b"t-1")]
+        put = writer.put(lost, lost.created_at_ms, wait=True)
+        writer.done(lost.delay_id, lost.deliver_at_ms + 900, version=put, cutoff=put + 1)
+        where = env.buffer_partition(lost.delay_id, 3)
+        letters.append((lost.delay_id.encode(), lost.buffer_value(), [
+            *lost.headers, (env.EPOCH, b"1"), (env.VERSION, str(put).encode()),
+            (env.DEAD_LETTER_REASON, env.reason_text(env.Reason.MISSING_TOPIC,
+                                                     f"target topic {lost.topic} does not exist").encode()),
+            (env.DEAD_LETTER_SOURCE, f"{buffer}/{where}/{put}".encode())], lost.deliver_at_ms + 900))
+        ids["missing_topic"] = lost.delay_id
+        # Undeliverable: Kafka refused it, and the copy was too large too: only delayq's headers left.
+        big = new_message(a, since + 40 * MINUTE)
+        put = writer.put(big, big.created_at_ms, wait=True)
+        writer.done(big.delay_id, big.deliver_at_ms + 50, version=put, cutoff=put + 1)
+        reason = (env.reason_text(env.Reason.REJECTED, "rejected by Kafka: message too large") +
+                  "; the copy leaves out the original's value (1048570 bytes) and user headers: too large for "
+                  "Kafka with the dead-letter headers")
+        letters.append((big.delay_id.encode(), None, [
+            (env.EPOCH, b"1"), (env.VERSION, str(put).encode()), (env.DEAD_LETTER_REASON, reason.encode()),
+            (env.DEAD_LETTER_SOURCE, f"{buffer}/{env.buffer_partition(big.delay_id, 3)}/{put}".encode())],
+            big.deliver_at_ms + 50))
+        ids["rejected"] = big.delay_id
+        # Written an hour after it was due, delivered 20 ms later: no lateness of an hour.
+        past = new_message(b, since + 15 * MINUTE, created_ms=since + 75 * MINUTE)
+        put = writer.put(past, past.created_at_ms, wait=True)
+        writer.deliver(past, past.created_at_ms + 20, version=put)
+        writer.done(past.delay_id, past.created_at_ms + 20, version=put, cutoff=put + 1)
+        ids["already_due"] = past.delay_id
+        # A cancel written to another partition than its id's: malformed, so it cancels nothing, and
+        # its offset is never compared with the put's.
+        victim = new_message(a, since + 50 * MINUTE)
+        writer.put(victim, victim.created_at_ms, wait=True)
+        other = (env.buffer_partition(victim.delay_id, 3) + 1) % 3
+        ids["wrong_partition_cancel"] = victim.delay_id
+    malformed = [
+        (victim.delay_id.encode(), None, env.control_headers(env.OP_CANCEL, victim.delay_id), other),
+        (env.new_delay_id().encode(), f"put {since + 5 * MINUTE} {a} 10\nabc".encode(), [], None),
+        (b"order-42", f"put {since + 5 * MINUTE} {a} -\nx".encode(), [], None),
+        (env.new_delay_id().encode(), f"put {since + 5 * MINUTE} {a} - bogus=1\nx".encode(), [], None),
+    ]
+    for n, (key, value, headers, partition) in enumerate(malformed):
+        at = victim.created_at_ms + 1 if n == 0 else since
+        found = _write(raw, buffer, key, value, headers or None, at, partition)
+        try:
+            env.parse_buffer_record(key, value, headers, partition=found[0], partitions=3)
+        except env.MalformedRecord as err:
+            reason = err.reason
+        # The last one was dead-lettered before the window: listed nowhere, counted only as malformed.
+        when = since - 30 * MINUTE if n == 3 else since + (n + 1) * MINUTE
+        letters.append((key, value, [*headers, (env.DEAD_LETTER_REASON, reason.encode()),
+                                     (env.DEAD_LETTER_SOURCE, f"{buffer}/{found[0]}/{found[1]}".encode())], when))
+    with TrafficWriter(settings.bootstrap_servers, buffer) as writer:
+        writer.deliver(victim, victim.deliver_at_ms + 7)
+        writer.done(victim.delay_id, victim.deliver_at_ms + 7)
+    master = Producer({"bootstrap.servers": settings.bootstrap_servers, "transactional.id": f"{prefix}-master"})
+    master.init_transactions(30)
+    master.begin_transaction()
+    for key, value, headers, when in letters:
+        master.produce(settings.dead_letter_topic, key=key, value=value, headers=headers, timestamp=when)
+    master.commit_transaction(30)
+    # A fenced master's dead letter, aborted: read_committed never sees it.
+    master.begin_transaction()
+    master.produce(settings.dead_letter_topic, key=lost.delay_id.encode(), value=lost.buffer_value(),
+                   headers=letters[0][2], timestamp=since + 30 * MINUTE)
+    master.flush(30)
+    master.abort_transaction(30)
+    return Staged(settings, since, until, [a, b], ids)
+
+
+def test_dead_letters_are_reported_apart_and_an_undeliverable_message_is_not_missing(dead_lettered, spark,
+                                                                                     tmp_path):
+    ids = dead_lettered.ids
+
+    report = reconcile(dead_lettered.settings, dead_lettered.options(tmp_path), spark=spark)
+
+    assert report.anomalies == {kind: [] for kind in ANOMALY_KINDS}
+    assert report.exit_code == 0
+    totals = report.totals
+    # healthy, the two undeliverable, the one written when already due, the wrong-partition cancel's
+    assert (totals["expected"], totals["delivered"], totals["undeliverable"], totals["missing"]) == \
+        (HEALTHY + 4, HEALTHY + 2, 2, 0)
+    assert (totals["dead_lettered"], totals["malformed_buffer_records"], totals["cancelled"]) == (5, 4, 0)
+    assert report.dead_letters["by_code"] == {"bad-frame": 1, "bad-id": 1, "missing-topic": 1, "rejected": 1,
+                                              "wrong-partition": 1}
+    assert report.malformed_buffer_records_by_code == {"bad-frame": 1, "bad-id": 1, "unknown-option": 1,
+                                                       "wrong-partition": 1}
+    listed = report.dead_letters["listed"]
+    assert [d["code"] for d in listed] == ["wrong-partition", "bad-frame", "bad-id", "missing-topic", "rejected"]
+    assert [d["id"] for d in listed[3:]] == [ids["missing_topic"], ids["rejected"]]
+    assert listed[3]["due_ms"] == dead_lettered.since + 20 * MINUTE and listed[4]["due_ms"] is None  # no value
+    assert listed[2]["id"] is None and listed[2]["key"] == "order-42" and listed[2]["source"].startswith(
+        f"{dead_lettered.settings.buffer_topic}/")
+    assert listed[3]["text"] == f"target topic {dead_lettered.settings.buffer_topic[:-7]}-nowhere does not exist"
+    assert report.dead_letters["repeated_sources"] == 0 and not report.dead_letters["truncated"]
+    # The put written an hour after its due time is not an hour late.
+    already = report.already_due_when_written
+    assert (already["count"], already["delivered"], already["p50"], already["max"]) == (1, 1, 20, 20)
+    assert report.lateness_ms["max"] <= 200 and report.lateness_ms["count"] == HEALTHY + 1
+    document = load_report(tmp_path)
+    assert document["totals"]["dead_lettered"] == 5 and document["exit_code"] == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "Dead letters: 5" in page and "Malformed buffer records: 4" in page and "ALERT" not in page
 
 
 def test_cli_exit_code_is_0_for_a_clean_window_and_1_when_a_given_topic_is_left_out(clean, spark, tmp_path,

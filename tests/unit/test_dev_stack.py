@@ -1,14 +1,21 @@
-"""The embedded stack's pieces that need no server: the Kafka cluster id, the service names."""
+"""The embedded stack's pieces that need no Kafka: the cluster id, recorded ports, pid files, the demo's choice."""
 
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
-from delayq.dev import DevStack
+from delayq.demo import choose_stack
+from delayq.dev import DevStack, Ports, StackError, recorded_ports
 from delayq.dev import stack as stack_module
+from delayq.errors import ConfigurationError
 
 
 def test_the_kafka_cluster_id_never_begins_with_a_dash(monkeypatch):
@@ -38,3 +45,139 @@ def test_kill_and_start_name_the_services_they_know(tmp_path, action):
 
 def test_killing_a_service_that_is_not_running_says_so(tmp_path):
     assert DevStack(tmp_path).kill("kafka") is False
+
+
+# -- ports: recorded by up, used by every later call on the folder ---------------------------------
+
+
+def record(state_dir, kafka_port: int, zk_port: int) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "stack.json").write_text(json.dumps({"kafka_port": kafka_port, "zk_port": zk_port}))
+
+
+def test_a_stack_without_ports_uses_the_ports_recorded_in_its_folder(tmp_path):
+    record(tmp_path, 19092, 12181)
+
+    stack = DevStack(tmp_path)
+
+    assert (stack.bootstrap_servers, stack.zk_connect) == ("127.0.0.1:19092", "127.0.0.1:12181")
+    assert stack.env() == {"DELAYQ_BOOTSTRAP_SERVERS": "127.0.0.1:19092", "DELAYQ_ZK_CONNECT": "127.0.0.1:12181"}
+    assert [s.address for s in stack.status()] == ["127.0.0.1:19092", "127.0.0.1:12181"]
+
+
+def test_ports_given_win_over_the_recorded_ones_and_nothing_recorded_means_the_defaults(tmp_path):
+    record(tmp_path / "a", 19092, 12181)
+
+    assert DevStack(tmp_path / "a", kafka_port=29092).ports == Ports(29092, 12181)
+    assert DevStack(tmp_path / "b").ports == Ports(9092, 2181)
+    assert DevStack(tmp_path / "b").recorded_ports() is None
+
+
+def test_a_stack_started_before_ports_were_recorded_is_read_from_its_config_files(tmp_path):
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "zookeeper").mkdir()
+    (tmp_path / "kafka" / "server.properties").write_text(
+        "node.id=1\nlisteners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093\n")
+    (tmp_path / "zookeeper" / "zoo.cfg").write_text("tickTime=500\nclientPort=12181\n")
+
+    assert recorded_ports(tmp_path) == Ports(19092, 12181)
+
+
+@pytest.mark.parametrize("kafka_port, zk_port, problem", [
+    (70000, 2181, "Kafka port 70000 is out of range"),
+    (65535, 2181, "Kafka port 65535 is out of range"),
+    (9092, 0, "ZooKeeper port 0 is out of range"),
+    (9092, 9093, "ZooKeeper port 9093 collides with Kafka's ports 9092 and 9093"),
+])
+def test_impossible_ports_are_refused_in_one_line(tmp_path, kafka_port, zk_port, problem):
+    with pytest.raises(StackError, match=problem) as caught:
+        DevStack(tmp_path, kafka_port=kafka_port, zk_port=zk_port)
+    assert "\n" not in str(caught.value) and "--" in str(caught.value)
+
+
+# -- pid files: only the process up started is ever signalled ------------------------------------
+
+
+def test_a_pid_file_naming_a_stranger_is_dropped_and_the_stranger_left_alone(tmp_path):
+    stack = DevStack(tmp_path)
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "kafka.pid").write_text(f"{os.getpid()}\n")  # a reused pid: this test's
+
+    assert stack.status()[0].running is False
+    assert stack.down() == []
+    assert not (tmp_path / "kafka" / "kafka.pid").exists()
+
+
+def test_a_process_of_a_folder_whose_path_contains_this_one_is_not_this_stacks(tmp_path):
+    mine = tmp_path / "a"
+    other = Path(f"{tmp_path}/b{mine}")  # its kafka folder's path contains mine
+    (mine / "kafka").mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                str(other / "kafka" / "server.properties")])
+    try:
+        (mine / "kafka" / "kafka.pid").write_text(f"{sleeper.pid}\n")
+        assert DevStack(mine).down() == []
+        assert sleeper.poll() is None
+        (other / "kafka").mkdir(parents=True)
+        (other / "kafka" / "kafka.pid").write_text(f"{sleeper.pid}\n")
+        assert DevStack(other).status()[0].running is True  # the config file as a whole argument: its own
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# -- what an error quotes from a log -------------------------------------------------------------
+
+
+def test_the_telling_line_of_a_log_is_its_last_error_in_one_line():
+    log = ["[t] INFO starting", "[t] ERROR Exiting Kafka due to fatal exception (kafka.Kafka$)",
+           "java.lang.RuntimeException: bad", "\tat kafka.Kafka.main(Kafka.scala:1)", "[t] INFO shutting down"]
+
+    assert stack_module._telling_line(log) == "java.lang.RuntimeException: bad"
+    assert stack_module._telling_line(["[t] INFO a", "[t] INFO b", ""]) == "[t] INFO b"
+    assert len(stack_module._telling_line(["x" * 1000])) == 300
+
+
+# -- delayq demo: which Kafka and ZooKeeper ---------------------------------------------------------
+
+BOTH = {"DELAYQ_BOOTSTRAP_SERVERS": "kafka-a:9092", "DELAYQ_ZK_CONNECT": "zk-a:2181"}
+
+
+def test_demo_uses_the_environments_kafka_and_zookeeper_and_starts_nothing():
+    choice = choose_stack(None, BOTH)
+
+    assert (choice.bootstrap_servers, choice.zk_connect) == ("kafka-a:9092", "zk-a:2181")
+    assert choice.start is False and choice.stack is None
+    assert "DELAYQ_BOOTSTRAP_SERVERS" in choice.source
+
+
+def test_demo_with_a_state_dir_uses_that_stacks_recorded_ports_even_with_the_variables_set(tmp_path):
+    record(tmp_path, 19092, 12181)
+
+    choice = choose_stack(tmp_path, BOTH)
+
+    assert (choice.bootstrap_servers, choice.zk_connect) == ("127.0.0.1:19092", "127.0.0.1:12181")
+    assert choice.start is False and choice.stack.state_dir == tmp_path.resolve()
+
+
+def test_demo_starts_the_default_dev_stack_only_when_given_neither(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELAYQ_DEV_DIR", str(tmp_path))
+    record(tmp_path, 19092, 12181)
+
+    choice = choose_stack(None, {"DELAYQ_BOOTSTRAP_SERVERS": "  "})
+
+    assert choice.start is True and choice.stack.state_dir == tmp_path.resolve()
+    assert (choice.bootstrap_servers, choice.zk_connect) == ("127.0.0.1:19092", "127.0.0.1:12181")
+
+
+@pytest.mark.parametrize("given, missing", [("DELAYQ_BOOTSTRAP_SERVERS", "DELAYQ_ZK_CONNECT"),
+                                            ("DELAYQ_ZK_CONNECT", "DELAYQ_BOOTSTRAP_SERVERS")])
+def test_demo_refuses_half_an_address_in_one_line(given, missing):
+    with pytest.raises(ConfigurationError, match=f"{given} is set but {missing} is not") as caught:
+        choose_stack(None, {given: BOTH[given]})
+    assert "\n" not in str(caught.value)
+
+
+def test_demo_with_a_state_dir_where_no_stack_ran_says_how_to_start_one(tmp_path):
+    with pytest.raises(StackError, match=f"no dev stack has run in {tmp_path}.*delayq dev up --state-dir"):
+        choose_stack(tmp_path, {})

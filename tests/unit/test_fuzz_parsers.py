@@ -3,7 +3,7 @@
 Property-based (hypothesis, profile "ci" in tests/conftest.py: the same examples every run):
 
 - ``parse_buffer_record``: any key, value and headers give a BufferRecord or a MalformedRecord with
-  a short reason, and the verdict is the one docs/DESIGN.md ("Envelope") gives, checked against a
+  a short reason, and the verdict is the one docs/DESIGN.md ("Wire format") gives, checked against a
   reference reading of the frame written from that table;
 - ``stored.unpack``: any bytes give a PendingMessage or a MalformedStoredEntry;
 - ``GET /v1/messages/{id}`` on a real NodeHTTPServer: any path gets a JSON 200, 400 or 404 (500 for
@@ -25,12 +25,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from delayq import wire as env
 from delayq.delay_service import stored
 from delayq.delay_service.http import NodeHTTPServer
 from delayq.delay_service.metrics import NodeMetrics
-from delayq.proxy import BufferRecord, Envelope, MalformedRecord, check_delay_id, parse_buffer_record
-from delayq.proxy import envelope as env
 from delayq.store import Put, TimeIndex
+from delayq.wire import BufferRecord, Envelope, MalformedRecord, check_delay_id, parse_buffer_record
 
 # The parsers are cheap: search them five times as long as the profile says.
 MORE = settings(max_examples=settings().max_examples * 5)
@@ -43,14 +43,16 @@ topics = st.one_of(
     st.sampled_from(["a" * 249, "orders", "_x", "-", "...", ".a", "a..b"]),
 ).filter(lambda t: t not in (".", ".."))
 delay_ids = st.uuids().map(str)
+ID = b"0190a3e4-5b6c-7d8e-9f00-112233445566"
 user_bytes = st.one_of(
     st.binary(max_size=64),
     st.sampled_from([b"", b"\n", b"\r\n", b"\n\n", b" ", b"\x00", b"put 1 t -\n", "é".encode(), b"\xff" * 3]),
     st.binary(min_size=500, max_size=2000),
 )
 offsets = st.integers(0, 10**18 - 1)  # what the frame's and the headers' 18 digits hold
+dues = st.one_of(st.integers(env.MIN_DUE_MS, 10**18 - 1), st.just(env.MIN_DUE_MS))  # a due time nodes take
 PARTITIONERS = ["consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a", "fnv1a_random", "random"]
-partitioners = st.one_of(st.none(), st.sampled_from(PARTITIONERS), st.from_regex(r"[a-z0-9_]{1,24}", fullmatch=True))
+partitioners = st.one_of(st.none(), st.sampled_from(PARTITIONERS))
 user_header_names = st.text(max_size=20).filter(lambda name: not name.startswith(env.RESERVED_PREFIX))
 user_headers = st.lists(st.tuples(user_header_names, st.none() | st.binary(max_size=20)), max_size=5)
 # Kafka's CreateTime is an int64 the producer chooses: -1 and other negatives reach the nodes.
@@ -70,6 +72,8 @@ any_keys = st.one_of(st.none(), st.binary(max_size=40), delay_ids.map(str.encode
 # Fields of a frame line: the right thing mostly, wrong digits, huge numbers, spaces, bytes.
 numbers = st.one_of(
     offsets.map(lambda n: str(n).encode()),
+    dues.map(lambda n: str(n).encode()),
+    st.sampled_from([str(env.MIN_DUE_MS).encode(), str(env.MIN_DUE_MS - 1).encode(), b"1795404000"]),
     st.integers(10**18, 10**40).map(lambda n: str(n).encode()),
     st.integers(-(10**6), -1).map(lambda n: str(n).encode()),
     st.sampled_from([b"", b"0", b"00", b"007", b"1e3", b"0x10", b"1_000", b"+5", b"1.5", b" 1", b"1 ", b"\xff",
@@ -86,6 +90,7 @@ options = st.one_of(
     offsets.map(lambda n: b"partition=%d" % n),
     offsets.map(lambda n: b"restores=%d" % n),
     st.sampled_from(PARTITIONERS).map(lambda name: b"partitioner=" + name.encode()),
+    st.from_regex(r"[a-z0-9_]{1,24}", fullmatch=True).map(lambda name: b"partitioner=" + name.encode()),
     st.just(b"value=null"),
     st.sampled_from([b"partition=", b"partition", b"partitioner=", b"partitioner", b"value=NULL", b"value=",
                      b"value", b"colour=red", b"", b"partition=-1", b"partition=1=2", b"partition=" + b"1" * 19,
@@ -118,15 +123,16 @@ def frames(draw) -> bytes:
 
 any_values = st.one_of(st.none(), st.binary(max_size=600), frames())
 
-# -- the reference verdict (docs/DESIGN.md, "Envelope") --------------------------
+# -- the reference verdict (docs/DESIGN.md, "Wire format") --------------------------
 
 _DIGITS = re.compile(rb"[0-9]{1,18}")  # the frame's numbers: ASCII digits, at most 18 (an int64 always)
+_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a delay id, lower-case
 _TOPIC = re.compile(rb"[a-zA-Z0-9._-]{1,249}")  # Kafka's rule for topic names
 
 
 def expected(key: bytes | None, value: bytes | None, headers, timestamp_ms: int) -> BufferRecord | None:
     """What the design says a buffer record is: a BufferRecord, or None for malformed."""
-    if not key or not key.isascii():
+    if not key or not _UUID.fullmatch(key):
         return None
     delay_id = key.decode()
     if value is None:
@@ -138,6 +144,8 @@ def expected(key: bytes | None, value: bytes | None, headers, timestamp_ms: int)
         return None
     fields = value[:line_end].split(b" ")
     if len(fields) < 4 or fields[0] != b"put" or not _DIGITS.fullmatch(fields[1]):
+        return None
+    if int(fields[1]) < env.MIN_DUE_MS:  # 2000-01-01 in ms: below it, seconds were meant
         return None
     if not _TOPIC.fullmatch(fields[2]) or fields[2] in (b".", b".."):
         return None
@@ -159,6 +167,8 @@ def expected(key: bytes | None, value: bytes | None, headers, timestamp_ms: int)
             return None
         found[name.decode()] = text
     if "value" in found and rest:
+        return None
+    if "partitioner" in found and found["partitioner"].decode(errors="replace") not in PARTITIONERS:
         return None
     partition = int(found["partition"]) if "partition" in found else None
     partitioner = found["partitioner"].decode(errors="replace") if "partitioner" in found else None
@@ -196,6 +206,7 @@ def verdict(key, value, headers, timestamp_ms: int = 0) -> BufferRecord | None:
         return parse_buffer_record(key, value, headers, timestamp_ms)
     except MalformedRecord as bad:
         assert isinstance(bad.reason, str) and bad.reason.strip(), "a MalformedRecord without a reason"
+        assert bad.code in env.Reason and bad.reason.startswith(f"{bad.code.value}: ")
         # The reason travels in a header of the dead-letter copy, beside the whole original record:
         # it must stay short whatever the record holds.
         assert len(bad.reason.encode()) <= 400, f"a {len(bad.reason.encode())}-byte reason: {bad.reason[:200]}"
@@ -205,7 +216,7 @@ def verdict(key, value, headers, timestamp_ms: int = 0) -> BufferRecord | None:
 # -- parse_buffer_record -------------------------------------------------------
 
 
-@given(delay_id=delay_ids, deliver_at_ms=offsets, topic=topics, key=st.none() | user_bytes,
+@given(delay_id=delay_ids, deliver_at_ms=dues, topic=topics, key=st.none() | user_bytes,
        value=st.none() | user_bytes, partition=st.none() | offsets, partitioner=partitioners,
        restores=st.none() | offsets, headers=user_headers, timestamp_ms=timestamps)
 @MORE
@@ -235,7 +246,7 @@ def test_cancel_and_done_parse_back_to_their_op_and_version_in_any_header_order(
 
 @given(key=any_keys, value=any_values, headers=any_headers, timestamp_ms=timestamps)
 @MORE
-@example(key=b"k", value=b"put 1 t -\nx", headers=[("delayq-" + "x" * 5_000, b"")], timestamp_ms=0)
+@example(key=ID, value=b"put 1800000000000 t -\nx", headers=[("delayq-" + "x" * 5_000, b"")], timestamp_ms=0)
 def test_any_record_is_parsed_or_malformed_as_the_design_says(key, value, headers, timestamp_ms):
     got = verdict(key, value, headers, timestamp_ms)
 
@@ -262,18 +273,21 @@ def test_tombstones_with_any_headers_are_parsed_or_malformed_as_the_design_says(
 
 @pytest.mark.parametrize("value,reason", [
     # Each once parsed as a put; the first killed every master in turn (delivery could not dead-letter it).
-    (b"put 1 a/b -\nx", "not a Kafka topic name"),
-    (b"put 1  -\nx", "not a Kafka topic name"),
-    ("put 1 ordérs -\nx".encode(), "not a Kafka topic name"),
-    (b"put 1 .. -\nx", "not a Kafka topic name"),
-    (b"put 1 t - value=null\nforgotten", "value=null but 9 bytes follow"),
-    (b"put 1 t - partition=1 partition=2\nx", "partition appears twice"),
-    (b"put 1 t - partitioner=murmur2 partitioner=fnv1a\nx", "partitioner appears twice"),
-    (b"put 1 t - value=null value=null\n", "value appears twice"),
+    (b"put 1800000000000 a/b -\nx", "not a Kafka topic name"),
+    (b"put 1800000000000  -\nx", "not a Kafka topic name"),
+    ("put 1800000000000 ordérs -\nx".encode(), "not a Kafka topic name"),
+    (b"put 1800000000000 .. -\nx", "not a Kafka topic name"),
+    (b"put 1800000000000 t - value=null\nforgotten", "value=null but 9 bytes follow"),
+    (b"put 1800000000000 t - partition=1 partition=2\nx", "partition appears twice"),
+    (b"put 1800000000000 t - partitioner=murmur2 partitioner=fnv1a\nx", "partitioner appears twice"),
+    (b"put 1800000000000 t - value=null value=null\n", "value appears twice"),
+    # Each was delivered at once: a due time in seconds, and a partitioner no node knows.
+    (b"put 1795404000 t -\nx", "were seconds meant"),
+    (b"put 1800000000000 t - partitioner=sticky\nx", "unknown partitioner 'sticky'"),
 ])
 def test_frames_that_once_passed_are_malformed(value, reason):
     with pytest.raises(MalformedRecord, match=reason):
-        parse_buffer_record(b"0190a3e4-5b6c-7d8e-9f00-112233445566", value, [])
+        parse_buffer_record(ID, value, [])
 
 
 @pytest.mark.parametrize("headers,reason", [
@@ -284,13 +298,13 @@ def test_frames_that_once_passed_are_malformed(value, reason):
 ])
 def test_a_null_version_or_cutoff_header_is_malformed_not_absent(headers, reason):
     with pytest.raises(MalformedRecord, match=reason):
-        parse_buffer_record(b"id", None, headers)
+        parse_buffer_record(ID, None, headers)
 
 
 def test_the_reason_names_a_long_reserved_header_in_short():
     # It once quoted the whole name: a put with a 500 kB header name got a dead-letter copy twice that size.
     with pytest.raises(MalformedRecord) as bad:
-        parse_buffer_record(b"id", b"put 1 t -\n", [("delayq-" + "x" * 500_000, b"")])
+        parse_buffer_record(ID, b"put 1800000000000 t -\n", [("delayq-" + "x" * 500_000, b"")])
     assert len(bad.value.reason) < 300
 
 
@@ -397,7 +411,7 @@ def test_a_value_claiming_a_list_of_a_billion_items_is_refused_at_once():
 
 def test_a_put_with_a_negative_kafka_timestamp_is_readable_from_the_store():
     # Kafka keeps a producer's CreateTime of -1 or -5; unpack refused it and the put was never delivered.
-    record = parse_buffer_record(b"id", b"put 1 t -\nx", [], -5)
+    record = parse_buffer_record(ID, b"put 1800000000000 t -\nx", [], -5)
     assert stored.unpack(stored.pack(0, 3, record.envelope)).message.created_at_ms == -5
 
 
@@ -430,13 +444,16 @@ def test_check_delay_id_accepts_exactly_the_canonical_uuid_text(candidate):
 
 
 class StandInNode:
-    """The slice of delay_service.Node the HTTP handler may use; any other attribute fails loudly."""
+    """delay_service.http.NodeView: the slice of a node the HTTP handler may use; any other attribute fails loudly."""
 
-    __slots__ = ("metrics", "store")
+    __slots__ = ("registry", "store")
 
     def __init__(self, store: TimeIndex):
         self.store = store
-        self.metrics = NodeMetrics()
+        self.registry = NodeMetrics().registry
+
+    def entry(self, delay_id: str):
+        return self.store.get(delay_id)
 
     def alive(self) -> bool:
         return True

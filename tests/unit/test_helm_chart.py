@@ -26,7 +26,6 @@ import confluent_kafka
 import kubernetes_validate
 import pytest
 import yaml
-
 from confluent_kafka.admin import AdminClient
 
 from delayq import Settings
@@ -335,7 +334,7 @@ def test_every_rendered_manifest_is_valid_for_kubernetes(helm, value_args, value
 def test_production_values_render_the_prometheus_operator_objects(rendered):
     kinds = {doc["kind"] for doc in rendered["production"]}
 
-    assert CRD_KINDS <= kinds
+    assert kinds >= CRD_KINDS
     assert not CRD_KINDS & {doc["kind"] for doc in rendered["default"]}
 
 
@@ -449,7 +448,7 @@ def test_every_delayq_variable_the_chart_sets_is_a_settings_field(rendered, valu
 
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_the_rendered_environment_loads_into_the_settings_model(rendered, values, monkeypatch):
-    for owner, container, env in delayq_containers(rendered[values]):
+    for owner, _container, env in delayq_containers(rendered[values]):
         for name in [name for name in os.environ if name.startswith("DELAYQ_")]:
             monkeypatch.delenv(name)
         for name, value in env.items():
@@ -804,6 +803,11 @@ def test_the_image_runs_a_node_as_the_chart_expects():
     assert "openjdk-17-jre-headless" in text.split("AS reconcile")[1].split("FROM")[0]
     assert re.search(r"^FROM \$\{PYTHON_IMAGE\} AS base$", text, re.MULTILINE)
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
+    # The image installs the wheel built from the tree (tests/integration/test_wheel.py runs that wheel), not the tree.
+    assert re.search(r"^RUN pip wheel --no-deps --wheel-dir /tmp/dist /tmp/src$", text.split("AS wheel")[1], re.M)
+    base = text.split("AS base")[1].split("FROM")[0]
+    assert "COPY --from=wheel /tmp/dist/ /tmp/dist/" in base and "pip install /tmp/dist/delayq-*.whl" in base
+    assert "/tmp/src" not in base
 
 
 # --- the chart's containers against a real node ------------------------------------------------------------------

@@ -7,16 +7,18 @@ reaches the broker, and what must not, is tested in tests/integration/test_produ
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 import delayq
-from delayq.proxy import check_delay_id, parse_buffer_record
+from delayq import cli
 from delayq.proxy import producer as producer_module
 from delayq.proxy.producer import _ticks, due_ms
+from delayq.wire import MIN_DUE_MS, check_delay_id, new_delay_id, parse_buffer_record
 
 NOWHERE = {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}
 
@@ -58,8 +60,7 @@ def test_environment_settings_apply_and_conf_keys_override_them(monkeypatch):
 
 
 def test_an_unknown_delayq_key_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"conf key 'delayq.bufer.topic' is not a delayq setting; known: .*"
-                                         r"delayq\.buffer\.topic"):
+    with pytest.raises(ValueError, match=r"conf key 'delayq.bufer.topic': no such setting; did you mean delayq.buffer.topic\?"):
         delayq.Producer({**NOWHERE, "delayq.bufer.topic": "x"})
 
 
@@ -80,9 +81,9 @@ DAY = 86_400_000
     (timedelta(microseconds=1500), None, NOW + 2),  # half a millisecond rounds up
     (None, NOW + 5, NOW + 5),
     (None, NOW - 60_000, NOW - 60_000),  # already past: kept, delivered as soon as possible
-    (None, datetime.fromtimestamp((NOW + 1234) / 1000, timezone.utc), NOW + 1234),
+    (None, datetime.fromtimestamp((NOW + 1234) / 1000, UTC), NOW + 1234),
     (None, datetime.fromtimestamp((NOW + 1234) / 1000, timezone(timedelta(hours=-7))), NOW + 1234),
-    (None, datetime.fromtimestamp(NOW / 1000, timezone.utc) + timedelta(microseconds=1), NOW + 1),  # never early
+    (None, datetime.fromtimestamp(NOW / 1000, UTC) + timedelta(microseconds=1), NOW + 1),  # never early
     (365 * 86_400, None, NOW + 365 * DAY),  # exactly the maximum is allowed
 ])
 def test_due_time_in_epoch_ms(delay, deliver_at, expected):
@@ -148,3 +149,210 @@ def test_the_remembered_frame_line_never_leaks_into_another_topic_key_or_due_tim
     assert [(e.topic, e.key, e.value, e.deliver_at_ms) for e in parsed] == [
         (topic, key.encode() if isinstance(key, str) else key, value.encode() if isinstance(value, str) else value,
          NOW + delay * 1000) for topic, key, value, delay in calls]
+
+
+# -- due times before 2000 (delayq.wire.MIN_DUE_MS): seconds meant as milliseconds ---------
+
+YEAR_MS = 365 * DAY
+UTC = UTC
+
+
+@pytest.mark.parametrize("deliver_at,message", [
+    (1_795_404_000, "deliver_at 1795404000 is before 2000-01-01 in epoch milliseconds: did you mean seconds? "
+                    "use deliver_at=1795404000000 or a datetime"),
+    (1_600_000_000, "did you mean seconds? use deliver_at=1600000000000 or a datetime"),  # seconds, in the past
+    (MIN_DUE_MS - 1, f"deliver_at {MIN_DUE_MS - 1} is before 2000-01-01 in epoch milliseconds: did you mean "
+                     f"seconds? deliver_at is a point in time: epoch milliseconds from {MIN_DUE_MS}"),
+    (30, "did you mean seconds? deliver_at is a point in time: epoch milliseconds from 946684800000 "
+         "(2000-01-01T00:00:00Z), or a timezone-aware datetime; for 30 s from now use delay=30"),
+    (0, "deliver_at 0 is before 2000-01-01 in epoch milliseconds"),
+    (-1, "deliver_at -1 is before 2000-01-01 in epoch milliseconds; deliver_at is a point in time"),
+    (datetime(1999, 12, 31, 23, 59, 59, 999_000, UTC),
+     "deliver_at 1999-12-31T23:59:59.999000+00:00 is before 2000-01-01T00:00:00Z: delayq refuses due times before "
+     "2000 (the nodes would dead-letter the message)"),
+    (datetime(2000, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))), "is before 2000-01-01T00:00:00Z"),
+    (datetime(1, 1, 1, tzinfo=UTC), "deliver_at 0001-01-01T00:00:00+00:00 is before 2000-01-01"),
+], ids=["seconds", "seconds-past", "bound-minus-1", "a-delay", "zero", "negative", "datetime-1999",
+        "datetime-offset", "datetime-year-1"])
+def test_a_due_time_before_2000_is_refused_asking_whether_seconds_were_meant(deliver_at, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        due_ms(NOW, None, deliver_at, YEAR_MS)
+
+
+@pytest.mark.parametrize("deliver_at", [
+    MIN_DUE_MS,
+    datetime(2000, 1, 1, tzinfo=UTC),
+    datetime(2000, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
+    datetime(1999, 12, 31, 23, 59, 59, 999_001, UTC),  # rounded up to the millisecond: the bound itself
+])
+def test_a_due_time_exactly_at_2000_is_taken(deliver_at):
+    assert due_ms(NOW, None, deliver_at, YEAR_MS) == MIN_DUE_MS
+
+
+@pytest.fixture
+def sent(producer, monkeypatch):
+    """What reaches librdkafka's produce() (arguments after the producer), instead of librdkafka."""
+    calls = []
+    monkeypatch.setattr(producer_module, "_base_produce", lambda _self, *args: calls.append(args))
+    return calls
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.produce("t", b"v", deliver_at=1_795_404_000),
+    lambda p: p.produce("t", b"v", key=b"k", partition=1, headers=[("h", b"1")], on_delivery=print,
+                        deliver_at=1_795_404_000),
+    lambda p: p.produce("t", b"v", deliver_at=1_795_404_000, delay_id=new_delay_id()),
+    lambda p: p.reschedule(new_delay_id(), "t", b"v", deliver_at=1_795_404_000),
+], ids=["produce", "produce-with-everything", "delay-id-re-put", "reschedule"])
+def test_every_way_to_a_put_refuses_seconds_before_sending(producer, sent, call):
+    with pytest.raises(ValueError, match=r"deliver_at 1795404000 is before 2000-01-01 in epoch milliseconds: "
+                                         r"did you mean seconds\? use deliver_at=1795404000000 or a datetime"):
+        call(producer)
+
+    assert sent == []
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.produce("t", b"v", deliver_at=datetime(1999, 6, 1, tzinfo=UTC)),
+    lambda p: p.reschedule(new_delay_id(), "t", b"v", deliver_at=datetime(1999, 6, 1, tzinfo=UTC)),
+], ids=["produce", "reschedule"])
+def test_every_way_to_a_put_refuses_a_datetime_before_2000(producer, sent, call):
+    with pytest.raises(ValueError, match=r"deliver_at 1999-06-01T00:00:00\+00:00 is before 2000-01-01T00:00:00Z"):
+        call(producer)
+
+    assert sent == []
+
+
+def test_a_put_due_exactly_at_2000_is_sent_and_parses(producer, sent):
+    delay_id = producer.produce("t", b"v", deliver_at=MIN_DUE_MS)
+    again = producer.reschedule(delay_id, "t", b"w", deliver_at=datetime(2000, 1, 1, tzinfo=UTC))
+
+    assert again == delay_id
+    assert [parse_buffer_record(args[2].encode(), args[1], None).envelope.deliver_at_ms for args in sent] == [
+        MIN_DUE_MS, MIN_DUE_MS]
+
+
+@pytest.mark.parametrize("delay", [0, 0.0, -0.0, 5e-324, 0.0004, timedelta(0), timedelta(microseconds=499)])
+def test_the_fast_path_never_makes_a_due_time_before_now(producer, sent, monkeypatch, delay):
+    monkeypatch.setattr(producer_module, "_time_ns", lambda: MIN_DUE_MS * 1_000_000)  # the earliest clock taken
+
+    producer.produce("t", b"v", delay=delay)
+
+    [args] = sent
+    assert parse_buffer_record(args[2].encode(), args[1], None).envelope.deliver_at_ms == MIN_DUE_MS
+
+
+@pytest.mark.parametrize("delay", [0, 30, 2.5, timedelta(seconds=1)])
+def test_a_clock_before_2000_refuses_delays_before_sending(producer, sent, monkeypatch, delay):
+    monkeypatch.setattr(producer_module, "_time_ns", lambda: (MIN_DUE_MS - 1) * 1_000_000)
+
+    with pytest.raises(RuntimeError, match=r"this machine's clock reads 946684799999 ms since the epoch, "
+                                           r"before 2000-01-01.*set the clock \(NTP\)"):
+        producer.produce("t", b"v", delay=delay)
+
+    assert sent == []
+
+
+def test_due_ms_itself_refuses_a_delay_from_a_clock_before_2000():
+    with pytest.raises(RuntimeError, match=r"clock reads 1000 ms since the epoch, before 2000-01-01"):
+        due_ms(1000, 5, None, YEAR_MS)
+
+
+# -- timestamp= of a delayed message: the buffer put's, checked before sending ----------
+
+
+@pytest.mark.parametrize("timestamp,shown", [
+    (1.5, "float 1.5"), (0.0, "float 0.0"), ("1700000000000", "str '1700000000000'"), (None, "NoneType None"),
+    (True, "bool True"), (datetime(2026, 1, 1, tzinfo=UTC), "datetime datetime.datetime(2026"),
+])
+def test_a_delayed_message_refuses_a_timestamp_that_is_not_an_int(producer, sent, timestamp, shown):
+    with pytest.raises(TypeError, match=re.escape(f"timestamp must be epoch milliseconds as an int (0: now); "
+                                                  f"got {shown}")):
+        producer.produce("t", b"v", timestamp=timestamp, delay=5)
+
+    assert sent == []
+
+
+@pytest.mark.parametrize("timestamp", [1_700_000_000_000, -1, -5])
+def test_a_delayed_messages_int_timestamp_goes_to_the_buffer_put_as_given(producer, sent, timestamp):
+    # Negative too, as confluent-kafka sends it and Kafka keeps it (the nodes take any creation time).
+    producer.produce("t", b"v", timestamp=timestamp, delay=5)
+
+    [args] = sent
+    assert args[6] == timestamp  # cimpl's order: topic, value, key, partition, callback, on_delivery, timestamp
+
+
+def test_a_timestamp_beyond_64_bits_is_refused_as_confluent_kafka_refuses_it(producer):
+    reports = []
+    with pytest.raises(OverflowError):
+        producer.produce("t", b"v", timestamp=2**63, on_delivery=lambda err, msg: reports.append(err), delay=5)
+    producer.produce("t", b"v", on_delivery=lambda err, msg: reports.append(err), delay=5)  # the control
+
+    producer.purge()
+    producer.poll(0)
+
+    assert len(reports) == 1, "the message with the overflowing timestamp was queued"
+
+
+# -- `delayq produce --at` in the past: a warning on stderr, and it still sends ---------
+
+
+@pytest.fixture
+def cli_sends(monkeypatch):
+    """``delayq produce`` in this process, its producer at a closed port; returns what it queued."""
+    monkeypatch.setenv("DELAYQ_BOOTSTRAP_SERVERS", NOWHERE["bootstrap.servers"])
+    queued = []
+
+    def send_and_wait(producer, send, timeout):
+        reports = []
+        send(lambda err, msg: reports.append(err))
+        producer.purge()  # each queued message reports, purged, at the next poll
+        producer.poll(0)
+        queued.append(len(reports))
+
+    monkeypatch.setattr(producer_module, "send_and_wait", send_and_wait)
+    # No broker here: the buffer topic's existence is tested on the real stack (tests/integration/test_producer.py).
+    from delayq.commands import produce as produce_command
+
+    monkeypatch.setattr(produce_command, "require_buffer_topic", lambda producer, settings, timeout_s: None)
+    return queued
+
+
+def test_produce_at_a_past_time_warns_on_stderr_in_one_line_and_still_sends(cli_sends, capsys):
+    at = (datetime.now(UTC) - timedelta(hours=3, minutes=12, seconds=30)).replace(microsecond=0)
+    text = at.isoformat().replace("+00:00", "Z")
+
+    code = cli.main(["produce", "--topic", "t", "--at", text, "later"])
+
+    out, err = capsys.readouterr()
+    assert code == 0 and cli_sends == [1]
+    check_delay_id(out.strip())
+    assert err == f"warning: --at {text} is 3h12m in the past; the message is delivered at once\n"
+
+
+def test_produce_at_a_past_time_in_another_offset_names_it_as_given(cli_sends, capsys):
+    at = datetime.now(timezone(timedelta(hours=2))).replace(microsecond=0) - timedelta(seconds=42)
+
+    assert cli.main(["produce", "--topic", "t", "--at", at.isoformat(), "v"]) == 0
+
+    assert re.fullmatch(rf"warning: --at {re.escape(at.isoformat())} is 4[2-4]s in the past; "
+                        r"the message is delivered at once\n", capsys.readouterr().err)
+
+
+def test_produce_at_a_future_time_prints_no_warning(cli_sends, capsys):
+    at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+
+    assert cli.main(["produce", "--topic", "t", "--at", at, "v"]) == 0
+
+    assert capsys.readouterr().err == "" and cli_sends == [1]
+
+
+@pytest.mark.parametrize("at", ["1999-12-31T23:59:59Z", "2000-01-01T00:30:00+01:00", "1970-01-01T00:00:00Z"])
+def test_produce_at_a_time_before_2000_is_an_error_line_with_exit_2(cli_sends, capsys, at):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["produce", "--topic", "t", "--at", at, "v"])
+
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and cli_sends == []
+    assert f"argument --at: '{at}' is before 2000-01-01T00:00:00Z: delayq refuses due times before 2000\n" in err
+    assert "Traceback" not in err

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -16,8 +16,9 @@ from process_testing import run_delayq
 
 import delayq
 from delayq import Settings
-from delayq.proxy import Lookup, NodeUnreachable, new_delay_id
+from delayq.proxy import Lookup, NodeUnreachable
 from delayq.proxy.lookup import node_urls
+from delayq.wire import new_delay_id
 
 DUE_MS = 1_800_000_000_123
 
@@ -32,7 +33,7 @@ class StandIn:
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 stand_in.asked.append(self.path)
                 delay_id = self.path.removeprefix("/v1/messages/")
                 status, body = stand_in.answers.get(delay_id) or stand_in.default or (
@@ -83,9 +84,19 @@ def test_pending_answer_gives_the_due_time_as_utc_datetime_and_topic(stand_in):
 
     found = delayq.lookup(delay_id, settings=with_urls(stand_in.url))
 
-    assert found == Lookup(delay_id, True, datetime(2027, 1, 15, 8, 0, 0, 123000, tzinfo=timezone.utc), DUE_MS,
+    assert found == Lookup(delay_id, True, datetime(2027, 1, 15, 8, 0, 0, 123000, tzinfo=UTC), DUE_MS,
                            "reminders", stand_in.url)
     assert stand_in.asked == [f"/v1/messages/{delay_id}"]
+
+
+def test_a_due_time_past_the_year_9999_is_pending_with_the_exact_ms_and_no_datetime(stand_in):
+    delay_id, due = new_delay_id(), 10**18 - 1  # the most a frame's 18 digits hold
+    stand_in.answers[delay_id] = (200, json.dumps({"id": delay_id, "status": "pending", "deliver_at_ms": due,
+                                                   "deliver_at": None, "topic": "far"}).encode())
+
+    found = delayq.lookup(delay_id, settings=with_urls(stand_in.url))
+
+    assert found == Lookup(delay_id, True, None, due, "far", stand_in.url)
 
 
 def test_not_found_answer_is_not_pending(stand_in):

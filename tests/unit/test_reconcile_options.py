@@ -25,7 +25,7 @@ def test_parse_duration_reads_number_and_unit(text, ms):
 
 @pytest.mark.parametrize("text", ["", "5", "5 m", "m5", "5mm", "-5m", "5y", "1h 30m", "five minutes"])
 def test_parse_duration_refuses_malformed_text_naming_the_argument(text):
-    with pytest.raises(ValueError, match="--grace .* is not a duration"):
+    with pytest.raises(ValueError, match=r"--grace .* is not a duration"):
         parse_duration(text, "--grace")
 
 
@@ -49,7 +49,7 @@ def test_parse_instant_reads_iso_times_and_durations_before_now(text, ms):
 
 @pytest.mark.parametrize("text", ["yesterday", "2027-13-01", "24", "1h30"])
 def test_parse_instant_refuses_other_text_naming_the_argument(text):
-    with pytest.raises(ValueError, match="--since .* neither an ISO 8601 time"):
+    with pytest.raises(ValueError, match=r"--since .* neither an ISO 8601 time"):
         parse_instant(text, "--since", now_ms=NOW)
 
 
@@ -143,7 +143,7 @@ def test_kafka_options_pass_settings_through_with_java_names():
 
 def test_kafka_options_refuse_credentials_for_a_mechanism_without_a_jaas_module():
     settings = Settings(kafka={"sasl.mechanisms": "OAUTHBEARER", "sasl.username": "ann"})
-    with pytest.raises(ValueError, match="sasl.jaas.config yourself"):
+    with pytest.raises(ValueError, match=r"sasl\.jaas\.config yourself"):
         kafka_source_options(settings, isolation_level="read_committed")
 
 
@@ -159,5 +159,5 @@ def test_kafka_package_matches_the_installed_pyspark_exactly():
 def test_ivy_settings_name_one_maven_repository():
     text = ivy_settings_xml("https://mirror.example/maven2")
     assert 'root="https://mirror.example/maven2/"' in text and text.count("<ibiblio") == 1
-    with pytest.raises(ValueError, match="maven_repository 'mirror.example'"):
+    with pytest.raises(ValueError, match=r"maven_repository 'mirror\.example'"):
         ivy_settings_xml("mirror.example")

@@ -12,21 +12,23 @@ import pytest
 from delayq import Settings
 from delayq.spark import ANOMALY_KINDS, ReconcileOptions, load_report
 from delayq.spark.job import Findings
-from delayq.spark.report import build_report, write_outputs
+from delayq.spark.report import HTML_ROWS, build_report, write_outputs
 from delayq.spark.summary import histogram
 
 SINCE = 1_800_000_000_000
 HOUR = 3_600_000
 SCHEMA = pa.schema([
     ("id", pa.string()), ("topic", pa.string()), ("state", pa.string()), ("due_ms", pa.int64()),
-    ("version", pa.int64()), ("delivered_count", pa.int64()), ("versions_delivered", pa.int64()),
+    ("version", pa.int64()), ("put_ms", pa.int64()), ("already_due", pa.bool_()),
+    ("put_to_delivery_ms", pa.int64()), ("dead_letters", pa.int64()),
+    ("delivered_count", pa.int64()), ("versions_delivered", pa.int64()),
     ("duplicate_records", pa.int64()), ("first_ms", pa.int64()), ("last_ms", pa.int64()),
     ("lateness_ms", pa.int64()), ("first_epoch", pa.int64()), ("last_epoch", pa.int64()),
     ("cancel_offset", pa.int64()), ("cancel_ms", pa.int64()), ("cutoff", pa.int64()),
     ("cancel_too_late", pa.bool_()), ("rescheduled_too_late", pa.bool_()), ("ignored", pa.string()),
     ("is_expected", pa.bool_()), ("in_grace", pa.bool_()), ("is_delivered", pa.bool_()), ("is_missing", pa.bool_()),
     ("is_duplicate", pa.bool_()), ("is_unexpected", pa.bool_()), ("is_early", pa.bool_()),
-    ("is_cancel_ignored", pa.bool_()),
+    ("is_cancel_ignored", pa.bool_()), ("is_undeliverable", pa.bool_()),
 ])
 FLAGS = ("in_grace", "cancel_too_late", "rescheduled_too_late")
 
@@ -34,7 +36,8 @@ FLAGS = ("in_grace", "cancel_too_late", "rescheduled_too_late")
 def anomaly(delay_id: str, *, flag: str, topic: str = "orders", copies: int = 1, first: int | None = None,
             **changes) -> dict:
     row = {name: False for name in SCHEMA.names if name.startswith("is_") or name in FLAGS}
-    row.update(id=delay_id, topic=topic, state="scheduled", due_ms=SINCE + HOUR, version=7, delivered_count=copies,
+    row.update(id=delay_id, topic=topic, state="scheduled", due_ms=SINCE + HOUR, version=7, put_ms=SINCE,
+               already_due=False, put_to_delivery_ms=None, dead_letters=0, delivered_count=copies,
                versions_delivered=1 if copies else 0, duplicate_records=max(copies - 1, 0), first_ms=first,
                last_ms=first, lateness_ms=None if first is None else first - SINCE - HOUR,
                first_epoch=3 if copies else None, last_epoch=3 + copies - 1 if copies else None, cancel_offset=None,
@@ -45,16 +48,21 @@ def anomaly(delay_id: str, *, flag: str, topic: str = "orders", copies: int = 1,
 
 def counts(**anomalies: int) -> dict[str, int]:
     base = dict.fromkeys(("expected", "delivered", "delivered_records", "duplicates", "duplicate_records", "missing",
-                          "unexpected", "unknown", "early", "cancel_ignored", "cancelled", "cancelled_too_late",
-                          "rescheduled_too_late", "in_grace", "buffer_records", "malformed_buffer_records"), 0)
+                          "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "cancelled",
+                          "cancelled_too_late", "rescheduled_too_late", "in_grace", "already_due_when_written",
+                          "dead_lettered", "buffer_records", "malformed_buffer_records"), 0)
     base.update(expected=100, delivered=100, delivered_records=100, buffer_records=200)
     base.update(anomalies)
     return base
 
 
-def findings(rows: list[dict], **anomalies: int) -> Findings:
+def findings(rows: list[dict], dead_letters: dict | None = None, malformed: dict | None = None,
+             **anomalies: int) -> Findings:
     lateness = {"p50": 12, "p90": 40, "p99": 95, "max": 180, "min": 0, "count": 100}
     return Findings(
+        dead_letters=dead_letters or {}, malformed_by_code=malformed or {},
+        already_due={"count": anomalies.get("already_due_when_written", 0), "delivered": 0, "p50": None,
+                     "p99": None, "max": None},
         totals=counts(**anomalies), lateness=lateness,
         by_topic={"<orders>": {**counts(**anomalies), "lateness_ms": lateness}},
         per_hour=[{"hour_ms": SINCE + h * HOUR, **counts(**anomalies), "lateness_ms": lateness} for h in range(3)],
@@ -108,6 +116,7 @@ def test_anomalies_are_listed_capped_in_json_and_complete_in_parquet(tmp_path):
     assert (duplicates[0]["delivered_count"], duplicates[0]["first_epoch"], duplicates[0]["last_epoch"]) == (2, 3, 4)
     assert str(duplicates[0]["due"]) == "2027-01-15 09:00:00+00:00"
     assert pq.read_table(chosen.out / "anomalies" / "missing.parquet").column("id").to_pylist() == ["lost-1"]
+    assert "<td>3–4</td>" in (chosen.out / "report.html").read_text()  # two masters delivered the duplicates
 
 
 @pytest.mark.parametrize("kind", ANOMALY_KINDS)
@@ -156,7 +165,7 @@ def test_html_shows_status_totals_two_inline_charts_and_escapes_names(tmp_path):
     assert page.count("<svg") == 2 and "Lateness of first delivery" in page and "Messages per hour" in page
     assert "<img src=x>" not in page and "&lt;img src=x&gt;" in page
     assert "&lt;orders&gt;" in page and "late-1" in page
-    assert "<td class=l>3–4</td>" not in page  # the missing one was never delivered: no epochs
+    assert "<td>3–4</td>" not in page  # the missing one was never delivered: no epochs
 
 
 def test_terminal_summary_shows_every_kind_and_names_the_alert(tmp_path):
@@ -171,3 +180,87 @@ def test_terminal_summary_shows_every_kind_and_names_the_alert(tmp_path):
     text = console.export_text()
     assert "cancel ignored" in text and "rescheduled too late" in text and "cancelled too late" in text
     assert "ALERT: 1 early, 2 cancel or reschedule ignored" in text
+
+
+def letter(when: int, code: str, text: str, *, delay_id: str | None = None, key: str | None = None,
+           source: str = "orders-buffer/0/7", due: int | None = None) -> dict:
+    """A dead letter as dead_letter_findings lists it."""
+    return {"ts": when, "code": code, "text": text, "id": delay_id, "key_text": key or delay_id, "source": source,
+            "version": 7 if delay_id else None, "put_topic": "orders" if due else None, "due": due,
+            "undeliverable": code in ("missing-topic", "bad-partition", "rejected")}
+
+
+def test_dead_letters_have_their_own_section_and_alone_do_not_fail_the_run(tmp_path):
+    letters = [letter(SINCE + 60_000, "bad-frame", "the frame's key length 10 runs past the end of the value",
+                      key="0190a3e4-5b6c-7d8e-9f00-112233445566"),
+               letter(SINCE + 120_000, "bad-id", "record key b'order-42' is not a delay id", key="order-42",
+                      source="orders-buffer/2/31"),
+               letter(SINCE + HOUR + 900, "missing-topic", "target topic nowhere does not exist",
+                      delay_id="0190a3e4-5b6c-7d8e-9f00-aabbccddeeff", source="orders-buffer/1/12", due=SINCE + HOUR)]
+    found = {"topic": "delayq-orders-dead-letter", "topic_found": True, "total": 3,
+             "by_code": {"bad-frame": 1, "bad-id": 1, "missing-topic": 1}, "repeated_sources": 0,
+             "listed": letters, "truncated": False}
+    chosen = options(tmp_path)
+    rows = [anomaly("0190a3e4-5b6c-7d8e-9f00-aabbccddeeff", flag="is_undeliverable", copies=0, dead_letters=1)]
+
+    report = write_outputs(build_report(findings(rows, found, {"bad-frame": 1, "bad-id": 1, "unknown-option": 2},
+                                                 dead_lettered=3, undeliverable=1, malformed_buffer_records=4),
+                                        Settings(), chosen),
+                           pa.Table.from_pylist([], schema=SCHEMA), chosen.out)
+
+    assert (report.ok, report.exit_code) == (True, 0)
+    document = load_report(chosen.out)
+    assert document["totals"]["dead_lettered"] == 3 and document["totals"]["undeliverable"] == 1
+    assert document["anomalies"] == {kind: [] for kind in ANOMALY_KINDS}  # the soak reads these kinds only
+    section = document["dead_letters"]
+    assert section["by_code"] == {"bad-frame": 1, "bad-id": 1, "missing-topic": 1} and section["total"] == 3
+    assert [(d["when"], d["kind"], d["code"], d["id"], d["source"]) for d in section["listed"]] == [
+        ("2027-01-15T08:01:00.000Z", "malformed", "bad-frame", None, "orders-buffer/0/7"),
+        ("2027-01-15T08:02:00.000Z", "malformed", "bad-id", None, "orders-buffer/2/31"),
+        ("2027-01-15T09:00:00.900Z", "undeliverable", "missing-topic", "0190a3e4-5b6c-7d8e-9f00-aabbccddeeff",
+         "orders-buffer/1/12")]
+    assert section["listed"][2]["due"] == "2027-01-15T09:00:00.000Z" and section["listed"][1]["key"] == "order-42"
+    assert document["malformed_buffer_records_by_code"] == {"bad-frame": 1, "bad-id": 1, "unknown-option": 2}
+    page = (chosen.out / "report.html").read_text()
+    assert "ALERT" not in page and "OK: every expected message was delivered or dead-lettered" in page
+    assert "Dead letters: 3" in page and "3 dead letter(s) in this window" in page
+    assert "by time dead-lettered, oldest first" in page
+    assert page.index("bad-frame</td>") < page.index("target topic nowhere does not exist")
+    assert "key &#x27;order-42&#x27;" in page and "undeliverable: the target topic does not exist" in page
+    assert "Malformed buffer records: 4" in page and "malformed: a frame option or partitioner" in page
+
+
+def test_a_dead_letter_list_cut_by_the_list_limit_says_so(tmp_path):
+    letters = [letter(SINCE + i, "bad-id", "not a delay id", key=f"k{i}", source=f"b/0/{i}") for i in range(25)]
+    found = {"topic": "dl", "topic_found": True, "total": 40, "by_code": {"bad-id": 40}, "repeated_sources": 2,
+             "listed": letters, "truncated": True}
+    chosen = options(tmp_path)
+
+    write_outputs(build_report(findings([], found, dead_lettered=40), Settings(), chosen),
+                  pa.Table.from_pylist([], schema=SCHEMA), chosen.out)
+
+    page = (chosen.out / "report.html").read_text()
+    assert f"First {HTML_ROWS} of 40; report.json lists 25 (capped by --list-limit)" in page
+    assert "2 buffer record(s) were dead-lettered more than once" in page
+    assert load_report(chosen.out)["dead_letters"]["truncated"] is True
+
+
+def test_page_titles_say_how_tables_are_ordered_and_charts_use_plain_numbers(tmp_path):
+    chosen = options(tmp_path)
+    rows = [anomaly("m-1", flag="is_missing", copies=0)]
+    big = findings(rows, missing=1, expected=2_000_000, delivered=1_999_999)
+    big.per_hour = [{"hour_ms": SINCE + h * HOUR, **counts(expected=2_000_000, delivered=1_999_000, missing=1,
+                                                          undeliverable=999, duplicates=2),
+                     "lateness_ms": {**big.lateness, "p99": 3_060_000}} for h in range(3)]
+    big.histogram = histogram({3: 1_500_000, 7: 400_000, 150: 10})
+
+    write_outputs(build_report(big, Settings(), chosen), pa.Table.from_pylist(rows, schema=SCHEMA), chosen.out)
+
+    page = (chosen.out / "report.html").read_text()
+    assert "most late deliveries (by lateness, highest first)" in page
+    assert "Missing: 1 (by due time, earliest first)" in page
+    assert "Latest 1 deliveries" not in page
+    assert "1e6" not in page and "×10" not in page and "10^" not in page  # no scientific axis labels
+    assert "2,000,000" in page  # a count axis tick, in plain digits
+    assert "p99 lateness (min)" in page  # 3,060,000 ms of p99 on an axis in minutes
+    assert "undeliverable (dead-lettered)" in page and "red numbers: anomalies" in page

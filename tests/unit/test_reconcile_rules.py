@@ -2,8 +2,9 @@
 
 Each history is a handful of records shaped as Spark's Kafka source reads them; all
 histories go through the job's own steps (buffer_rows, delivery_rows, per_version,
-per_id, judge) in one Spark run, and each test looks at its own ids. Offsets are
-those of the id's buffer partition; a history names them explicitly.
+per_id, judge) in one Spark run, and each test looks at its own ids. Every history has
+a real delay id (a UUIDv7) and its records are on that id's buffer partition, as the
+nodes require; offsets are those of that partition, and a history names them explicitly.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from delayq.proxy import envelope as env
+from delayq import wire as env
 from delayq.spark import ReconcileOptions, spark_session
 from delayq.spark.job import _KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
+from delayq.spark.records import DEAD_LETTER_SCHEMA
 
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z: every history is due around here
 BUFFER = "rules-buffer"
+PARTITIONS = 3  # of the buffer topic the histories are on
 TOPIC = "orders"
 OPTIONS = ReconcileOptions(since_ms=T0 - 3_600_000, until_ms=T0 + 3_600_000, out=Path("unused"))
 
@@ -31,22 +34,28 @@ class History:
     """The records of one delay id: buffer records at the offsets given, deliveries on the target topic."""
 
     def __init__(self, name: str):
-        self.id = name
+        self.name = name
+        self.id = env.new_delay_id(T0 - 7_200_000)
+        self.partition = env.buffer_partition(self.id, PARTITIONS)
         self.buffer: list[tuple] = []
         self.deliveries: list[tuple] = []
+        self.letters: list[tuple] = []
 
-    def _record(self, offset: int, value: bytes | None, headers: list[tuple[str, bytes]], ts: int) -> History:
-        self.buffer.append((self.id.encode(), value, BUFFER, 0, offset, _time(ts), 0, headers))
+    def _record(self, offset: int, value: bytes | None, headers: list[tuple[str, bytes]], ts: int,
+                partition: int | None = None) -> History:
+        where = self.partition if partition is None else partition
+        self.buffer.append((self.id.encode(), value, BUFFER, where, offset, _time(ts), 0, headers))
         return self
 
-    def put(self, offset: int, due: int, restores: int | None = None) -> History:
-        """A put; with ``restores``, a master's copy of the put at that offset."""
+    def put(self, offset: int, due: int, restores: int | None = None, at: int | None = None) -> History:
+        """A put written at ``at`` (default: before it is due); with ``restores``, a master's copy."""
         value = env.put_value(due, TOPIC, None, b"payload", restores=restores)
-        return self._record(offset, value, [], T0 - 3_000_000 + offset)
+        return self._record(offset, value, [], T0 - 3_000_000 + offset if at is None else at)
 
-    def cancel(self, offset: int, at: int | None = None) -> History:
+    def cancel(self, offset: int, at: int | None = None, partition: int | None = None) -> History:
+        """A cancel; ``partition``: written to another partition than the id's (malformed)."""
         return self._record(offset, None, env.control_headers(env.OP_CANCEL, self.id),
-                            T0 - 3_000_000 + offset if at is None else at)
+                            T0 - 3_000_000 + offset if at is None else at, partition)
 
     def done(self, offset: int, version: int | None = None, cutoff: int | None = None) -> History:
         headers = env.control_headers(env.OP_DONE, self.id)
@@ -57,6 +66,12 @@ class History:
     def raw(self, offset: int, value: bytes | None, headers: list[tuple[str, bytes]]) -> History:
         """Any buffer record, for the malformed ones."""
         return self._record(offset, value, headers, T0)
+
+    def dead_letter(self, version: int, code: env.Reason = env.Reason.MISSING_TOPIC, due: int = T0) -> History:
+        """The master's dead letter of version ``version`` (undeliverable), as dead_letter_rows reads it."""
+        self.letters.append((self.id, self.id, self.partition, version, T0 + 50, code.value, "no such topic",
+                             f"{BUFFER}/{self.partition}/{version}", version, due, TOPIC, True))
+        return self
 
     def deliver(self, at: int, due: int | None, version: int | None = None, epoch: int = 1) -> History:
         headers = [(env.ID, self.id.encode()), (env.EPOCH, str(epoch).encode())]
@@ -69,93 +84,114 @@ class History:
 
 
 def histories() -> list[History]:
-    H = History
+    h = History
     return [
         # A cancel below the cutoff of the done that closed the delivered version: seen, ignored.
-        H("cancel-below-cutoff").put(0, T0).cancel(1).deliver(T0 + 5, T0, 0).done(2, 0, 2),
+        h("cancel-below-cutoff").put(0, T0).cancel(1).deliver(T0 + 5, T0, 0).done(2, 0, 2),
         # The first cancel after the put counts, not a later repeat above the cutoff.
-        H("first-cancel-below-cutoff").put(0, T0).cancel(1).cancel(5).deliver(T0 + 5, T0, 0).done(6, 0, 3),
+        h("first-cancel-below-cutoff").put(0, T0).cancel(1).cancel(5).deliver(T0 + 5, T0, 0).done(6, 0, 3),
         # A cancel at the cutoff lost the race, though the done came after it.
-        H("cancel-at-cutoff").put(0, T0).cancel(1).deliver(T0 + 5, T0, 0).done(2, 0, 1),
+        h("cancel-at-cutoff").put(0, T0).cancel(1).deliver(T0 + 5, T0, 0).done(2, 0, 1),
         # A cancel, a new put (the id lives again), then a cancel at the cutoff: too late.
-        H("revived-cancel-too-late").put(0, T0).cancel(1).put(2, T0 + 1000).cancel(3)
+        h("revived-cancel-too-late").put(0, T0).cancel(1).put(2, T0 + 1000).cancel(3)
         .deliver(T0 + 1005, T0 + 1000, 2).done(4, 2, 3),
         # The same with the second cancel below the cutoff: ignored.
-        H("revived-cancel-ignored").put(0, T0).cancel(1).put(2, T0 + 1000).cancel(3)
+        h("revived-cancel-ignored").put(0, T0).cancel(1).put(2, T0 + 1000).cancel(3)
         .deliver(T0 + 1005, T0 + 1000, 2).done(4, 2, 4),
         # Cancelled in time, never delivered.
-        H("cancelled").put(0, T0).cancel(1),
+        h("cancelled").put(0, T0).cancel(1),
         # Rescheduled before the pick: only the new version delivered.
-        H("rescheduled-in-time").put(0, T0).put(1, T0 + 1000).deliver(T0 + 1004, T0 + 1000, 1).done(2, 1, 2),
+        h("rescheduled-in-time").put(0, T0).put(1, T0 + 1000).deliver(T0 + 1004, T0 + 1000, 1).done(2, 1, 2),
         # Rescheduled too late: old version (reschedule at its cutoff), then the new one.
-        H("rescheduled-too-late").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
+        h("rescheduled-too-late").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
         .deliver(T0 + 1004, T0 + 1000, 1).done(3, 1, 3),
         # The reschedule lost and the new version never came: missing, and not early.
-        H("lost-reschedule").put(0, T0).put(1, T0 + 60_000).deliver(T0 + 2, T0, 0).done(2, 0, 1),
+        h("lost-reschedule").put(0, T0).put(1, T0 + 60_000).deliver(T0 + 2, T0, 0).done(2, 0, 1),
         # The master had read the reschedule and delivered the old version: ignored.
-        H("reschedule-ignored").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 2)
+        h("reschedule-ignored").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 2)
         .deliver(T0 + 1004, T0 + 1000, 1).done(3, 1, 3),
         # Three puts: the latest is above the old version's cutoff, the middle one below it.
-        H("middle-reschedule-ignored").put(0, T0).put(1, T0 + 1000).put(3, T0 + 2000)
+        h("middle-reschedule-ignored").put(0, T0).put(1, T0 + 1000).put(3, T0 + 2000)
         .deliver(T0 + 2, T0, 0).done(2, 0, 2).deliver(T0 + 2003, T0 + 2000, 3).done(4, 3, 4),
         # A cancel the master had read, delivered anyway; then a new put (the id lives again), delivered.
-        H("older-cancel-ignored").put(0, T0).cancel(1).deliver(T0 + 5, T0, 0).done(2, 0, 2)
+        h("older-cancel-ignored").put(0, T0).cancel(1).deliver(T0 + 5, T0, 0).done(2, 0, 2)
         .put(3, T0 + 1000).deliver(T0 + 1005, T0 + 1000, 3).done(4, 3, 4),
         # One version delivered twice.
-        H("duplicate").put(0, T0).deliver(T0 + 5, T0, 0).deliver(T0 + 800, T0, 0, epoch=2).done(1, 0, 1),
+        h("duplicate").put(0, T0).deliver(T0 + 5, T0, 0).deliver(T0 + 800, T0, 0, epoch=2).done(1, 0, 1),
         # A rewritten copy of the put (same frame, higher offset) is just the latest put.
-        H("put-copied").put(0, T0).put(1, T0).deliver(T0 + 3, T0, 1).done(2, 1, 2),
+        h("put-copied").put(0, T0).put(1, T0).deliver(T0 + 3, T0, 1).done(2, 1, 2),
         # A late reschedule whose put the old version's done came to follow: the master copied it
         # (restores=1), and delivered the copy.
-        H("copy-delivered").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
+        h("copy-delivered").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
         .put(3, T0 + 1000, restores=1).deliver(T0 + 1004, T0 + 1000, 3).done(4, 3, 4),
         # ... a cancel overtook the copy: nodes ignore it and close it with a done; the cancel counts.
-        H("copy-after-cancel").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
+        h("copy-after-cancel").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
         .cancel(3).put(4, T0 + 1000, restores=1).done(5, 4, 5),
         # ... a newer put overtook the copy: ignored; the newer put is copied and delivered.
-        H("copy-overtaken").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
+        h("copy-overtaken").put(0, T0).put(1, T0 + 1000).deliver(T0 + 2, T0, 0).done(2, 0, 1)
         .put(3, T0 + 2000).put(4, T0 + 1000, restores=1).put(5, T0 + 2000, restores=3)
         .deliver(T0 + 2004, T0 + 2000, 5).done(6, 5, 6),
         # Older masters: no delayq-version anywhere; the delivery matches the latest put by due time.
-        H("unversioned-rescheduled").put(0, T0).put(1, T0 + 1000).deliver(T0 + 1003, T0 + 1000).done(2),
+        h("unversioned-rescheduled").put(0, T0).put(1, T0 + 1000).deliver(T0 + 1003, T0 + 1000).done(2),
         # ... or an older version by due time: the latest is missing.
-        H("unversioned-lost-reschedule").put(0, T0).put(1, T0 + 60_000).deliver(T0 + 1, T0).done(2),
+        h("unversioned-lost-reschedule").put(0, T0).put(1, T0 + 60_000).deliver(T0 + 1, T0).done(2),
         # ... two copies of one due time are a duplicate; a versioned and an unversioned copy of the latest too.
-        H("unversioned-duplicate").put(0, T0).deliver(T0 + 1, T0).deliver(T0 + 2, T0).done(1),
-        H("mixed-duplicate").put(0, T0).deliver(T0 + 1, T0).deliver(T0 + 2, T0, 0).done(1, 0, 1),
+        h("unversioned-duplicate").put(0, T0).deliver(T0 + 1, T0).deliver(T0 + 2, T0).done(1),
+        h("mixed-duplicate").put(0, T0).deliver(T0 + 1, T0).deliver(T0 + 2, T0, 0).done(1, 0, 1),
         # Fallback rules without a cutoff: an old done before the cancel: too late.
-        H("old-done-then-cancel").put(0, T0).deliver(T0 + 3, T0).done(1).cancel(2),
+        h("old-done-then-cancel").put(0, T0).deliver(T0 + 3, T0).done(1).cancel(2),
         # ... a cancel before the old done, delivered anyway: unexpected (not provably ignored).
-        H("cancel-then-old-done").put(0, T0).cancel(1).deliver(T0 + 3, T0).done(2),
+        h("cancel-then-old-done").put(0, T0).cancel(1).deliver(T0 + 3, T0).done(2),
         # ... no done left: the delivery was written before the cancel record.
-        H("no-done-cancel-after-delivery").put(0, T0).deliver(T0 + 3, T0).cancel(1, at=T0 + 100),
+        h("no-done-cancel-after-delivery").put(0, T0).deliver(T0 + 3, T0).cancel(1, at=T0 + 100),
         # A delivery naming a put whose due time is not its deliver-at.
-        H("version-mismatch").put(0, T0).deliver(T0 + 10, T0 + 5, 0).done(1, 0, 1),
+        h("version-mismatch").put(0, T0).deliver(T0 + 10, T0 + 5, 0).done(1, 0, 1),
         # Early against the due time of the version it delivered.
-        H("early").put(0, T0).deliver(T0 - 5000, T0, 0).done(1, 0, 1),
+        h("early").put(0, T0).deliver(T0 - 5000, T0, 0).done(1, 0, 1),
         # Compaction left only the done: known, delivered, due time from the delivery.
-        H("compacted").done(7, 3, 8).deliver(T0 + 5, T0, 3),
+        h("compacted").done(7, 3, 8).deliver(T0 + 5, T0, 3),
         # No buffer record at all.
-        H("unknown").deliver(T0 + 5, T0, 4),
+        h("unknown").deliver(T0 + 5, T0, 4),
         # Malformed tombstones take no part: a cancel with a version, a done with a bad cutoff.
-        H("malformed-tombstones").put(0, T0)
-        .raw(1, None, [*env.control_headers(env.OP_CANCEL, "malformed-tombstones"), (env.VERSION, b"0")])
-        .deliver(T0 + 4, T0, 0)
-        .raw(2, None, [*env.control_headers(env.OP_DONE, "malformed-tombstones"), (env.CUTOFF, b"x1")]),
+        h("malformed-tombstones").put(0, T0).raw(1, None, [(env.OP, env.OP_CANCEL), (env.VERSION, b"0")])
+        .deliver(T0 + 4, T0, 0).raw(2, None, [(env.OP, env.OP_DONE), (env.CUTOFF, b"x1")]),
+        # A cancel on another partition than the id's is malformed (wrong-partition): its offset, of
+        # another partition, is never compared with the put's, and the delivery stands.
+        h("cancel-on-wrong-partition").put(0, T0).cancel(1, partition=-1).deliver(T0 + 4, T0, 0).done(2, 0, 2),
+        # Undeliverable: the master dead-lettered the version (and closed it with a done); not missing.
+        h("dead-lettered").put(0, T0).done(1, 0, 1).dead_letter(0),
+        # ... a dead letter of an older version does not excuse the latest one.
+        h("older-version-dead-lettered").put(0, T0).done(1, 0, 1).dead_letter(0).put(2, T0 + 1000),
+        # ... compaction left only the done: known, its due time from the dead letter's frame.
+        h("compacted-dead-lettered").done(5, 4, 5).dead_letter(4, due=T0 + 7),
+        # Written when it was already due: no lateness; the delay from put to delivery instead.
+        h("already-due").put(0, T0, at=T0 + 60_000).deliver(T0 + 60_020, T0, 0).done(1, 0, 1),
+        h("written-at-due-time").put(0, T0, at=T0).deliver(T0 + 9, T0, 0).done(1, 0, 1),
     ]
+
+
+def _fix_partitions(cases: list[History]) -> None:
+    """A record meant for another partition than its id's (``partition=-1``) goes to the next one."""
+    for history in cases:
+        history.buffer = [(*r[:3], (history.partition + 1) % PARTITIONS if r[3] == -1 else r[3], *r[4:])
+                          for r in history.buffer]
 
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict]:
     spark = spark_session("local[2]")
     cases = histories()
-    buffer = buffer_rows(spark.createDataFrame([r for h in cases for r in h.buffer], _KAFKA_SCHEMA))
+    _fix_partitions(cases)
+    names = {h.id: h.name for h in cases}
+    buffer = buffer_rows(spark.createDataFrame([r for h in cases for r in h.buffer], _KAFKA_SCHEMA), PARTITIONS)
     deliveries = delivery_rows(spark.createDataFrame([r for h in cases for r in h.deliveries], _KAFKA_SCHEMA))
-    judged = judge(per_id(per_version(buffer, deliveries, [TOPIC], OPTIONS.early_tolerance_ms), [TOPIC]), OPTIONS)
+    letters = spark.createDataFrame([r for h in cases for r in h.letters], DEAD_LETTER_SCHEMA)
+    judged = judge(per_id(per_version(buffer, deliveries, [TOPIC], OPTIONS.early_tolerance_ms, dead_letters=letters),
+                          [TOPIC]), OPTIONS)
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "2")  # a hundred rows: more tasks would only cost time
     try:
-        return {row["id"]: row.asDict() for row in judged.collect()}
+        return {names[row["id"]]: row.asDict() for row in judged.collect()}
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", partitions)
 
@@ -253,14 +289,47 @@ def test_malformed_tombstones_take_no_part(verdicts):
     verdict = verdicts["malformed-tombstones"]
     assert anomalies(verdict) == set() and verdict["state"] == "scheduled" and verdict["is_delivered"]
     spark = spark_session("local[2]")
+    a, b = env.new_delay_id(), env.new_delay_id()
+    key = a.encode()
     records = [
-        (b"a", None, [(env.OP, b"cancel"), (env.CUTOFF, b"3")]),            # a cutoff is a done's
-        (b"a", None, [(env.OP, b"done"), (env.VERSION, b"-1")]),            # not digits
-        (b"a", None, [(env.OP, b"done"), (env.OP, b"done")]),               # a header twice
-        (b"a", None, [(env.OP, b"done"), (env.ID, b"b")]),                  # an id that is not the key
-        (b"a", None, [(env.OP, b"done"), (env.ID, b"a"), (env.VERSION, b"0"), (env.CUTOFF, b"1")]),  # fine
-        (b"a", None, [(env.OP, b"cancel"), (env.ID, b"a")]),                # fine
+        (key, None, [(env.OP, b"cancel"), (env.CUTOFF, b"3")]),            # a cutoff is a done's
+        (key, None, [(env.OP, b"done"), (env.VERSION, b"-1")]),            # not digits
+        (key, None, [(env.OP, b"done"), (env.OP, b"done")]),               # a header twice
+        (key, None, [(env.OP, b"done"), (env.ID, b.encode())]),            # an id that is not the key
+        (key, None, [(env.OP, b"done"), (env.ID, key), (env.VERSION, b"0"), (env.CUTOFF, b"1")]),  # fine
+        (key, None, [(env.OP, b"cancel"), (env.ID, key)]),                 # fine
     ]
-    rows = [(key, value, BUFFER, 0, i, _time(T0), 0, headers) for i, (key, value, headers) in enumerate(records)]
-    kinds = [r["kind"] for r in buffer_rows(spark.createDataFrame(rows, _KAFKA_SCHEMA)).orderBy("offset").collect()]
-    assert kinds == [None, None, None, None, 2, 1]
+    where = env.buffer_partition(a, PARTITIONS)
+    rows = [(k, value, BUFFER, where, i, _time(T0), 0, headers) for i, (k, value, headers) in enumerate(records)]
+    found = buffer_rows(spark.createDataFrame(rows, _KAFKA_SCHEMA), PARTITIONS).orderBy("offset").collect()
+    assert [(r["kind"], r["code"], r["malformed"]) for r in found] == [
+        *[(None, "bad-control", 1)] * 4, (2, None, 0), (1, None, 0)]
+    assert (found[4]["version"], found[4]["cutoff"]) == (0, 1)
+
+
+def test_a_cancel_on_another_partition_is_malformed_and_takes_no_part(verdicts):
+    verdict = verdicts["cancel-on-wrong-partition"]
+    assert anomalies(verdict) == set()
+    assert (verdict["state"], verdict["is_delivered"], verdict["cancel_offset"]) == ("scheduled", True, None)
+
+
+def test_a_dead_lettered_version_is_undeliverable_not_missing(verdicts):
+    letter = verdicts["dead-lettered"]
+    assert anomalies(letter) == set()
+    assert (letter["is_expected"], letter["is_delivered"], letter["is_undeliverable"], letter["dead_letters"]) == \
+        (True, False, True, 1)
+    older = verdicts["older-version-dead-lettered"]
+    assert anomalies(older) == {"is_missing"} and not older["is_undeliverable"]
+    compacted = verdicts["compacted-dead-lettered"]
+    assert anomalies(compacted) == set()
+    assert (compacted["state"], compacted["due_ms"], compacted["is_undeliverable"]) == ("compacted", T0 + 7, True)
+
+
+def test_a_put_written_when_already_due_has_no_lateness_but_a_delay_from_put_to_delivery(verdicts):
+    late = verdicts["already-due"]
+    assert anomalies(late) == set() and late["is_delivered"]
+    assert (late["already_due"], late["lateness_ms"], late["put_to_delivery_ms"]) == (True, None, 20)
+    at_due = verdicts["written-at-due-time"]  # written at its due time: already due too
+    assert (at_due["already_due"], at_due["lateness_ms"], at_due["put_to_delivery_ms"]) == (True, None, 9)
+    on_time = verdicts["rescheduled-in-time"]
+    assert (on_time["already_due"], on_time["put_to_delivery_ms"]) == (False, None)

@@ -56,3 +56,20 @@ def test_summary_sums_groups_overall_per_topic_and_per_hour():
     assert summary.per_hour[2 * HOUR_MS].counts["cancel_ignored"] == 1
     assert summary.per_hour[0].counts["expected"] == 5 and summary.per_hour[HOUR_MS].counts["early"] == 1
     assert summary.per_hour[0].as_dict()["lateness_ms"]["max"] == 10
+
+
+def test_puts_already_due_when_written_are_summed_apart_from_lateness():
+    summary = Summary.of([
+        group("a", 0, 10, 3, expected=3, delivered=3, delivered_records=3),
+        # Written an hour after their due time: no lateness, a delay from put to first delivery.
+        {**group("a", 0, None, 0, expected=2, delivered=2, delivered_records=2, already_due_when_written=2),
+         "written_key": 20, "written_n": 2},
+        {**group("b", 1, None, 0, expected=1, delivered=1, delivered_records=1, already_due_when_written=1),
+         "written_key": 1500, "written_n": 1},
+        group("b", 1, None, 0, expected=1, undeliverable=1),
+    ])
+    assert summary.overall.lateness_ms()["max"] == 10 and summary.overall.lateness_ms()["count"] == 3
+    assert summary.overall.put_to_delivery_ms() == {"count": 3, "delivered": 3, "p50": 20, "p99": 1500,
+                                                    "max": 1500}
+    assert summary.by_topic["a"].put_to_delivery_ms()["max"] == 20
+    assert (summary.overall.counts["undeliverable"], summary.overall.counts["expected"]) == (1, 7)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import socket
+import time
+
 import pytest
 from pydantic import ValidationError
 
@@ -36,7 +40,23 @@ def test_librdkafka_settings_pass_through_with_dotted_keys(monkeypatch):
     conf = Settings(bootstrap_servers="b:9092").kafka_conf(**{"client.id": "x"})
 
     assert conf == {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
-                    "sasl.mechanism": "PLAIN", "client.id": "x"}
+                    "sasl.mechanism": "PLAIN", "client.id": "x", "logger": logging.getLogger("delayq.kafka")}
+
+
+def test_librdkafka_log_lines_go_through_python_logging_not_raw_to_stderr(capfd, caplog):
+    from confluent_kafka import Producer
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    with caplog.at_level(logging.INFO, logger="delayq.kafka"):
+        producer = Producer(Settings(bootstrap_servers=address).kafka_conf(**{"reconnect.backoff.ms": 10}))
+        deadline = time.monotonic() + 10
+        while not any("Connection refused" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            producer.poll(0.1)
+    refused = [r for r in caplog.records if "Connection refused" in r.getMessage()]
+    assert refused and all("\n" not in r.getMessage() for r in refused)
+    assert "%3|" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("suffix,text", [
@@ -60,3 +80,38 @@ def test_bad_values_are_refused_with_the_field_named():
         Settings(cluster="a/b")
     with pytest.raises(ValidationError, match="http_port"):
         Settings(http_port=70000)
+
+
+@pytest.mark.parametrize("name,hint", [
+    ("DELAYQ_BOOTSTRAP_SERVER", "did you mean DELAYQ_BOOTSTRAP_SERVERS?"),
+    ("DELAYQ_ZK_CONECT", "did you mean DELAYQ_ZK_CONNECT?"),
+    ("DELAYQ_HTTPPORT", "did you mean DELAYQ_HTTP_PORT?"),
+    ("DELAYQ_KAFKA_SASL_PASSWORD", "did you mean DELAYQ_KAFKA__SASL_PASSWORD?"),
+    ("DELAYQ_CONFIG_FILE", "did you mean DELAYQ_CONFIG?"),
+    ("DELAYQ_FROBNICATE", "the settings are listed in docs/DESIGN.md, Configuration"),
+])
+def test_an_unknown_delayq_variable_is_an_error_naming_the_closest_setting(monkeypatch, name, hint):
+    from delayq.errors import ConfigurationError
+
+    monkeypatch.setenv(name, "10.9.9.9:9092")
+    with pytest.raises(ConfigurationError) as refused:
+        Settings()
+    assert str(refused.value) == f"{name}: no such setting; {hint}"
+
+
+@pytest.mark.parametrize("name", ["DELAYQ_KAFKA__SASL_PASSWORD", "DELAYQ_CACHE_DIR", "DELAYQ_DEV_DIR",
+                                  "DELAYQ_TEST_KEEP_STACK", "DELAYQ_SERVICE_HOST", "DELAYQ_SERVICE_PORT_HTTP",
+                                  "DELAYQ_PORT_8080_TCP_ADDR", "DELAYQ_PORT", "OTHER_BOOTSTRAP_SERVER"])
+def test_pass_through_tool_and_kubernetes_service_variables_are_not_settings_typos(monkeypatch, name):
+    monkeypatch.setenv(name, "x")
+    assert Settings().bootstrap_servers == "127.0.0.1:9092"
+
+
+def test_an_unknown_key_in_the_settings_file_is_an_error_naming_the_closest_setting(monkeypatch, tmp_path):
+    from delayq.errors import ConfigurationError
+
+    path = tmp_path / "delayq.yaml"
+    path.write_text("bootstrap_servers: kafka:9092\nzk_conect: zk:2181\n")
+    monkeypatch.setenv("DELAYQ_CONFIG", str(path))
+    with pytest.raises(ConfigurationError, match=r"delayq.yaml: zk_conect: no such setting; did you mean zk_connect\?"):
+        Settings()

@@ -11,7 +11,17 @@ import threading
 import pytest
 import rocksdict
 
-from delayq.store import ApplyResult, Put, Remove, StoredEntry, StoreError, StoreOptions, TimeIndex
+from delayq.store import (
+    ApplyResult,
+    Malformed,
+    MalformedEntry,
+    Put,
+    Remove,
+    StoredEntry,
+    StoreError,
+    StoreOptions,
+    TimeIndex,
+)
 
 T0 = 1_800_000_000_000
 
@@ -225,6 +235,30 @@ def test_a_later_put_of_a_shadowed_id_clears_its_mark_and_the_mark_survives_reop
         assert index.get("a") == StoredEntry("a", T0, b"new again", 12)
 
 
+def test_malformed_records_wait_in_the_store_until_the_ledger_says_they_are_dead_lettered(tmp_path):
+    with TimeIndex(tmp_path / "s") as index:
+        index.apply([Put("a", T0, b"p", version=0), Malformed(0, 1, b"bad one"), Malformed(1, 4, b"bad two")],
+                    {0: 2, 1: 5})
+        assert index.malformed_count == 2
+    with TimeIndex(tmp_path / "s") as index:  # they survive a restart, in (partition, offset) order
+        assert index.malformed() == [MalformedEntry(0, 1, b"bad one"), MalformedEntry(1, 4, b"bad two")]
+        assert index.malformed(limit=1) == [MalformedEntry(0, 1, b"bad one")]
+        assert index.forget_malformed({0: 1, 1: 9}) == 1  # offset 1 of partition 0 is not below 1
+        assert index.malformed() == [MalformedEntry(0, 1, b"bad one")] and index.malformed_count == 1
+        assert index.forget_malformed({0: 2}) == 1
+        assert index.malformed() == [] and index.malformed_count == 0
+        assert index.get("a") == StoredEntry("a", T0, b"p", 0)
+
+
+def test_a_malformed_record_of_a_pending_id_shadows_it_and_one_of_another_id_does_not(store):
+    # Compaction keeps only the id's newest record: a malformed one after the put would leave
+    # nothing pending on a node that rebuilds, so the master writes the put again.
+    store.apply([Put("a", T0, b"p", version=0), Malformed(0, 1, b"bad", delay_id="a"),
+                 Malformed(0, 2, b"bad", delay_id="b"), Malformed(0, 3, b"bad")], {0: 4})
+    assert store.shadowed() == {"a": None}
+    assert store.get("a") == StoredEntry("a", T0, b"p", 0)
+
+
 def test_a_masters_copy_of_the_stored_version_replaces_it_and_clears_the_mark(store):
     store.apply([Put("a", T0, b"new", version=9), Remove("a", version=3)], {})
     store.apply([Put("a", T0, b"new", version=15, restores=9)], {})
@@ -371,7 +405,7 @@ def test_an_op_that_raises_mid_batch_leaves_nothing_written(store):
 
     with pytest.raises(RuntimeError, match="decoding"):
         store.apply(ops_failing_halfway(), {0: 3}, ingested_at_ms=T0 + 5)
-    with pytest.raises(TypeError, match=r"ops\[2\] must be a Put or Remove"):
+    with pytest.raises(TypeError, match=r"ops\[2\] must be a Put, Remove or Malformed"):
         store.apply([Put("b", T0 + 1, b"p"), Remove("a"), ("put", "c")], {0: 3})
     with pytest.raises(ValueError, match="partition -1"):
         store.apply([Put("b", T0 + 1, b"p")], {0: 3, -1: 4})

@@ -7,7 +7,7 @@ import marshal
 import pytest
 
 from delayq.delay_service.stored import STORED_FORM, MalformedStoredEntry, PendingMessage, pack, unpack
-from delayq.proxy import Envelope
+from delayq.wire import Envelope
 
 
 def sample(**changes) -> Envelope:

@@ -1,4 +1,4 @@
-"""helm test: `delayq status --json` must show exactly one master (retried until a deadline, as an election takes seconds)."""
+"""helm test: `delayq status --json` must show exactly one master (retried until a deadline: elections take seconds)."""
 
 import json
 import subprocess

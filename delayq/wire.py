@@ -1,7 +1,10 @@
-"""The envelope: how a delayed message is written to the buffer topic, and read back.
+"""The buffer wire contract: how a delayed message is written to the buffer topic, and read back.
 
-This module is the contract between the producer proxy, the delay-service nodes and
-the reconciliation job (docs/DESIGN.md, "Envelope"). A buffer record is one of::
+The one home of the contract between the producer proxy, the delay-service nodes, the
+reconciliation job, bench and tests (docs/DESIGN.md, "Wire format"): the frame, the
+control records, the header names, the partition rule, the delay-id format, the
+partitioner names and the dead-letter reason codes. Anything that writes or reads
+buffer records imports them from here; nothing else defines them. A buffer record is one of::
 
     put      key = the delay id (UUIDv7 text, ASCII)
              value = one ASCII line, the frame, then the user's key and payload:
@@ -23,10 +26,12 @@ every node consumes the record.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 
 OP = "delayq-op"
@@ -43,6 +48,12 @@ CUTOFF = "delayq-cutoff"
 DEAD_LETTER_REASON = "delayq-dead-letter-reason"
 DEAD_LETTER_SOURCE = "delayq-dead-letter-source"
 RESERVED_PREFIX = "delayq-"
+
+# A record's headers as confluent-kafka's Message.headers() gives them, in order: a value
+# is None for a header sent without one (Kafka allows it, and users' headers pass through).
+Headers = list[tuple[str, bytes | None]]
+# Headers as confluent-kafka's produce() takes them, in its list form (a value may also be a str).
+ProduceHeaders = list[tuple[str, str | bytes | None]]
 
 OP_PUT = b"put"
 OP_CANCEL = b"cancel"
@@ -68,12 +79,57 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
 
 
-class MalformedRecord(ValueError):
-    """A buffer record that is not a valid envelope. ``reason`` goes into the dead-letter header."""
+# Due times below this (2000-01-01T00:00:00Z in ms) are refused: they are almost always
+# seconds given where milliseconds are meant, and would be delivered at once.
+MIN_DUE_MS = 946_684_800_000
+# The partitioner names a frame's ``partitioner=`` option may carry (librdkafka's).
+PARTITIONERS = frozenset({"random", "consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a",
+                          "fnv1a_random"})
 
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+
+class Reason(enum.StrEnum):
+    """Why a record went to the dead-letter topic: the stable code that starts its reason header.
+
+    The header reads ``<code>: <text>``; metrics label dead letters by the code.
+    """
+
+    # Malformed buffer records (found by ingest, dead-lettered once by the master).
+    WRONG_PARTITION = "wrong-partition"  # not on crc32(id) % partitions
+    BAD_ID = "bad-id"                    # no key, or a key that is not a delay id (UUID text)
+    BAD_FRAME = "bad-frame"              # a put's value is not a frame as the grammar says
+    UNKNOWN_OPTION = "unknown-option"    # a frame option, or a partitioner name, this node does not know
+    BAD_DUE_TIME = "bad-due-time"        # a due time before 2000-01-01 (seconds meant?)
+    RESERVED_HEADER = "reserved-header"  # a put carrying a delayq- header
+    BAD_CONTROL = "bad-control"          # a cancel or done whose delayq- headers are wrong
+    # Messages the master could not deliver.
+    MISSING_TOPIC = "missing-topic"      # the target topic does not exist
+    BAD_PARTITION = "bad-partition"      # the target partition does not exist
+    REJECTED = "rejected"                # Kafka refused the record (too large, ...)
+
+    @classmethod
+    def of(cls, header: bytes | str | None) -> Reason | None:
+        """The code a dead-letter reason header starts with; None if it starts with none."""
+        text = header.decode(errors="replace") if isinstance(header, bytes) else header or ""
+        code = text.partition(":")[0]
+        return cls(code) if code in cls._value2member_map_ else None
+
+
+def reason_text(code: Reason, text: str) -> str:
+    """A dead-letter reason header's value: the stable code, then the human text."""
+    return f"{code.value}: {text}"
+
+
+class MalformedRecord(ValueError):
+    """A buffer record that is not valid by the contract: ``code`` (a :class:`Reason`) and ``text`` say why.
+
+    ``reason`` (``code: text``) goes into the dead-letter header.
+    """
+
+    def __init__(self, code: Reason, text: str):
+        self.code = code
+        self.text = text
+        self.reason = reason_text(code, text)
+        super().__init__(self.reason)
 
 
 # -- delay ids ---------------------------------------------------------------
@@ -87,6 +143,29 @@ def new_delay_id(now_ms: int | None = None) -> str:
     return str(uuid.UUID(int=value))
 
 
+# A delay id, as every delayq tool writes and accepts it: a UUID in canonical text form
+# (lower-case hex, 8-4-4-4-12). A buffer record whose key is anything else is malformed.
+_DELAY_ID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+DELAY_ID_EXAMPLE = "0190a3e4-5b6c-7d8e-9f00-112233445566"
+
+
+def is_delay_id(key: bytes) -> bool:
+    """Whether ``key`` (a buffer record key) is a delay id in canonical UUID text form."""
+    return _DELAY_ID.fullmatch(key) is not None
+
+
+def buffer_partition(delay_id: str | bytes, partitions: int) -> int:
+    """The buffer partition every record of ``delay_id`` goes to: CRC32 of the id's bytes, mod the count.
+
+    librdkafka's ``consistent`` and ``consistent_random`` partitioners (kcat's and
+    confluent-kafka's default) pick the same for a keyed record; Java and Go clients
+    hash differently and must set the partition explicitly. A record anywhere else is
+    malformed (:attr:`Reason.WRONG_PARTITION`).
+    """
+    key = delay_id.encode() if isinstance(delay_id, str) else delay_id
+    return zlib.crc32(key) % partitions
+
+
 def check_delay_id(delay_id: object, argument: str = "delay_id") -> str:
     """Return ``delay_id`` if it is a delay id as delayq makes them, else raise.
 
@@ -96,13 +175,9 @@ def check_delay_id(delay_id: object, argument: str = "delay_id") -> str:
     """
     if not isinstance(delay_id, str):
         raise TypeError(f"{argument} must be a str (the id produce() returned), not {type(delay_id).__name__}")
-    try:
-        parsed = uuid.UUID(delay_id)
-    except ValueError:
-        parsed = None
-    if parsed is None or str(parsed) != delay_id:
+    if not delay_id.isascii() or not is_delay_id(delay_id.encode()):
         raise ValueError(f"{argument} {delay_id!r} is not a delay id: expected a UUID like "
-                         "'0190a3e4-5b6c-7d8e-9f00-112233445566', as returned by produce()")
+                         f"'{DELAY_ID_EXAMPLE}', as returned by produce()")
     return delay_id
 
 
@@ -119,11 +194,11 @@ class Envelope:
     value: bytes | None
     key: bytes | None = None
     partition: int | None = None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: Headers = field(default_factory=list)
     created_at_ms: int = 0
     partitioner: str | None = None
 
-    def buffer_headers(self) -> list[tuple[str, bytes]]:
+    def buffer_headers(self) -> ProduceHeaders:
         """The headers of this message's ``put`` record on the buffer topic: the user's."""
         return list(self.headers)
 
@@ -132,7 +207,7 @@ class Envelope:
         return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner,
                          restores)
 
-    def delivery_headers(self, epoch: int, version: int) -> list[tuple[str, bytes]]:
+    def delivery_headers(self, epoch: int, version: int) -> ProduceHeaders:
         """Headers of the delivered record: the user's, then which message, when, by whom (DESIGN.md).
 
         ``version`` is the buffer offset of the put delivered: a reschedule is a newer version.
@@ -220,40 +295,55 @@ def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | 
     return b"".join((head, key or b"", value or b""))
 
 
-def control_headers(op: bytes, delay_id: str) -> list[tuple[str, bytes]]:
+def control_headers(op: bytes, delay_id: str) -> ProduceHeaders:
     """Headers of a ``cancel`` tombstone (a ``done`` adds :func:`done_headers`' version and cutoff)."""
     return [(OP, op), (ID, delay_id.encode())]
 
 
-def done_headers(delay_id: str, version: int, cutoff: int) -> list[tuple[str, bytes]]:
+def done_headers(delay_id: str, version: int, cutoff: int) -> ProduceHeaders:
     """Headers of a ``done`` tombstone: it closes the put at offset ``version``; the master had read to ``cutoff``."""
     return [(OP, OP_DONE), (ID, delay_id.encode()), (VERSION, str(version).encode()),
             (CUTOFF, str(cutoff).encode())]
 
 
-def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]] | None,
-                        timestamp_ms: int = 0) -> BufferRecord:
-    """Read one buffer record; ``timestamp_ms`` (the record's) is the put's creation time.
+def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers | None,
+                        timestamp_ms: int = 0, *, partition: int | None = None,
+                        partitions: int | None = None) -> BufferRecord:
+    """Read one buffer record, exactly as every node and the reconciliation read it.
+
+    Args:
+        key, value, headers: the record's.
+        timestamp_ms: the record's timestamp, the put's creation time.
+        partition, partitions: where the record was read and the buffer's partition count;
+            given both, a record off its id's partition (:func:`buffer_partition`) is malformed.
 
     A record with a value is a put; a null value is a tombstone, told by ``delayq-op``.
 
     Raises:
-        MalformedRecord: no key, a bad frame, a put with a ``delayq-`` header, a
-            tombstone without a known op or with an id that is not its key.
+        MalformedRecord: with the :class:`Reason` code: a key that is not a delay id, the
+            wrong partition, a bad frame, an unknown option or partitioner, a due time
+            before 2000, a put with a ``delayq-`` header, a tombstone without a known op
+            or with wrong ``delayq-`` headers.
     """
     if not key:
-        raise MalformedRecord("record has no key (the delay id)")
-    if not key.isascii():
-        raise MalformedRecord("record key is not ASCII text")
+        raise MalformedRecord(Reason.BAD_ID, "record has no key (the delay id)")
+    if not _DELAY_ID.fullmatch(key):
+        raise MalformedRecord(Reason.BAD_ID, f"record key {key[:40]!r} is not a delay id: expected a UUID in "
+                              f"lower-case text form like {DELAY_ID_EXAMPLE}")
+    if partitions is not None and partition is not None and zlib.crc32(key) % partitions != partition:
+        raise MalformedRecord(Reason.WRONG_PARTITION,
+                              f"record of {key.decode()} is on partition {partition}; every record of an id "
+                              f"must be on crc32(id) % {partitions} = {zlib.crc32(key) % partitions}")
     delay_id = key.decode()
     if value is None:
         op, closes_version = _tombstone(key, headers)
         return BufferRecord(op, delay_id, None, closes_version)
     if headers:
-        for name, _ in headers:
-            if name.startswith(RESERVED_PREFIX):
-                raise MalformedRecord(f"a put (a record with a value) carries header {name[:60]}: names starting "
-                                      f"{RESERVED_PREFIX} are delayq's; a cancel or done has a null value")
+        for header_name, _ in headers:
+            if header_name.startswith(RESERVED_PREFIX):
+                raise MalformedRecord(Reason.RESERVED_HEADER,
+                                      f"a put (a record with a value) carries header {header_name[:60]}: names "
+                                      f"starting {RESERVED_PREFIX} are delayq's; a cancel or done has a null value")
         user_headers = headers
     else:
         user_headers = []
@@ -261,15 +351,20 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
     end = value.find(b"\n", 0, MAX_FRAME_LINE)
     fields = value[:end].split(b" ") if end > 0 else ()
     if len(fields) < 4 or fields[0] != OP_PUT:
-        raise MalformedRecord(f"a put's value must start with {FRAME_SYNTAX}; it starts {value[:40]!r}")
+        raise MalformedRecord(Reason.BAD_FRAME, f"a put's value must start with {FRAME_SYNTAX}; "
+                              f"it starts {value[:40]!r}")
     deliver_at = _digits(fields[1], "deliver-at time")
+    if deliver_at < MIN_DUE_MS:
+        raise MalformedRecord(Reason.BAD_DUE_TIME,
+                              f"the frame's deliver-at time {deliver_at} is before 2000-01-01 ({MIN_DUE_MS}); "
+                              "it is in milliseconds since the epoch: were seconds meant?")
     try:
         topic = fields[2].decode()
     except UnicodeDecodeError:
-        raise MalformedRecord(f"the topic in the frame is not UTF-8: {fields[2][:40]!r}") from None
+        raise MalformedRecord(Reason.BAD_FRAME, f"the topic in the frame is not UTF-8: {fields[2][:40]!r}") from None
     # A name Kafka refuses would fail at delivery, where it cannot even be dead-lettered as written.
     if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
-        raise MalformedRecord(f"the frame's topic {topic[:40]!r} is not a Kafka topic name")
+        raise MalformedRecord(Reason.BAD_FRAME, f"the frame's topic {topic[:40]!r} is not a Kafka topic name")
     start = end + 1
     if fields[3] == b"-":
         user_key = None
@@ -278,8 +373,8 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
         user_key = value[start:start + length]
         start += length
         if start > len(value):
-            raise MalformedRecord(f"the frame's key length {length} runs past the end of the value")
-    partition = partitioner = None
+            raise MalformedRecord(Reason.BAD_FRAME, f"the frame's key length {length} runs past the end of the value")
+    partition_option = partitioner = None
     restores: int | None = None
     null_value = False
     for option in fields[4:]:
@@ -287,45 +382,53 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: list[tu
         if option == _NULL_VALUE:
             repeated, null_value = null_value, True
         elif name == _PARTITION_NAME and sep:
-            repeated, partition = partition is not None, _digits(text, "partition")
+            repeated, partition_option = partition_option is not None, _digits(text, "partition")
         elif name == _PARTITIONER_NAME and text:
             repeated, partitioner = partitioner is not None, text.decode(errors="replace")
+            if partitioner not in PARTITIONERS:
+                raise MalformedRecord(Reason.UNKNOWN_OPTION,
+                                      f"unknown partitioner {partitioner[:40]!r}; expected one of "
+                                      f"{', '.join(sorted(PARTITIONERS))}")
         elif name == _RESTORES_NAME and sep:
             repeated, restores = restores is not None, _digits(text, "restores offset")
         else:
-            raise MalformedRecord(f"unknown frame option {option[:40]!r}; expected {PARTITION_OPTION}=N, "
+            raise MalformedRecord(Reason.UNKNOWN_OPTION,
+                                  f"unknown frame option {option[:40]!r}; expected {PARTITION_OPTION}=N, "
                                   f"{PARTITIONER_OPTION}=NAME, {NULL_VALUE_OPTION} or {RESTORES_OPTION}=N")
         if repeated:
             # Which one would win is a guess; the producer writes each at most once.
-            raise MalformedRecord(f"frame option {name.decode()} appears twice")
+            raise MalformedRecord(Reason.BAD_FRAME, f"frame option {name.decode()} appears twice")
     if null_value and start != len(value):
-        raise MalformedRecord(f"the frame says {NULL_VALUE_OPTION} but {len(value) - start} bytes follow the key")
-    envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key, partition,
-                        user_headers, timestamp_ms, partitioner)
+        raise MalformedRecord(Reason.BAD_FRAME,
+                              f"the frame says {NULL_VALUE_OPTION} but {len(value) - start} bytes follow the key")
+    envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key,
+                        partition_option, user_headers, timestamp_ms, partitioner)
     return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
 
 
-def _tombstone(key: bytes, headers: list[tuple[str, bytes]] | None) -> tuple[bytes, int | None]:
+def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None]:
     """The op of a tombstone and, for a ``done``, the version it closes (None: any)."""
-    found: dict[str, bytes] = {}
+    found: dict[str, bytes | None] = {}
     for name, header_value in headers or ():
         if name in (OP, ID, VERSION, CUTOFF):
             if name in found:
-                raise MalformedRecord(f"header {name} appears twice")
+                raise MalformedRecord(Reason.BAD_CONTROL, f"header {name} appears twice")
             found[name] = header_value
     op, record_id = found.get(OP), found.get(ID)
     if op is None:
-        raise MalformedRecord(f"a record with a null value needs header {OP} (cancel or done); it has none")
+        raise MalformedRecord(Reason.BAD_CONTROL,
+                              f"a record with a null value needs header {OP} (cancel or done); it has none")
     if op not in TOMBSTONE_OPS:
-        raise MalformedRecord(f"header {OP} of a record with a null value is {op[:40]!r}; expected cancel or done "
-                              "(a put has a value)")
+        raise MalformedRecord(Reason.BAD_CONTROL, f"header {OP} of a record with a null value is {op[:40]!r}; "
+                              "expected cancel or done (a put has a value)")
     if record_id is not None and record_id != key:
-        raise MalformedRecord(f"header {ID} {record_id[:40]!r} differs from the record key {key[:40]!r}")
+        raise MalformedRecord(Reason.BAD_CONTROL,
+                              f"header {ID} {record_id[:40]!r} differs from the record key {key[:40]!r}")
     # Present with a null value is not absent: a done whose version is null must not close any version.
     if op != OP_DONE:
         if VERSION in found or CUTOFF in found:
-            raise MalformedRecord(f"a {op.decode()} carries header {VERSION if VERSION in found else CUTOFF}, "
-                                  "which only a done has")
+            raise MalformedRecord(Reason.BAD_CONTROL, f"a {op.decode()} carries header "
+                                  f"{VERSION if VERSION in found else CUTOFF}, which only a done has")
         return op, None
     if CUTOFF in found:
         _header_digits(found[CUTOFF], CUTOFF)
@@ -334,11 +437,12 @@ def _tombstone(key: bytes, headers: list[tuple[str, bytes]] | None) -> tuple[byt
 
 def _header_digits(raw: bytes | None, name: str) -> int:
     if raw is None or not raw.isdigit() or len(raw) > 18:
-        raise MalformedRecord(f"header {name} is {(raw or b'')[:40]!r}; expected a buffer offset in ASCII digits")
+        raise MalformedRecord(Reason.BAD_CONTROL,
+                              f"header {name} is {(raw or b'')[:40]!r}; expected a buffer offset in ASCII digits")
     return int(raw)
 
 
 def _digits(raw: bytes, what: str) -> int:
     if not raw.isdigit() or len(raw) > 18:
-        raise MalformedRecord(f"the frame's {what} is {raw[:40]!r}; expected ASCII digits")
+        raise MalformedRecord(Reason.BAD_FRAME, f"the frame's {what} is {raw[:40]!r}; expected ASCII digits")
     return int(raw)

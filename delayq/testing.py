@@ -14,9 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from delayq.delay_service import ensure_topics
 from delayq.settings import Settings
-
-from .topics import ensure_topics
 
 
 def free_port() -> int:
@@ -56,10 +55,21 @@ class NodeProcess:
                "DELAYQ_DATA_DIR": str(self.data_dir), "DELAYQ_HTTP_PORT": str(self.http_port),
                "DELAYQ_HTTP_HOST": "127.0.0.1"}
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")
+        self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")  # noqa: SIM115 - the child's, kept open
         self.process = subprocess.Popen([sys.executable, "-m", "delayq", "node"], env=env,
                                         stdout=self.log, stderr=subprocess.STDOUT)
         return self
+
+    @property
+    def running(self) -> subprocess.Popen:
+        """The child process.
+
+        Raises:
+            NodeError: :meth:`start` has not been called.
+        """
+        if self.process is None:
+            raise NodeError(f"node {self.node_id} was never started: call start() first")
+        return self.process
 
     @property
     def url(self) -> str:
@@ -78,9 +88,10 @@ class NodeProcess:
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
+        process = self.running
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise NodeError(f"node {self.node_id} exited with {self.process.returncode}:\n{self.log_tail()}")
+            if process.poll() is not None:
+                raise NodeError(f"node {self.node_id} exited with {process.returncode}:\n{self.log_tail()}")
             try:
                 if self.get("/readyz")[0] == 200:
                     return
@@ -89,16 +100,18 @@ class NodeProcess:
             time.sleep(0.1)
         raise NodeError(f"node {self.node_id} not ready after {timeout_s}s:\n{self.log_tail()}")
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of metric ``name`` over the series whose labels include ``labels``."""
         _, body = self.get("/metrics")
         total = 0.0
+        wanted = [f'{label}="{value}"' for label, value in labels.items()]
         for line in body.decode().splitlines():
-            if line.startswith(name) and (line[len(name)] in " {"):
+            if line.startswith(name) and (line[len(name)] in " {") and all(w in line for w in wanted):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
     def signal(self, sig: int) -> None:
-        self.process.send_signal(sig)
+        self.running.send_signal(sig)
 
     def stop(self, timeout_s: float = 60.0) -> int:
         if self.process is None or self.process.poll() is not None:
@@ -144,14 +157,14 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for node in self.nodes.values():
-                if node.process.poll() is None and node is not other_than:
+                if node.running.poll() is None and node is not other_than:
                     try:
                         if node.metric("delayq_is_master") == 1:
                             return node
                     except OSError:
                         pass
             time.sleep(0.1)
-        raise NodeError("no master within %ss" % timeout_s)
+        raise NodeError(f"no master within {timeout_s}s")
 
     def close(self) -> None:
         for node in self.nodes.values():

@@ -1,0 +1,23 @@
+"""What `delayq bench --help` and `delayq soak --help` list, light to import: suites and fault kinds, in order."""
+
+SUITE_TEXT: dict[str, str] = {
+    "ingest": "msg/s from the buffer into one node's store",
+    "delivery": "msg/s from the master to Kafka (and the Redis poller's)",
+    "lateness": "p50/p99/max lateness at 1k, 5k, 20k msg/s falling due (and the peer's)",
+    "expiry": "100,000 messages due in the same ms: time until all delivered (and the peer's)",
+    "failover": "delivery gap after SIGKILL and after SIGTERM of the master",
+    "produce": "delayed produce() cost against plain confluent-kafka produce()",
+    "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",
+    "rebuild": "a wiped node with 1M pending: time until ready",
+    "reconcile": "the Spark reconciliation of 1M delayed messages",
+}
+
+# The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run.
+FAULT_TEXT: dict[str, str] = {
+    "master_kill": "SIGKILL the master, restart it",
+    "master_pause": "SIGSTOP the master past the session timeout, SIGCONT",
+    "standby_term": "SIGTERM a standby, restart it",
+    "standby_wipe": "stop a standby, wipe its data, restart it",
+    "kafka_kill": "SIGKILL the Kafka broker, restart it",
+    "zookeeper_kill": "SIGKILL ZooKeeper, restart it",
+}

@@ -1,0 +1,42 @@
+"""Time as every part of delayq speaks it: Unix epoch milliseconds now, and one duration grammar.
+
+Durations, the same for every command and setting that takes one: a plain number is
+seconds (``90``, ``1.5``); otherwise a number and a unit, ``ms``, ``s``, ``m``, ``h``,
+``d`` or ``w``, parts chained (``250ms``, ``30s``, ``5m``, ``2h``, ``1d``, ``1w``, ``1h30m``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from delayq.errors import UsageError
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_NUMBER = r"\d+(?:\.\d+)?"
+_PLAIN_SECONDS = re.compile(_NUMBER)
+_PARTS = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h|d|w))+")
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d|w)")
+DURATION_FORMS = "plain seconds (90) or a number and a unit: 250ms, 30s, 5m, 2h, 1d, 1w, or chained like 1h30m"
+
+
+def now_ms() -> int:
+    """The wall clock in Unix epoch milliseconds (what due times, record timestamps and lateness use)."""
+    return time.time_ns() // 1_000_000
+
+
+def parse_duration_ms(text: str, argument: str = "duration") -> int:
+    """Milliseconds of a duration in delayq's grammar (module docstring), rounded to the millisecond.
+
+    Raises:
+        TypeError: ``text`` is not a str.
+        UsageError: (a ValueError) ``text`` is not a duration; the message names ``argument`` and the forms.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{argument} must be a str like '5m', not {type(text).__name__}")
+    compact = text.strip().lower()
+    if _PLAIN_SECONDS.fullmatch(compact):
+        return round(float(compact) * 1000)
+    if compact and _PARTS.fullmatch(compact):
+        return round(sum(float(number) * _UNIT_MS[unit] for number, unit in _PART.findall(compact)))
+    raise UsageError(f"{argument} {text!r} is not a duration: use {DURATION_FORMS}")

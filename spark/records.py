@@ -1,0 +1,189 @@
+"""Buffer and dead-letter records read as a node reads them: ``delayq.wire`` applied to Arrow batches.
+
+The reconciliation must classify every buffer record exactly as a node does (a put, a
+cancel, a done, or malformed with a reason code), so it does not re-implement the
+grammar: :func:`classify_buffer` runs :func:`delayq.wire.parse_buffer_record`, the
+nodes' own parser, on each record, inside Spark's ``mapInArrow``. It runs in the
+executors' Python workers, which therefore need delayq installed (the job sets
+``PYSPARK_PYTHON`` to its own interpreter when it starts Spark itself).
+
+The loops are written for speed: each Arrow column becomes one Python list
+(``to_pylist`` per column, never per row), the headers are sliced out of the flat
+list of all header names and values by the list offsets, the columns Python does not
+need to look at (key, offset, timestamp, partition) go back to Spark as the very
+Arrow arrays that came in, and each output column is built once per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from delayq import wire
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Kinds of record in the union of both sides (small ints: cheap to compare and aggregate).
+PUT, CANCEL, DONE, DELIVERY, DEAD_LETTER = 0, 1, 2, 3, 4
+
+# Dead-letter reason codes of messages the master could not deliver (the rest are malformed records).
+UNDELIVERABLE = frozenset({wire.Reason.MISSING_TOPIC.value, wire.Reason.BAD_PARTITION.value,
+                           wire.Reason.REJECTED.value})
+# Codes a malformed buffer record can have (what parse_buffer_record raises).
+MALFORMED_CODES = tuple(r.value for r in wire.Reason if r.value not in UNDELIVERABLE)
+# A dead letter whose reason header starts with no known code.
+UNKNOWN_CODE = "unknown"
+
+# What buffer_input() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
+BUFFER_INPUT = ("key", "value", "headers", "partition", "offset", "ts")
+BUFFER_SCHEMA = ("key BINARY, partition INT, offset BIGINT, ts BIGINT, kind INT, code STRING, due BIGINT, "
+                 "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT")
+DEAD_LETTER_SCHEMA = ("id STRING, key_text STRING, partition INT, offset BIGINT, ts BIGINT, code STRING, "
+                      "text STRING, source STRING, version BIGINT, due BIGINT, put_topic STRING, "
+                      "undeliverable BOOLEAN")
+
+
+def _header_lists(column: pa.ListArray) -> tuple[list[int], list[str], list[bytes | None]]:
+    """The list offsets of an ``array<struct<key, value>>`` column and all its header names and values, flat."""
+    starts = column.offsets.to_pylist()
+    names, values = column.values.flatten()
+    return starts, names.to_pylist(), values.to_pylist()
+
+
+def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Iterator[pa.RecordBatch]:
+    """Each buffer record as a node reads it: :data:`BUFFER_SCHEMA` rows from :data:`BUFFER_INPUT` batches.
+
+    ``kind`` is PUT, CANCEL or DONE, or null with ``code`` the :class:`delayq.wire.Reason`
+    of a malformed record. A put has ``due``, ``put_topic`` and ``restores`` (a master's
+    copy); a done has ``version`` (the put it closes, null for a done of an older master)
+    and ``cutoff``.
+
+    Args:
+        batches: Arrow batches of :data:`BUFFER_INPUT` (``ts``: the record timestamp in ms).
+        partitions: the buffer topic's partition count: a record off its id's partition is malformed.
+    """
+    import pyarrow as pa
+
+    parse = wire.parse_buffer_record
+    malformed = wire.MalformedRecord
+    op_put, op_cancel, cutoff_header = wire.OP_PUT, wire.OP_CANCEL, wire.CUTOFF
+    int32, int64, string = pa.int32(), pa.int64(), pa.string()
+    for batch in batches:
+        n = batch.num_rows
+        keys = batch.column(0).to_pylist()
+        values = batch.column(1).to_pylist()
+        starts, names, header_values = _header_lists(batch.column(2))
+        where = batch.column(3).to_pylist()
+        stamps = batch.column(5).to_pylist()
+        kind: list[int | None] = [None] * n
+        code: list[str | None] = [None] * n
+        due: list[int | None] = [None] * n
+        topic: list[str | None] = [None] * n
+        restores: list[int | None] = [None] * n
+        version: list[int | None] = [None] * n
+        cutoff: list[int | None] = [None] * n
+        start = starts[0] if n else 0
+        for i in range(n):
+            end = starts[i + 1]
+            headers = list(zip(names[start:end], header_values[start:end])) if end > start else None
+            start = end
+            try:
+                record = parse(keys[i], values[i], headers, stamps[i], partition=where[i], partitions=partitions)
+            except malformed as err:
+                code[i] = err.code.value
+                continue
+            op = record.op
+            if op == op_put:
+                kind[i] = PUT
+                message = record.envelope
+                assert message is not None  # a put has its envelope
+                due[i] = message.deliver_at_ms
+                topic[i] = message.topic
+                restores[i] = record.restores
+            elif op == op_cancel:
+                kind[i] = CANCEL
+            else:
+                kind[i] = DONE
+                version[i] = record.closes_version
+                for name, value in headers or ():  # a done has its delayq-op header at least
+                    if name == cutoff_header and value is not None:  # checked by the parser: ASCII digits
+                        cutoff[i] = int(value)
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(0), batch.column(3), batch.column(4), batch.column(5), pa.array(kind, int32),
+             pa.array(code, string), pa.array(due, int64), pa.array(topic, string), pa.array(restores, int64),
+             pa.array(version, int64), pa.array(cutoff, int64)],
+            names=["key", "partition", "offset", "ts", "kind", "code", "due", "put_topic", "restores", "version",
+                   "cutoff"])
+
+
+def dead_letter(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None
+                ) -> tuple[str | None, str, str, str | None, int | None, int | None, str | None, bool]:
+    """What a dead-letter record says: (id, code, text, source, version, due, topic, undeliverable).
+
+    ``id`` is the key if it is a delay id; ``code`` the reason's code (``unknown`` if it has
+    none); ``version`` the ``delayq-version`` header of an undeliverable message, else the
+    offset its source header names; ``due`` and ``topic`` come from the put's frame that an
+    undeliverable message's copy carries (null for a copy too large for Kafka, which has no value).
+    """
+    reason = source = version_text = None
+    user_headers = []
+    for name, data in headers or ():
+        if name == wire.DEAD_LETTER_REASON:
+            reason = data
+        elif name == wire.DEAD_LETTER_SOURCE:
+            source = (data or b"").decode(errors="replace")
+        elif name == wire.VERSION:
+            version_text = data
+        elif not name.startswith(wire.RESERVED_PREFIX):
+            user_headers.append((name, data))
+    found = wire.Reason.of(reason)
+    text = (reason or b"").decode(errors="replace")
+    if found is None:
+        code = UNKNOWN_CODE
+    else:
+        code = found.value
+        text = text[len(code) + 1:].lstrip()
+    delay_id = key.decode() if key is not None and wire.is_delay_id(key) else None
+    version = int(version_text) if version_text is not None and version_text.isdigit() and len(version_text) <= 18 \
+        else None
+    if version is None and source:
+        offset = source.rpartition("/")[2]
+        version = int(offset) if offset.isdigit() and len(offset) <= 18 else None
+    undeliverable = code in UNDELIVERABLE
+    due = topic = None
+    if undeliverable and value is not None and delay_id is not None:
+        try:
+            message = wire.parse_buffer_record(key, value, user_headers).envelope
+        except wire.MalformedRecord:
+            message = None
+        if message is not None:
+            due, topic = message.deliver_at_ms, message.topic
+    return delay_id, code, text, source, version, due, topic, undeliverable
+
+
+def classify_dead_letters(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """:data:`DEAD_LETTER_SCHEMA` rows from batches of (key, value, headers, partition, offset, ts)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        keys = batch.column(0).to_pylist()
+        values = batch.column(1).to_pylist()
+        starts, names, header_values = _header_lists(batch.column(2))
+        columns: list[list] = [[] for _ in range(9)]
+        for i, key in enumerate(keys):
+            start, end = starts[i], starts[i + 1]
+            found = dead_letter(key, values[i], list(zip(names[start:end], header_values[start:end], strict=True)))
+            delay_id, code, text, source, version, due, topic, undeliverable = found
+            shown = None if key is None else key[:80].decode(errors="replace")
+            for column, item in zip(columns, (delay_id, shown, code, text, source, version, due, topic,
+                                              undeliverable), strict=True):
+                column.append(item)
+        string, int64 = pa.string(), pa.int64()
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(columns[0], string), pa.array(columns[1], string), batch.column(3), batch.column(4),
+             batch.column(5), pa.array(columns[2], string), pa.array(columns[3], string),
+             pa.array(columns[4], string), pa.array(columns[5], int64), pa.array(columns[6], int64),
+             pa.array(columns[7], string), pa.array(columns[8], pa.bool_())],
+            names=["id", "key_text", "partition", "offset", "ts", "code", "text", "source", "version", "due",
+                   "put_topic", "undeliverable"])

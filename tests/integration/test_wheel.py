@@ -1,0 +1,103 @@
+"""The product as users install it: a wheel built from the tree, in a virtualenv without the editable install.
+
+Every other test runs the editable install, which reads the source folders directly;
+a package left out of pyproject.toml would only show here (it once did: no
+delayq.commands in the wheel, and `delayq --help` ended in ModuleNotFoundError).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = ["dev", "init", "node", "status", "produce", "cancel", "get", "reconcile", "demo", "bench", "soak"]
+
+
+def tracked_tree(dest: Path) -> Path:
+    """A copy of the files git tracks (the committed tree, plus what is staged): what a clone would build."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    tree = tracked_tree(tmp_path_factory.mktemp("tree"))
+    # No build isolation: the build backend (setuptools) is already in this venv, and isolation would fetch it.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                    str(tree)], check=True, capture_output=True, text=True, timeout=300)
+    [built] = out.glob("delayq-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A fresh virtualenv holding the wheel; the dependencies come from this venv's site-packages, read-only.
+
+    A .pth line adds this venv's site-packages after the fresh one's, and Python runs no
+    .pth file found on a path added that way, so the editable install's finder stays out.
+    """
+    env_dir = tmp_path_factory.mktemp("venv") / "fresh"
+    venv.create(env_dir, with_pip=False)
+    fresh_site = Path(subprocess.run([str(env_dir / "bin" / "python"), "-c",
+                                      "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                     check=True, capture_output=True, text=True).stdout.strip())
+    (fresh_site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install", "--no-deps",
+                    "-q", str(wheel)], check=True, capture_output=True, text=True, timeout=300)
+    return env_dir
+
+
+def run(env_dir: Path, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(env_dir / "bin" / "delayq"), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=env_dir, env={**os.environ, **(env or {})})
+
+
+def test_the_wheel_holds_every_package_and_the_type_marker(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in ("delayq/cli.py", "delayq/wire.py", "delayq/py.typed", "delayq/commands/produce.py",
+                   "delayq/proxy/producer.py", "delayq/delay_service/node.py", "delayq/store/time_index.py",
+                   "delayq/election/recipes.py", "delayq/spark/job.py", "delayq/dev/stack.py"):
+        assert module in names, f"{module} is not in {wheel.name}"
+    assert not any(name.startswith("tests/") for name in names)
+
+
+def test_the_installed_wheel_is_what_runs_not_the_source_tree(installed):
+    where = subprocess.run([str(installed / "bin" / "python"), "-c", "import delayq; print(delayq.__file__)"],
+                           capture_output=True, text=True, check=True, cwd=installed).stdout.strip()
+    assert where.startswith(str(installed)), where
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_every_command_of_the_installed_wheel_prints_its_help(installed, command):
+    done = run(installed, *([command] if command else []), "--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage: delayq" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_the_installed_wheel_creates_a_clusters_topics_and_reports_its_status(installed, settings):
+    env = {"DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "DELAYQ_ZK_CONNECT": settings.zk_connect,
+           "DELAYQ_CLUSTER": settings.cluster}
+    init = run(installed, "init", "--partitions", "2", env=env)
+    assert init.returncode == 0, init.stderr
+    assert f"created {settings.buffer_topic}" in init.stdout
+    status = run(installed, "status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    assert settings.cluster in status.stdout

@@ -1,0 +1,44 @@
+"""The package list in pyproject.toml is the tree: a package folder left out would be missing from the wheel."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def setuptools_config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def packages_in_the_tree(config: dict) -> set[str]:
+    """Every folder with an __init__.py under a mapped package folder, by its import name."""
+    found = set()
+    for name, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *relative.parts]))
+    return found
+
+
+def test_every_package_folder_in_the_tree_is_listed_and_every_listed_package_exists():
+    config = setuptools_config()
+    listed = set(config["packages"])
+    in_tree = packages_in_the_tree(config)
+    assert in_tree - listed == set(), f"package folders pyproject.toml leaves out of the wheel: {in_tree - listed}"
+    assert listed - in_tree == set(), f"packages pyproject.toml lists but the tree does not have: {listed - in_tree}"
+
+
+def test_every_top_level_part_is_mapped_to_its_folder():
+    config = setuptools_config()
+    for part in ("proxy", "store", "election", "delay_service", "spark", "dev", "demo", "bench"):
+        assert config["package-dir"][f"delayq.{part}"] == part
+
+
+def test_package_data_names_files_that_exist():
+    config = setuptools_config()
+    for package, patterns in config.get("package-data", {}).items():
+        folder = ROOT / config["package-dir"].get(package, package.replace(".", "/"))
+        for pattern in patterns:
+            assert list(folder.glob(pattern)), f"package-data {package}: {pattern} matches nothing in {folder}"

@@ -1,0 +1,108 @@
+"""The wire contract (delayq.wire): what the proxy writes, the nodes and Spark read back alike."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from wire_cases import CASES, PARTITIONS, Case
+
+from delayq import wire as env
+from delayq.wire import Envelope, MalformedRecord, check_delay_id, new_delay_id, parse_buffer_record
+
+
+def sample(**changes) -> Envelope:
+    base = dict(delay_id=new_delay_id(), topic="orders", deliver_at_ms=1_800_000_000_123, value=b"\x00payload",
+                key=b"\xffkey", partition=2, headers=[("trace", b"abc"), ("trace", b"dup"), ("empty", None)],
+                created_at_ms=1_700_000_000_000, partitioner="murmur2_random")
+    base.update(changes)
+    return Envelope(**base)
+
+
+def test_delivery_headers_keep_user_headers_in_order_then_add_id_due_time_epoch_version():
+    original = sample()
+    assert original.delivery_headers(7, 711) == [
+        *original.headers, (env.ID, original.delay_id.encode()),
+        (env.DELIVER_AT, b"1800000000123"), (env.EPOCH, b"7"), (env.VERSION, b"711"),
+    ]
+
+
+def test_a_done_names_the_version_it_closes_and_a_cancel_closes_any():
+    delay_id = sample().delay_id
+    done = env.parse_buffer_record(delay_id.encode(), None, env.done_headers(delay_id, 711, 790))
+    cancel = env.parse_buffer_record(delay_id.encode(), None, env.control_headers(env.OP_CANCEL, delay_id))
+    old_done = env.parse_buffer_record(delay_id.encode(), None, env.control_headers(env.OP_DONE, delay_id))
+
+    assert (done.op, done.closes_version) == (env.OP_DONE, 711)
+    assert (cancel.op, cancel.closes_version) == (env.OP_CANCEL, None)
+    assert (old_done.op, old_done.closes_version) == (env.OP_DONE, None)
+
+
+def test_cancel_and_done_parse_as_tombstones():
+    delay_id = new_delay_id()
+    for op in (env.OP_CANCEL, env.OP_DONE):
+        parsed = parse_buffer_record(delay_id.encode(), None, env.control_headers(op, delay_id))
+        assert (parsed.op, parsed.delay_id, parsed.envelope) == (op, delay_id, None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_record_of_the_shared_table_parses_or_is_refused_with_its_reason_code(case: Case):
+    if isinstance(case.expected, env.Reason):
+        with pytest.raises(MalformedRecord) as refused:
+            parse_buffer_record(case.key, case.value, case.headers, partition=case.partition, partitions=PARTITIONS)
+        assert refused.value.code is case.expected
+        assert case.text in refused.value.text
+        assert refused.value.reason == f"{case.expected.value}: {refused.value.text}"
+        assert env.Reason.of(refused.value.reason.encode()) is case.expected
+    else:
+        record = parse_buffer_record(case.key, case.value, case.headers, partition=case.partition,
+                                     partitions=PARTITIONS)
+        assert record.op == case.expected
+
+
+def test_the_partition_rule_is_crc32_of_the_id_bytes():
+    import zlib
+
+    for _ in range(50):
+        delay_id = new_delay_id()
+        assert env.buffer_partition(delay_id, 7) == zlib.crc32(delay_id.encode()) % 7
+        assert env.buffer_partition(delay_id.encode(), 7) == env.buffer_partition(delay_id, 7)
+
+
+def test_a_record_read_without_its_partition_is_not_judged_by_the_partition_rule():
+    case = next(c for c in CASES if c.name == "cancel on the wrong partition")
+    assert parse_buffer_record(case.key, case.value, case.headers).op == env.OP_CANCEL
+
+
+def test_every_reason_code_is_a_stable_lower_case_word_and_reads_back():
+    assert [r.value for r in env.Reason] == [
+        "wrong-partition", "bad-id", "bad-frame", "unknown-option", "bad-due-time", "reserved-header", "bad-control",
+        "missing-topic", "bad-partition", "rejected"]
+    for reason in env.Reason:
+        assert env.Reason.of(env.reason_text(reason, "why")) is reason
+    assert env.Reason.of(b"malformed: old text") is None and env.Reason.of(None) is None
+
+
+def test_the_due_time_bound_is_2000_01_01_in_ms():
+    from datetime import UTC, datetime
+
+    assert int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000) == env.MIN_DUE_MS
+    key = new_delay_id().encode()
+    assert parse_buffer_record(key, b"put %d t -\n" % env.MIN_DUE_MS, []).envelope.deliver_at_ms == env.MIN_DUE_MS
+    with pytest.raises(MalformedRecord) as refused:
+        parse_buffer_record(key, b"put %d t -\n" % (env.MIN_DUE_MS - 1), [])
+    assert refused.value.code is env.Reason.BAD_DUE_TIME
+
+
+def test_delay_ids_are_uuid7_and_sort_by_time():
+    first, second = new_delay_id(1_000), new_delay_id(2_000)
+    assert uuid.UUID(first).version == 7 and uuid.UUID(second).version == 7
+    assert first < second
+    assert check_delay_id(first) == first
+
+
+@pytest.mark.parametrize("bad,error", [(42, TypeError), ("not-an-id", ValueError),
+                                       (str(uuid.uuid4()).upper(), ValueError)])
+def test_check_delay_id_refuses_what_is_not_an_id(bad, error):
+    with pytest.raises(error, match="delay_id"):
+        check_delay_id(bad)
