@@ -130,3 +130,11 @@ def test_a_commands_help_loads_no_rocksdb_kazoo_or_prometheus_client():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_only_user_facing_code_imports_the_producer_proxy():
+    # The wire contract lives in delayq.wire; delayq.proxy is the user's producer, not a shared library.
+    users = ("delayq.proxy", "delayq.commands", "delayq.demo", "delayq.bench")
+    importers = {name for name, targets in import_graph().items()
+                 if any(t == "delayq.proxy" or t.startswith("delayq.proxy.") for t in targets)}
+    assert {name for name in importers if not name.startswith(users)} == set()
