@@ -42,6 +42,7 @@ from delayq.testing import free_port
 from .service_bench import (
     bench_cluster,
     create_target,
+    delivery_rate,
     fresh_settings,
     lateness_figures,
     lead_ms,
@@ -294,7 +295,10 @@ def peer_mass_expiry(server: RedisServer, stack: DevStack, count: int, progress:
 
 
 def peer_throughput(server: RedisServer, stack: DevStack, count: int, progress: Progress) -> float:
-    """Messages per second the poller moves to Kafka when ``count`` are already due (delayq's delivery figure)."""
+    """Messages per second the poller moves to Kafka when ``count`` are already due (delayq's delivery figure).
+
+    Timed as delayq's is: from the first to the last record's broker timestamp on the target.
+    """
     client = server.client()
     with bench_cluster(stack) as settings:
         target = f"{settings.cluster}-target"
@@ -303,15 +307,15 @@ def peer_throughput(server: RedisServer, stack: DevStack, count: int, progress: 
         due = now_ms() - 1000
         schedule(client, target, count, lambda i: due, progress)
         poller = Poller(client, settings.bootstrap_servers)
-        started = time.perf_counter()
+        started_ms = now_ms()
         poller.start()
         try:
             wait_for(progress, "Redis: moving to Kafka", count, poller.moved_count, 120 + count / 1000,
                      interval_s=0.02)
-            elapsed = time.perf_counter() - started
         finally:
             poller.stop()
-    return count / elapsed
+        records = read_append_times(settings, target, count, timeout_s=60, due_header=DUE_HEADER)
+    return delivery_rate([appended for appended, _, _ in records], count, started_ms)
 
 
 def peer_capacity(server: RedisServer, stack: DevStack, count: int, progress: Progress) -> dict:

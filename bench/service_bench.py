@@ -187,25 +187,51 @@ def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
     return count / elapsed
 
 
+class BenchRunInvalid(RuntimeError):
+    """A run whose own records contradict its figure (a count or a time span that does not add up): not reported."""
+
+
+def delivery_rate(append_times_ms: list[int], count: int, started_ms: int) -> float:
+    """Messages per second of one delivery run, from the target's broker timestamps (LogAppendTime).
+
+    The span runs from the first delivered record's append time to the last one's, so no
+    signal the bench reads late (a metric refreshed every half second, a lag check) can
+    start the clock after part of the work was done.
+
+    Raises:
+        BenchRunInvalid: not exactly ``count`` records, a record appended before the run
+            started, or a span too short to time (every record in one millisecond).
+    """
+    if len(append_times_ms) != count:
+        raise BenchRunInvalid(f"read {len(append_times_ms):,} delivered records, expected {count:,}")
+    first, last = min(append_times_ms), max(append_times_ms)
+    if first < started_ms:
+        raise BenchRunInvalid(f"a record was appended {started_ms - first} ms before the node started: "
+                              "the target topic holds another run's records")
+    if last - first < 1:
+        raise BenchRunInvalid(f"all {count:,} records were appended within one millisecond: nothing to time")
+    return (count - 1) / ((last - first) / 1000)
+
+
 def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
+    """One in-process master delivers ``count`` messages, all due and stored before it starts: msg/s.
+
+    Timed from the delivered records' broker timestamps (see :func:`delivery_rate`).
+    """
     with bench_cluster(stack, zk_session_timeout_ms=6000) as settings, tempfile.TemporaryDirectory() as tmp:
         ensure_topics(settings)
         target = f"{settings.cluster}-target"
         create_target(settings, target)
         fill_buffer(settings, target, count, lambda i: now_ms() - 1000, progress)
         node = _in_process_node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
+        started_ms = now_ms()
         node.start()
-        task = progress.add_task("delivering", total=count)
-        while node.metrics.is_master._value.get() != 1 or node.ingest.lag != 0:
-            time.sleep(0.01)
-        delivered = node.metrics.delivered._value
-        started = time.perf_counter()
-        while delivered.get() < count:
-            time.sleep(0.02)
-            progress.update(task, completed=delivered.get())
-        elapsed = time.perf_counter() - started
-        node.stop()
-    return count / elapsed
+        try:
+            wait_for(progress, "delivering", count, lambda: node.metrics.delivered._value.get(), timeout_s=600)
+        finally:
+            node.stop()
+        records = read_append_times(settings, target, count, timeout_s=120)
+    return delivery_rate([appended for appended, _, _ in records], count, started_ms)
 
 
 def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float, *,

@@ -68,6 +68,9 @@ class DeadLetterLedger:
             "client.id": f"delayq-dead-letter-ledger-{settings.node_id}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            # It never polls, so its log lines would queue (while a broker is down, hundreds) until close;
+            # its errors reach the caller through committed() anyway. Critical lines only.
+            "log_level": 2,
         }))
 
     def handled(self, partitions: list[int], timeout_s: float = 10.0) -> dict[int, int]:

@@ -94,3 +94,25 @@ def test_missing_redis_server_without_install_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RedisUnavailable, match="redis-server is not on PATH"):
         redis_server_binary(install=False)
+
+
+# -- the delivery figure: timed from the target's broker timestamps -------------------------------------------
+
+
+def test_delivery_rate_runs_from_the_first_to_the_last_append_time():
+    from delayq.bench.service_bench import delivery_rate
+
+    appended = [1_000_000 + i // 10 for i in range(10_001)]  # 10,001 records over 1,000 ms
+    assert delivery_rate(appended, 10_001, started_ms=999_990) == 10_000.0
+
+
+@pytest.mark.parametrize("appended,count,started,why", [
+    ([5, 6, 7], 4, 0, "read 3 delivered records, expected 4"),
+    ([5, 6, 7], 3, 6, "appended 1 ms before the node started"),
+    ([7, 7, 7], 3, 0, "within one millisecond"),
+])
+def test_a_delivery_run_whose_records_do_not_add_up_is_refused(appended, count, started, why):
+    from delayq.bench.service_bench import BenchRunInvalid, delivery_rate
+
+    with pytest.raises(BenchRunInvalid, match=why):
+        delivery_rate(appended, count, started_ms=started)
