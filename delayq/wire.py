@@ -6,17 +6,20 @@ control records, the header names, the partition rule, the delay-id format, the
 partitioner names and the dead-letter reason codes. Anything that writes or reads
 buffer records imports them from here; nothing else defines them. A buffer record is one of::
 
-    put      key = the delay id (UUIDv7 text, ASCII)
+    put      key = the delay id (lower-case UUID text; UUIDv7 from delayq's tools)
+             partition = crc32(id) % partitions, for every record of the id
              value = one ASCII line, the frame, then the user's key and payload:
-                 put <deliver-at ms> <topic> <key length | -> [option ...]\n<key><payload>
-             headers = the user's, as given
-    cancel   key = the delay id, value = null, headers = delayq-op: cancel, delayq-id
-    done     the same with delayq-op: done (the master writes it with the delivery)
+                 put <deliver-at ms, from 2000-01-01> <topic> <key length | -> [option ...]\n<key><payload>
+             headers = the user's, as given (none named delayq-...)
+    cancel   key = the delay id, value = null, headers = delayq-op: cancel [, delayq-id]
+    done     value = null, delayq-op: done, delayq-id, delayq-version, delayq-cutoff (the
+             master writes it with the delivery)
 
-The options, each ``name=value``: ``partition=N`` (the user named a partition),
-``partitioner=NAME`` (the producing client's, when not librdkafka's default) and
-``value=null`` (the user's value was null; a null record value would be a tombstone
-to compaction and vanish before it falls due).
+The options: ``partition=N`` (the user named a partition), ``partitioner=NAME`` (the
+producing client's, when not librdkafka's default; one of PARTITIONERS), ``value=null``
+(the user's value was null; a null record value would be a tombstone to compaction and
+vanish before it falls due) and ``restores=N`` (a master's copy of the put at offset N).
+Anything else makes the record malformed, with a :class:`Reason` code.
 
 Why the envelope rides in the value and not in headers: librdkafka's Python binding
 charges a produce() with headers about as much again as one without, and each
