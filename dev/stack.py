@@ -118,6 +118,10 @@ class DevStack:
     start_timeout_s: float = 90.0
     # Where a new KRaft cluster id's randomness comes from (a test injects its own draws).
     draw_uuid: Callable[[], uuid.UUID] | None = field(default=None, repr=False, compare=False)
+    # The processes this object started, by service: while one of them has not exited, it is
+    # running, whatever /proc said of a pid just spawned (a start right after a SIGKILL once
+    # read a live, fresh JVM as gone and stopped it: "exited while starting", no log line).
+    _children: dict[str, subprocess.Popen] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser().resolve()
@@ -541,11 +545,17 @@ class DevStack:
         except BaseException:
             _terminate(process.pid, 10)
             raise
+        self._children[name] = process
 
     def _wait(self, name: str, probe, deadline: float) -> None:
         address = self.bootstrap_servers if name == "kafka" else self.zk_connect
         while time.monotonic() < deadline:
-            if not self._running(name):
+            child = self._children.get(name)
+            if child is not None and child.pid != self._pid(name):
+                child = None  # started again since, by someone else
+            # A child of this object is asked directly (poll() also reaps it); anything else by pid file.
+            gone = child.poll() is not None if child is not None else not self._running(name)
+            if gone:
                 raise StackError(
                     f"{name} exited while starting; its log {self._log_file(name)} says: {self._log_says(name)}; "
                     f"fix that and run delayq dev up --state-dir {self.state_dir} again"
