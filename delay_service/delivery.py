@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_future
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -45,15 +47,20 @@ TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
-# How long to wait before reading the end offsets again while commit markers are pending,
-# and how long at most (longer, another producer's open transaction holds them back).
-MARKER_WAIT_S = 0.002
+# How long a cover waits for ingest to pass this master's commit markers (longer, another
+# producer's open transaction holds them back: see Delivery._stable_targets).
 MARKER_PATIENCE_S = 5.0
+# While a commit lasts and messages are falling due, how often the master reads the buffer's
+# end offsets for the next cover (one ListOffsets round trip each).
+EARLY_ENDS_INTERVAL_S = 0.002
 # How often the master commits the dead-letter ledger's mark when no malformed record comes:
 # well within Kafka's offsets.retention.minutes (7 days), after which the group's offsets expire.
 LEDGER_REFRESH_S = 6 * 3600.0
 # Malformed records dead-lettered per transaction.
 DEAD_LETTER_BATCH = 1000
+# How often the master records its progress in ZooKeeper (`delayq status` shows it): a write per
+# transaction would cost a ZooKeeper round trip per batch.
+CURSOR_WRITE_S = 1.0
 
 
 class LeadershipLost(Exception):
@@ -90,7 +97,7 @@ class Undeliverable:
     text: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Outgoing:
     entry: StoredEntry
     pending: stored.PendingMessage
@@ -138,6 +145,20 @@ class Cutoff:
     def __init__(self) -> None:
         self.covers_ms = -1
         self.offsets: dict[int, int] = {}
+
+
+@dataclass(frozen=True)
+class Ends:
+    """End offsets read at ``read_at_ms`` for a cover: the targets ingest must reach.
+
+    ``written``: the buffer partitions this master wrote to since its last cover; their
+    target is the high watermark (past its own `done`s, reached once the commit markers
+    are written), the others' the last stable offset.
+    """
+
+    read_at_ms: int
+    targets: dict[int, int]
+    written: frozenset[int]
 
 
 class Wakeup:
@@ -196,12 +217,21 @@ class Delivery:
         # The dead-letter ledger's mark as this term last read or committed it, and when to commit it again.
         self._handled: dict[int, int] | None = None
         self._ledger_due = 0.0
+        self._cursor_due = 0.0  # when (monotonic s) to write the cursor again
+        # Commits run here, so the loop can prepare the next batch, or read the next cover's
+        # end offsets, while the broker commits (see _transaction).
+        self._committer: ThreadPoolExecutor | None = None
+        # Prepared while the last commit ran: the next batch (picked under the current cutoff),
+        # or the end offsets read when the next message fell due.
+        self._prepared: tuple[list[Outgoing], list[Undeliverable]] | None = None
+        self._early_ends: Ends | None = None
 
     # -- the term --------------------------------------------------------
 
     def run(self, term: Term) -> None:
         """Deliver until the term ends or the producer is fenced; never raises a Kafka error."""
         self.metrics.epoch.set(term.epoch)
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="delayq-commit")
         try:
             self.cursor.read()
             while term.active:
@@ -222,6 +252,9 @@ class Delivery:
         except KafkaException as err:
             log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err.args[0].str())
         finally:
+            self._committer.shutdown(wait=True)
+            self._committer = None
+            self._prepared = self._early_ends = None
             self._close_producer()
 
     def _start(self, term: Term) -> bool:
@@ -277,8 +310,8 @@ class Delivery:
                                "_start(), writes to Kafka")
         return producer
 
-    def _cover(self, term: Term) -> bool:
-        """Ingest the buffer up to end offsets read now; False if the term ended first.
+    def _cover(self, term: Term, ends: Ends | None = None) -> bool:
+        """Ingest the buffer up to end offsets read now (or ``ends``, read earlier); False if the term ended first.
 
         The clock is read before the offsets are asked for, so every write acknowledged
         by then is below them: what falls due by then may be delivered once they are read.
@@ -286,42 +319,52 @@ class Delivery:
         Raises:
             KafkaException: the end offsets could not be read.
         """
-        read_at = now_ms()
-        ends = self.ingest.end_offsets.read(timeout_s=10.0)
-        if self._written:
-            ends = self._after_markers(term, ends)
+        if ends is None:
+            ends = self._read_ends()
+        self._written -= ends.written
+        targets = ends.targets
+        patience = time.monotonic() + MARKER_PATIENCE_S
         while term.active:
-            if self.ingest.wait_until_read(ends, 1.0, abandon=lambda: not term.active):
-                self.cutoff.covers_ms = read_at
-                self.cutoff.offsets = ends
+            if self.ingest.wait_until_read(targets, 0.1 if ends.written else 1.0, abandon=lambda: not term.active):
+                self.cutoff.covers_ms = ends.read_at_ms
+                self.cutoff.offsets = targets
                 return True
+            if ends.written and time.monotonic() > patience:
+                targets = self._stable_targets(ends)
+                ends = Ends(ends.read_at_ms, targets, frozenset())
         return False
 
-    def _after_markers(self, term: Term, ends: dict[int, int]) -> dict[int, int]:
-        """End offsets past this master's last transactions, once the broker has written their markers.
+    def _read_ends(self) -> Ends:
+        """The end offsets a cover waits for, read now (see :class:`Ends`).
 
         commit_transaction returns before the commit markers are written, and until they
         are, the last stable offset of a partition stays at this master's transaction: a
         write acknowledged after that transaction began would not be covered. The high
-        watermark read now is past every record those transactions wrote; wait until the
-        last stable offset reaches it. A producer's own open transaction on the buffer can
-        hold it back longer (writes behind it count from its commit, docs/DESIGN.md), so
-        after MARKER_PATIENCE_S the offsets are taken as they are.
+        watermark is past every record acknowledged by now, this master's included; a
+        read_committed reader gets there once the markers are written.
+
+        Raises:
+            KafkaException: the end offsets could not be read.
         """
-        written, self._written = self._written, set()
-        watermarks = self.ingest.end_offsets.read(timeout_s=10.0, committed=False)
-        deadline = time.monotonic() + MARKER_PATIENCE_S
-        while term.active:
-            behind = [p for p in written if ends.get(p, 0) < watermarks.get(p, 0)]
-            if not behind:
-                return ends
-            if time.monotonic() > deadline:
-                log.warning("buffer partitions %s: the last stable offset stays below the high watermark for "
-                            "%.0fs: a producer's transaction is open there", behind, MARKER_PATIENCE_S)
-                return ends
-            time.sleep(MARKER_WAIT_S)
-            ends = self.ingest.end_offsets.read(timeout_s=10.0)
-        return ends
+        read_at = now_ms()
+        written = frozenset(self._written)
+        if not written:
+            return Ends(read_at, self.ingest.end_offsets.read(timeout_s=10.0), written)
+        stable, high = self.ingest.end_offsets.read_stable_and_high(timeout_s=10.0)
+        return Ends(read_at, {p: high[p] if p in written else end for p, end in stable.items()}, written)
+
+    def _stable_targets(self, ends: Ends) -> dict[int, int]:
+        """Targets for a cover whose high watermarks ingest has not reached in MARKER_PATIENCE_S.
+
+        A producer's own open transaction on the buffer holds the last stable offset back
+        (writes behind it count from its commit, docs/DESIGN.md): cover up to where it
+        stands now, at most the targets read.
+        """
+        stable = self.ingest.end_offsets.read(timeout_s=10.0)
+        behind = sorted(p for p in ends.written if stable.get(p, 0) < ends.targets[p])
+        log.warning("buffer partitions %s: the last stable offset stays below the high watermark for %.0fs: a "
+                    "producer's transaction is open there", behind, MARKER_PATIENCE_S)
+        return {p: min(end, stable.get(p, end)) for p, end in ends.targets.items()}
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
@@ -349,6 +392,8 @@ class Delivery:
             KafkaException: an error that may pass (the caller waits and calls again).
             LeadershipLost: the term ended or the producer was fenced.
         """
+        prepared, self._prepared = self._prepared, None
+        early_ends, self._early_ends = self._early_ends, None
         now = now_ms()
         skip = self._skip(now)
         if self.cutoff.covers_ms < now:
@@ -356,7 +401,7 @@ class Delivery:
             if first and first[0].deliver_at_ms > self.cutoff.covers_ms:
                 # Something fell due after the last cutoff: read the buffer up to now first,
                 # so a cancel or reschedule acknowledged before its due time wins.
-                if not self._cover(term):
+                if not self._cover(term, early_ends):
                     return 0
                 skip = self._skip(now)
         if self.store.malformed_count or time.monotonic() >= self._ledger_due:
@@ -365,18 +410,25 @@ class Delivery:
         if shadowed.keys() - skip:
             self._repair(term, {i: copy for i, copy in shadowed.items() if i not in skip})
             skip = self._skip(now)
-        entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
-        if not entries:
-            self.wakeup.sleep_until(self._next_wake(skip), term)
-            return 0
-        outgoing, dead = self._route(entries, now)
+            prepared = None  # picked before the repair: pick again, leaving the repaired ids out
+        if prepared is None:
+            entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
+            if not entries:
+                self.wakeup.sleep_until(self._next_wake(skip), term)
+                return 0
+            prepared = self._route(entries, now)
+        outgoing, dead = prepared
         self._commit(term, outgoing, dead)
         return len(outgoing)
 
     def _skip(self, now: int) -> set[str]:
         """Ids not to pick now: in flight, in retry back-off, or unreadable."""
-        return (self.in_flight.snapshot() | self._unreadable
-                | {i for i, r in self.retries.items() if r.next_try_ms > now})
+        skip = self.in_flight.snapshot()  # a copy of its own: extended in place
+        if self._unreadable:
+            skip |= self._unreadable
+        if self.retries:
+            skip.update(i for i, r in self.retries.items() if r.next_try_ms > now)
+        return skip
 
     def _next_wake(self, skip: set[str]) -> int | None:
         upcoming = self.store.due(2**62, 1, skip=skip)
@@ -386,6 +438,7 @@ class Delivery:
 
     def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[Undeliverable]]:
         outgoing, dead = [], []
+        counts: dict[str, int | None] = {}  # this batch's partition counts: one cache lookup per topic
         for entry in entries:
             try:
                 pending = stored.unpack(entry.payload)
@@ -394,13 +447,17 @@ class Delivery:
                 self._unreadable.add(entry.delay_id)
                 continue
             message = pending.message
-            count = self._partition_count(message.topic)
+            topic = message.topic
+            if topic in counts:
+                count = counts[topic]
+            else:
+                count = counts[topic] = self._partition_count(topic)
             problem: tuple[wire.Reason, str] | None = None
             if count is None:
-                problem = wire.Reason.MISSING_TOPIC, f"target topic {message.topic} does not exist"
+                problem = wire.Reason.MISSING_TOPIC, f"target topic {topic} does not exist"
             elif message.partition is not None and message.partition >= count:
                 problem = (wire.Reason.BAD_PARTITION,
-                           f"partition {message.partition} of {message.topic} does not exist (it has {count})")
+                           f"partition {message.partition} of {topic} does not exist (it has {count})")
             if message.partition is not None:
                 target = message.partition
             else:
@@ -492,37 +549,66 @@ class Delivery:
         producer = self._txn_producer()
         epoch = term.epoch
         producer.begin_transaction()
-        for item in outgoing:
-            m = item.message
-            try:
-                producer.produce(m.topic, value=m.value, key=m.key, partition=item.target_partition,
-                                 headers=m.delivery_headers(epoch, item.pending.version))
-            except KafkaException as err:
-                if err.args[0].code() in _RECORD_ERRORS:
-                    raise RecordRejected(item, err.args[0]) from err
-                raise
-            self._write_done(item.entry.delay_id, item.pending)
+        self._produce_deliveries(producer, epoch, outgoing)
         for undeliverable in dead:
             self._dead_letter(undeliverable, epoch)
             self._write_done(undeliverable.item.entry.delay_id, undeliverable.item.pending)
         ids = [i.entry.delay_id for i in outgoing] + [d.item.entry.delay_id for d in dead]
-        self._commit_transaction(term, ids)
+        self._commit_transaction(term, ids, overlap=True)
         committed_at = now_ms()
-        for delay_id in ids:
-            self.retries.pop(delay_id, None)
-        for item in outgoing:
-            self.metrics.lateness.observe(max(0, committed_at - item.entry.deliver_at_ms) / 1000)
+        if self.retries:
+            for delay_id in ids:
+                self.retries.pop(delay_id, None)
+        self.metrics.lateness.observe_many([max(0, committed_at - item.entry.deliver_at_ms) / 1000
+                                            for item in outgoing])
         self.metrics.delivered.inc(len(outgoing))
         for undeliverable in dead:
             self.metrics.dead_lettered.labels(undeliverable.code.value).inc()
         self.delivered_total += len(outgoing)
-        last = (outgoing or [d.item for d in dead])[-1].entry
-        self.cursor.write(CursorRecord(epoch=epoch, node_id=self.settings.node_id,
-                                       watermark_deliver_at_ms=last.deliver_at_ms, last_id=last.delay_id,
-                                       delivered=self.delivered_total, committed_at_ms=committed_at))
+        if time.monotonic() >= self._cursor_due:
+            last = (outgoing or [d.item for d in dead])[-1].entry
+            self.cursor.write(CursorRecord(epoch=epoch, node_id=self.settings.node_id,
+                                           watermark_deliver_at_ms=last.deliver_at_ms, last_id=last.delay_id,
+                                           delivered=self.delivered_total, committed_at_ms=committed_at))
+            self._cursor_due = time.monotonic() + CURSOR_WRITE_S
 
-    def _commit_transaction(self, term: Term, ids: list[str]) -> None:
+    def _produce_deliveries(self, producer: Producer, epoch: int, outgoing: list[Outgoing]) -> None:
+        """Each message to its target, and its `done` to the buffer, in the open transaction.
+
+        The hot path of delivery (twice a produce() per message): each value is encoded once,
+        the per-batch ones (epoch, cutoffs) before the loop.
+
+        Raises:
+            RecordRejected: produce() refused a record for what it is.
+        """
+        produce = producer.produce
+        buffer_topic = self.settings.buffer_topic
+        epoch_text = str(epoch).encode()
+        cutoffs = {partition: str(offset).encode() for partition, offset in self.cutoff.offsets.items()}
+        written = self._written
+        for item in outgoing:
+            pending = item.pending
+            m = pending.message
+            id_bytes = item.entry.delay_id.encode()
+            version = str(pending.version).encode()
+            try:
+                produce(m.topic, m.value, m.key, partition=item.target_partition,
+                        headers=wire.delivery_headers(m.headers, id_bytes, str(m.deliver_at_ms).encode(), epoch_text,
+                                                      version))
+            except KafkaException as err:
+                if err.args[0].code() in _RECORD_ERRORS:
+                    raise RecordRejected(item, err.args[0]) from err
+                raise
+            partition = pending.buffer_partition
+            produce(buffer_topic, None, id_bytes, partition=partition,
+                    headers=wire.encoded_done_headers(id_bytes, version, cutoffs.get(partition, b"0")))
+            written.add(partition)
+
+    def _commit_transaction(self, term: Term, ids: list[str], *, overlap: bool = False) -> None:
         """Commit the open transaction whose buffer writes concern ``ids``; they are in flight from now.
+
+        With ``overlap``, the commit runs on the committer thread while this one prepares
+        the next batch (:meth:`_while_committing`).
 
         Raises:
             LeadershipLost: the term ended before the commit.
@@ -530,13 +616,52 @@ class Delivery:
         """
         if not term.active:
             raise LeadershipLost(term.ended_because or "term ended")
+        producer = self._txn_producer()
         # Marked before the commit: ingest may read a record back before commit returns.
         self.in_flight.add(ids)
         try:
-            self._txn_producer().commit_transaction(30)
+            if overlap and self._committer is not None:
+                commit = self._committer.submit(producer.commit_transaction, 30)
+                self._while_committing(commit)
+                commit.result()
+            else:
+                producer.commit_transaction(30)
         except BaseException:
             self.in_flight.discard(ids)
+            # Prepared on the assumption that these ids were delivered.
+            self._prepared = self._early_ends = None
             raise
+
+    def _while_committing(self, commit: Future[None]) -> None:
+        """Use the time the broker takes to commit (the ids being committed are in flight already).
+
+        If the next message due is covered already (a backlog), pick and route the next
+        batch now; if not, wait until it falls due and read the end offsets its cover
+        needs then, not after the commit: the cover's wait then overlaps the commit's.
+        Never raises: whatever fails here is done again by the next deliver_due().
+        """
+        try:
+            now = now_ms()
+            skip = self._skip(now)
+            upcoming = self.store.due(2**62, 1, skip=skip)
+            if not upcoming:
+                return
+            due = upcoming[0].deliver_at_ms
+            if due <= self.cutoff.covers_ms:
+                entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
+                self._prepared = self._route(entries, now)
+                return
+            while not commit.done():
+                wait_ms = due - now_ms()
+                if wait_ms > 0:
+                    wait_for_future([commit], timeout=wait_ms / 1000)
+                    continue
+                # Read again while the commit lasts: the later the read, the more it covers.
+                self._early_ends = self._read_ends()
+                wait_for_future([commit], timeout=EARLY_ENDS_INTERVAL_S)
+        except Exception as err:  # the commit's outcome decides; the next batch starts afresh
+            log.info("could not prepare the next batch during a commit: %s", err)
+            self._prepared = self._early_ends = None
 
     def _write_done(self, delay_id: str, pending: stored.PendingMessage) -> None:
         """The `done` closing ``pending``'s version, with the cutoff it was picked under (0: none read there)."""

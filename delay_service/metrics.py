@@ -2,9 +2,56 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class BatchHistogram(Collector):
+    """A Prometheus histogram filled a batch at a time: :meth:`observe_many` takes one lock per batch.
+
+    prometheus_client's Histogram.observe takes a lock and walks the buckets per value
+    (0.8 us each); the master observes one lateness per delivered message. Exposed
+    exactly as a Histogram of the same name and buckets (``_bucket``, ``_count``, ``_sum``).
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float], registry: CollectorRegistry):
+        self.name = name
+        self.documentation = documentation
+        self.bounds = tuple(sorted(float(b) for b in buckets))
+        self._counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        # A value equal to a bound counts in that bound's bucket (le: less than or equal).
+        counts: dict[int, int] = {}
+        total = 0.0
+        bounds = self.bounds
+        for value in values:
+            index = bisect_left(bounds, value)
+            counts[index] = counts.get(index, 0) + 1
+            total += value
+        with self._lock:
+            for index, count in counts.items():
+                self._counts[index] += count
+            self._sum += total
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
 
 
 class NodeMetrics:
@@ -19,8 +66,8 @@ class NodeMetrics:
                                        "the master has not yet dead-lettered, as far as this node knows", registry=r)
         self.pending = Gauge("delayq_pending", "messages in the store waiting to fall due", registry=r)
         self.buffer_lag = Gauge("delayq_buffer_lag", "buffer records not yet ingested", registry=r)
-        self.lateness = Histogram("delayq_delivery_lateness_seconds", "commit time minus due time",
-                                  buckets=LATENESS_BUCKETS, registry=r)
+        self.lateness = BatchHistogram("delayq_delivery_lateness_seconds", "commit time minus due time",
+                                       buckets=LATENESS_BUCKETS, registry=r)
         self.is_master = Gauge("delayq_is_master", "1 while this node is the master", registry=r)
         self.epoch = Gauge("delayq_epoch", "epoch of the current or last term this node held", registry=r)
         self.elections = Counter("delayq_elections", "elections this node won", registry=r)

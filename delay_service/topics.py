@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
@@ -127,9 +128,17 @@ def committed_end_offsets(admin: AdminClient, topic: str, partitions: list[int],
     With ``committed=False``, the high watermark: the end of every acknowledged write,
     open transactions included.
     """
+    return _offsets(_ask_end_offsets(admin, topic, partitions, timeout_s, committed))
+
+
+def _ask_end_offsets(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float,
+                     committed: bool) -> dict[TopicPartition, Future]:
     requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
     isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-    futures = admin.list_offsets(requests, isolation_level=isolation, request_timeout=timeout_s)
+    return admin.list_offsets(requests, isolation_level=isolation, request_timeout=timeout_s)
+
+
+def _offsets(futures: dict[TopicPartition, Future]) -> dict[int, int]:
     return {tp.partition: future.result().offset for tp, future in futures.items()}
 
 
@@ -153,18 +162,31 @@ class EndOffsets:
         Raises:
             KafkaException: Kafka did not answer; the next call starts from a new client.
         """
+        return self._read((committed,), timeout_s)[0]
+
+    def read_stable_and_high(self, timeout_s: float = 15.0) -> tuple[dict[int, int], dict[int, int]]:
+        """The last stable offsets and the high watermarks, asked for at once (one round trip).
+
+        Raises:
+            KafkaException: Kafka did not answer; the next call starts from a new client.
+        """
+        stable, high = self._read((True, False), timeout_s)
+        return stable, high
+
+    def _read(self, isolations: tuple[bool, ...], timeout_s: float) -> list[dict[int, int]]:
         with self._lock:
             admin = self._admin
         try:
-            ends = committed_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s,
-                                         committed=committed)
-            unknown = sorted(p for p, offset in ends.items() if offset < 0)
+            asked = [_ask_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s, committed)
+                     for committed in isolations]
+            found = [_offsets(futures) for futures in asked]
+            unknown = sorted({p for ends in found for p, offset in ends.items() if offset < 0})
             if unknown:
                 # librdkafka reports a partition it got no answer for as offset -1001 (invalid)
                 # rather than as an error: that is no end offset to cover anything with.
                 raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
                                                 f"no end offset for buffer partitions {unknown}"))
-            return ends
+            return found
         except KafkaException:
             with self._lock:
                 if self._admin is admin:

@@ -215,13 +215,14 @@ class Envelope:
 
         ``version`` is the buffer offset of the put delivered: a reschedule is a newer version.
         """
-        return [
-            *self.headers,
-            (ID, self.delay_id.encode()),
-            (DELIVER_AT, str(self.deliver_at_ms).encode()),
-            (EPOCH, str(epoch).encode()),
-            (VERSION, str(version).encode()),
-        ]
+        return delivery_headers(self.headers, self.delay_id.encode(), str(self.deliver_at_ms).encode(),
+                                str(epoch).encode(), str(version).encode())
+
+
+def delivery_headers(user_headers: Headers, delay_id: bytes, deliver_at: bytes, epoch: bytes,
+                     version: bytes) -> ProduceHeaders:
+    """:meth:`Envelope.delivery_headers` from values already in ASCII (the master's loop encodes each once)."""
+    return [*user_headers, (ID, delay_id), (DELIVER_AT, deliver_at), (EPOCH, epoch), (VERSION, version)]
 
 
 # -- reading buffer records --------------------------------------------------
@@ -305,8 +306,12 @@ def control_headers(op: bytes, delay_id: str) -> ProduceHeaders:
 
 def done_headers(delay_id: str, version: int, cutoff: int) -> ProduceHeaders:
     """Headers of a ``done`` tombstone: it closes the put at offset ``version``; the master had read to ``cutoff``."""
-    return [(OP, OP_DONE), (ID, delay_id.encode()), (VERSION, str(version).encode()),
-            (CUTOFF, str(cutoff).encode())]
+    return encoded_done_headers(delay_id.encode(), str(version).encode(), str(cutoff).encode())
+
+
+def encoded_done_headers(delay_id: bytes, version: bytes, cutoff: bytes) -> ProduceHeaders:
+    """:func:`done_headers` from values already in ASCII (the master's loop encodes each once)."""
+    return [(OP, OP_DONE), (ID, delay_id), (VERSION, version), (CUTOFF, cutoff)]
 
 
 def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers | None,
@@ -361,13 +366,9 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
         raise MalformedRecord(Reason.BAD_DUE_TIME,
                               f"the frame's deliver-at time {deliver_at} is before 2000-01-01 ({MIN_DUE_MS}); "
                               "it is in milliseconds since the epoch: were seconds meant?")
-    try:
-        topic = fields[2].decode()
-    except UnicodeDecodeError:
-        raise MalformedRecord(Reason.BAD_FRAME, f"the topic in the frame is not UTF-8: {fields[2][:40]!r}") from None
-    # A name Kafka refuses would fail at delivery, where it cannot even be dead-lettered as written.
-    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
-        raise MalformedRecord(Reason.BAD_FRAME, f"the frame's topic {topic[:40]!r} is not a Kafka topic name")
+    topic = _known_topics.get(fields[2])
+    if topic is None:
+        topic = _frame_topic(fields[2])
     start = end + 1
     if fields[3] == b"-":
         user_key = None
@@ -381,6 +382,9 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
     restores: int | None = None
     null_value = False
     for option in fields[4:]:
+        if option in _PARTITIONER_OPTIONS and partitioner is None:  # the usual option, without splitting it
+            partitioner = _PARTITIONER_OPTIONS[option]
+            continue
         name, sep, text = option.partition(b"=")
         if option == _NULL_VALUE:
             repeated, null_value = null_value, True
@@ -407,6 +411,28 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
     envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key,
                         partition_option, user_headers, timestamp_ms, partitioner)
     return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
+
+
+# Every frame option naming a known partitioner, and the name.
+_PARTITIONER_OPTIONS = {f"{PARTITIONER_OPTION}={name}".encode(): name for name in PARTITIONERS}
+# Topic names already checked, as they appear in frames: a buffer holds few distinct targets.
+_known_topics: dict[bytes, str] = {}
+_KNOWN_TOPICS_MAX = 10_000
+
+
+def _frame_topic(raw: bytes) -> str:
+    """The target topic of a frame, checked (and remembered, so the next frame naming it skips the checks)."""
+    try:
+        topic = raw.decode()
+    except UnicodeDecodeError:
+        raise MalformedRecord(Reason.BAD_FRAME, f"the topic in the frame is not UTF-8: {raw[:40]!r}") from None
+    # A name Kafka refuses would fail at delivery, where it cannot even be dead-lettered as written.
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise MalformedRecord(Reason.BAD_FRAME, f"the frame's topic {topic[:40]!r} is not a Kafka topic name")
+    if len(_known_topics) >= _KNOWN_TOPICS_MAX:
+        _known_topics.clear()
+    _known_topics[raw] = topic
+    return topic
 
 
 def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None]:

@@ -73,10 +73,15 @@ class StoreOptions:
         bottommost_compression: Compression of the last level, where most long-delay data
             settles; written by background compaction only, so zstd's better ratio is cheap.
         background_jobs: Flush and compaction threads. A node has few cores and other work.
-        sync_writes: fsync the WAL on every batch. Off by default: the WAL still makes each
-            batch atomic, a crashed process loses nothing, and a crashed machine loses a
-            suffix of batches together with their offsets, which the node simply re-reads
-            from the buffer topic. Turn on only if the buffer topic can lose data.
+        wal: Write each batch to RocksDB's write-ahead log too. Off by default: the store is
+            a view of the buffer topic, and every batch carries the buffer offsets it
+            reached, so a process that dies loses only the batches still in its memtables
+            (at most ``write_buffer_mb`` x ``max_write_buffers`` per family), which it reads
+            again from the buffer on start. Atomic flush keeps what is on disk one
+            consistent prefix of batches across the column families. The WAL would cost
+            the ingest path a second write of every byte, under Python's GIL.
+        sync_writes: Write the WAL and fsync it on every batch (implies ``wal``). Turn on
+            only if the buffer topic can lose data.
 
     Raises:
         ValueError: a size or count is not positive, or the compression name is unknown.
@@ -90,6 +95,7 @@ class StoreOptions:
     compression: str = "lz4"
     bottommost_compression: str = "zstd"
     background_jobs: int = 2
+    wal: bool = False
     sync_writes: bool = False
 
     def __post_init__(self) -> None:
@@ -108,8 +114,14 @@ class StoreOptions:
             value = getattr(self, name)
             if value not in _COMPRESSIONS:
                 raise ValueError(f"StoreOptions.{name} {value!r} is not one of {sorted(_COMPRESSIONS)}")
-        if not isinstance(self.sync_writes, bool):
-            raise TypeError(f"StoreOptions.sync_writes must be a bool, not {type(self.sync_writes).__name__}")
+        for name in ("wal", "sync_writes"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"StoreOptions.{name} must be a bool, not {type(getattr(self, name)).__name__}")
+
+    @property
+    def uses_wal(self) -> bool:
+        """Whether batches go through the write-ahead log (``wal``, or ``sync_writes``, which fsyncs it)."""
+        return self.wal or self.sync_writes
 
     def db_options(self) -> rocksdict.Options:
         """Database-wide options (also those of the unused ``default`` column family)."""
@@ -123,9 +135,10 @@ class StoreOptions:
         # RocksDB's default of 4x all memtables (~800 MiB) and slow every restart's replay.
         # Past the cap RocksDB flushes the families pinning the oldest WAL (cheap: tiny).
         opts.set_max_total_wal_size(4 * self.write_buffer_mb << 20)
-        # The WAL stays on: it is what makes one WriteBatch across four column families
-        # atomic on recovery (RocksDB's default point-in-time recovery replays a
-        # consistent prefix of batches).
+        # Batches skip the WAL (``wal``), so what survives a crash is what was flushed: all
+        # four column families flush together, and each flush holds whole batches, so the
+        # offsets on disk always say which buffer records the entries on disk reflect.
+        opts.set_atomic_flush(True)
         return opts
 
     def column_families(self) -> dict[str, rocksdict.Options]:

@@ -229,6 +229,13 @@ def _malformed_key(partition: int, offset: int) -> bytes:
     return _META_MALFORMED + _malformed_place.pack(partition, offset)
 
 
+def _holds_all(skip: Container[str], ids: Iterable[str]) -> bool:
+    """Whether every one of ``ids`` is in ``skip``; a set is asked in C (the master's skip run is thousands long)."""
+    if isinstance(skip, (set, frozenset)):
+        return skip.issuperset(ids)
+    return all(delay_id in skip for delay_id in ids)
+
+
 def _shadow_mark(stored: bytes) -> bytes | None:
     return None if stored == _REPUT else stored[len(_COPY):]
 
@@ -294,6 +301,11 @@ class TimeIndex:
         self._meta, self._offsets_cf = self._cfs[META_CF], self._cfs[OFFSETS_CF]
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.sync = options.sync_writes
+        # rocksdict's stub declares disable_wal a method; the binding has a property, as for sync.
+        self._write_opts.disable_wal = not options.uses_wal  # type: ignore[method-assign,assignment]
+        # set_meta's values are not re-read from the buffer (a lost one would mean a rebuild): logged always.
+        self._meta_write_opts = rocksdict.WriteOptions()
+        self._meta_write_opts.sync = options.sync_writes
 
         # apply()/set_meta() hold _write_lock from their first read to their write. _view_lock
         # makes "write a batch + lower the scan start" and "read the scan start + open an
@@ -618,7 +630,7 @@ class TimeIndex:
         with self._write_lock:
             self._check_open()
             try:
-                self._meta.put(key, value, self._write_opts)
+                self._meta.put(key, value, self._meta_write_opts)
             except Exception as err:
                 raise StoreError(f"writing meta {name!r} to {self.path} failed: {err}") from err
 
@@ -679,7 +691,7 @@ class TimeIndex:
             end = self._skipped_end
             # Just past the cached skipped run, if `skip` still holds all of it; else None.
             resumed_at = None
-            if end is not None and all(delay_id in skip for delay_id in self._skipped):
+            if end is not None and _holds_all(skip, self._skipped):
                 resumed_at = end + b"\x00"
             run = dict(self._skipped) if resumed_at is not None else {}
             seek = self._scan_from if resumed_at is None else resumed_at
@@ -874,7 +886,7 @@ class TimeIndex:
         return dest
 
     def close(self) -> None:
-        """Flush nothing extra (the WAL has every batch) and release the directory lock. Idempotent."""
+        """Release the directory lock; RocksDB flushes the memtables first (batches skip the WAL). Idempotent."""
         with self._write_lock, self._view_lock:
             if self._closed:
                 return

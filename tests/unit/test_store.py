@@ -415,21 +415,49 @@ def test_an_op_that_raises_mid_batch_leaves_nothing_written(store):
     assert _state(store) == before
 
 
-def test_a_crash_after_apply_keeps_the_whole_batch(tmp_path):
-    path = tmp_path / "store"
+def _crash_after(path, batches: int, options: str) -> None:
+    """In another process: apply ``batches`` batches of 100 puts (1 KiB each) and die without close()."""
     script = textwrap.dedent(f"""
         import os
-        from delayq.store import Put, TimeIndex
-        index = TimeIndex({str(path)!r})
-        index.apply([Put("id%d" % i, {T0} + i, b"p" * 100) for i in range(500)], {{0: 500, 3: 9}})
-        os._exit(0)  # no close(): the batch must come back from the WAL
+        from delayq.store import Put, StoreOptions, TimeIndex
+        index = TimeIndex({str(path)!r}, StoreOptions({options}))
+        for b in range({batches}):
+            index.apply([Put("id%06d" % i, {T0} + i, b"p" * 1024) for i in range(b * 100, b * 100 + 100)],
+                        {{0: b * 100 + 100, 3: 9}})
+        os._exit(0)  # no close()
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
 
-    with TimeIndex(path) as index:
+
+def test_with_the_wal_a_crash_after_apply_keeps_the_whole_batch(tmp_path):
+    _crash_after(tmp_path / "store", 5, "wal=True")
+
+    with TimeIndex(tmp_path / "store") as index:
         assert index.pending_count() == 500
         assert len(everything(index)) == 500
         assert index.offsets() == {0: 500, 3: 9}
+
+
+def test_without_the_wal_a_crash_keeps_a_consistent_prefix_of_batches(tmp_path):
+    """The default: what a crash keeps is what was flushed, whole batches with their offsets.
+
+    A 1 MiB memtable and 3 MiB of batches: some were flushed, the last ones were not.
+    """
+    _crash_after(tmp_path / "store", 30, "write_buffer_mb=1")
+
+    with TimeIndex(tmp_path / "store") as index:
+        kept = index.offsets().get(0, 0)
+        assert kept % 100 == 0 and 0 < kept < 3000, f"expected some whole batches flushed, got offset {kept}"
+        assert index.pending_count() == kept
+        assert [e.delay_id for e in everything(index)] == [f"id{i:06d}" for i in range(kept)]
+        assert index.offsets() == {0: kept, 3: 9}
+
+
+def test_without_the_wal_close_keeps_every_batch(tmp_path):
+    with TimeIndex(tmp_path / "store") as index:
+        index.apply([Put(f"id{i}", T0 + i, b"p") for i in range(50)], {0: 50})
+    with TimeIndex(tmp_path / "store") as index:
+        assert index.pending_count() == 50 and index.offsets() == {0: 50}
 
 
 # -- checkpoint, destroy, exists, open errors --------------------------------------------
