@@ -56,7 +56,7 @@ class Sizes:
     produce_runs: int = 21
     produce_quiet_wait_s: float = 120.0
     capacity: int = 10_000_000
-    rebuild: int = 1_000_000
+    rebuild: int = 10_000_000  # issue 15: "measure it at 10M"
     reconcile: int = 1_000_000
 
 

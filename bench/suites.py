@@ -8,7 +8,7 @@ SUITE_TEXT: dict[str, str] = {
     "failover": "delivery gap after SIGKILL and after SIGTERM of the master",
     "produce": "delayed produce() cost against plain confluent-kafka produce()",
     "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",
-    "rebuild": "a wiped node with 1M pending: time until ready",
+    "rebuild": "a wiped node with 10M pending: time until ready",
     "reconcile": "the Spark reconciliation of 1M delayed messages",
 }
 

@@ -35,7 +35,7 @@ log = logging.getLogger("delayq.ingest")
 # How long one consume() may wait for a full batch. librdkafka's consume() returns when the
 # batch is full or this passes, not when the first record arrives: it bounds how long a record
 # that came in sits in the client while the master waits to be covered (the cycle behind
-# delivery lateness). Idle, 500 wake-ups a second cost well under 1% of a core.
+# delivery lateness). Idle, a node then uses 3.6% of a core instead of 2.4% (measured with 20 ms).
 POLL_S = 0.002
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0

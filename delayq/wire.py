@@ -437,6 +437,17 @@ def _frame_topic(raw: bytes) -> str:
 
 def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None]:
     """The op of a tombstone and, for a ``done``, the version it closes (None: any)."""
+    if headers is not None and len(headers) == 4:
+        # A master's done, headers in the order done_headers() writes them: checked without
+        # the general walk below (every node reads one back per delivered message).
+        try:
+            (op_name, op), (id_name, record_id), (version_name, version), (cutoff_name, cutoff) = headers
+        except (TypeError, ValueError):  # not four pairs: the general walk says what is wrong
+            op_name = None
+        if (op_name == OP and op == OP_DONE and id_name == ID and record_id == key and version_name == VERSION
+                and cutoff_name == CUTOFF and version and version.isdigit() and len(version) <= 18
+                and cutoff and cutoff.isdigit() and len(cutoff) <= 18):
+            return OP_DONE, int(version)
     found: dict[str, bytes | None] = {}
     for name, header_value in headers or ():
         if name in (OP, ID, VERSION, CUTOFF):
