@@ -54,13 +54,6 @@ PAYLOAD_SIZE = 200
 DAY_MS = 86_400_000
 
 
-def _in_process_node(settings: Settings):
-    """A node in this process (imported here: `delayq bench --help` loads no RocksDB or kazoo)."""
-    from delayq.delay_service import Node
-
-    return Node(settings)
-
-
 def payload() -> bytes:
     """A message value: random bytes, so no compression (Kafka's lz4, RocksDB's) flatters a size figure."""
     return os.urandom(PAYLOAD_SIZE)
@@ -214,24 +207,35 @@ def delivery_rate(append_times_ms: list[int], count: int, started_ms: int) -> fl
 
 
 def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
-    """One in-process master delivers ``count`` messages, all due and stored before it starts: msg/s.
+    """One master (a node process, as users run it) delivers ``count`` messages, all due and stored: msg/s.
 
-    Timed from the delivered records' broker timestamps (see :func:`delivery_rate`).
+    Timed from the delivered records' broker timestamps (see :func:`delivery_rate`). The
+    node runs in a child process so the bench's own Python (its producer, its progress
+    display) does not share the node's GIL.
     """
     with bench_cluster(stack, zk_session_timeout_ms=6000) as settings, tempfile.TemporaryDirectory() as tmp:
         ensure_topics(settings)
         target = f"{settings.cluster}-target"
         create_target(settings, target)
         fill_buffer(settings, target, count, lambda i: now_ms() - 1000, progress)
-        node = _in_process_node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
+        cluster = LocalCluster(settings, Path(tmp))
         started_ms = now_ms()
-        node.start()
         try:
-            wait_for(progress, "delivering", count, lambda: node.metrics.delivered._value.get(), timeout_s=600)
+            node = cluster.start("bench", wait=False)
+            wait_for(progress, "delivering", count, lambda: node_metric(node, "delayq_delivered_total"),
+                     timeout_s=600, interval_s=0.2)
         finally:
-            node.stop()
+            cluster.close()
         records = read_append_times(settings, target, count, timeout_s=120)
     return delivery_rate([appended for appended, _, _ in records], count, started_ms)
+
+
+def node_metric(node: NodeProcess, name: str, **labels: str) -> float:
+    """A metric of a node process, 0 while it does not serve HTTP yet."""
+    try:
+        return node.metric(name, **labels)
+    except OSError:
+        return 0.0
 
 
 def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float, *,
@@ -271,7 +275,7 @@ def lateness_figures(records: list[tuple[int, int, int]], expected: int, stored_
 
 def run_schedule(stack: DevStack, count: int, due_at: Callable[[int, int], int], label: str,
                  progress: Progress) -> dict:
-    """One in-process master delivers ``count`` messages due at ``due_at(start, i)``; their lateness figures.
+    """One master (a node process) delivers ``count`` messages due at ``due_at(start, i)``; their lateness figures.
 
     The records are read back after the last one was delivered (the broker stamps their append
     time), so reading costs the node nothing while it delivers.
@@ -281,19 +285,19 @@ def run_schedule(stack: DevStack, count: int, due_at: Callable[[int, int], int],
         ensure_topics(settings)
         target = f"{settings.cluster}-target"
         create_target(settings, target)
-        node = _in_process_node(settings.model_copy(update={"data_dir": Path(tmp), "http_port": 0, "node_id": "bench"}))
-        node.start()
+        cluster = LocalCluster(settings, Path(tmp))
         try:
-            while node.metrics.is_master._value.get() != 1:
-                time.sleep(0.01)
+            node = cluster.start("bench")
+            cluster.master()
             start = now_ms() + lead_ms(count)
             fill_buffer(settings, target, count, lambda i: due_at(start, i), progress)
-            wait_for(progress, "storing", count, lambda: node.metrics.ingested.labels("put")._value.get(),
-                     count_timeout_s)
+            wait_for(progress, "storing", count, lambda: node_metric(node, "delayq_ingested_total", op="put"),
+                     count_timeout_s, interval_s=0.2)
             stored_ahead_ms = start - now_ms()
-            wait_for(progress, label, count, node.metrics.delivered._value.get, count_timeout_s)
+            wait_for(progress, label, count, lambda: node_metric(node, "delayq_delivered_total"), count_timeout_s,
+                     interval_s=0.2)
         finally:
-            node.stop()
+            cluster.close()
         records = read_append_times(settings, target, count, timeout_s=60)
     return lateness_figures(records, count, stored_ahead_ms)
 
@@ -349,10 +353,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def node_pending(node: NodeProcess) -> float:
-    try:
-        return node.metric("delayq_pending")
-    except OSError:  # a starting node does not serve HTTP yet
-        return 0.0
+    return node_metric(node, "delayq_pending")
 
 
 def pending_node(cluster: LocalCluster, node_id: str, count: int, progress: Progress) -> NodeProcess:

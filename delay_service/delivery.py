@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -159,6 +159,10 @@ class Ends:
     read_at_ms: int
     targets: dict[int, int]
     written: frozenset[int]
+    # Whether every write to ``written`` was acknowledged when the ends were read, so that
+    # reaching them leaves nothing of this master's in those partitions to wait for. Not so
+    # for ends read while a commit runs (its records may still be on their way).
+    settles_written: bool = True
 
 
 class Wakeup:
@@ -218,6 +222,8 @@ class Delivery:
         self._handled: dict[int, int] | None = None
         self._ledger_due = 0.0
         self._cursor_due = 0.0  # when (monotonic s) to write the cursor again
+        self._last_commit: CursorRecord | None = None  # the last committed batch, and the last one written
+        self._cursor_written: CursorRecord | None = None
         # Commits run here, so the loop can prepare the next batch, or read the next cover's
         # end offsets, while the broker commits (see _transaction).
         self._committer: ThreadPoolExecutor | None = None
@@ -321,7 +327,8 @@ class Delivery:
         """
         if ends is None:
             ends = self._read_ends()
-        self._written -= ends.written
+        if ends.settles_written:
+            self._written -= ends.written
         targets = ends.targets
         patience = time.monotonic() + MARKER_PATIENCE_S
         while term.active:
@@ -331,7 +338,7 @@ class Delivery:
                 return True
             if ends.written and time.monotonic() > patience:
                 targets = self._stable_targets(ends)
-                ends = Ends(ends.read_at_ms, targets, frozenset())
+                ends = Ends(ends.read_at_ms, targets, frozenset(), ends.settles_written)
         return False
 
     def _read_ends(self) -> Ends:
@@ -404,6 +411,8 @@ class Delivery:
                 if not self._cover(term, early_ends):
                     return 0
                 skip = self._skip(now)
+                # Its `done`s would record the new cutoff, not the one it was picked under.
+                prepared = None
         if self.store.malformed_count or time.monotonic() >= self._ledger_due:
             self._dead_letter_malformed(term)
         shadowed = self.store.shadowed()
@@ -411,13 +420,16 @@ class Delivery:
             self._repair(term, {i: copy for i, copy in shadowed.items() if i not in skip})
             skip = self._skip(now)
             prepared = None  # picked before the repair: pick again, leaving the repaired ids out
-        if prepared is None:
+        if prepared is not None:
+            outgoing = [item for item in prepared[0] if item.entry.delay_id not in skip]
+            dead = [d for d in prepared[1] if d.item.entry.delay_id not in skip]
+        else:
             entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
             if not entries:
+                self._write_cursor(term.epoch)  # idle: the last batches' progress shows in `delayq status`
                 self.wakeup.sleep_until(self._next_wake(skip), term)
                 return 0
-            prepared = self._route(entries, now)
-        outgoing, dead = prepared
+            outgoing, dead = self._route(entries, now)
         self._commit(term, outgoing, dead)
         return len(outgoing)
 
@@ -565,12 +577,25 @@ class Delivery:
         for undeliverable in dead:
             self.metrics.dead_lettered.labels(undeliverable.code.value).inc()
         self.delivered_total += len(outgoing)
+        last = (outgoing or [d.item for d in dead])[-1].entry
+        self._last_commit = CursorRecord(epoch=epoch, node_id=self.settings.node_id,
+                                         watermark_deliver_at_ms=last.deliver_at_ms, last_id=last.delay_id,
+                                         delivered=self.delivered_total, committed_at_ms=committed_at)
         if time.monotonic() >= self._cursor_due:
-            last = (outgoing or [d.item for d in dead])[-1].entry
-            self.cursor.write(CursorRecord(epoch=epoch, node_id=self.settings.node_id,
-                                           watermark_deliver_at_ms=last.deliver_at_ms, last_id=last.delay_id,
-                                           delivered=self.delivered_total, committed_at_ms=committed_at))
-            self._cursor_due = time.monotonic() + CURSOR_WRITE_S
+            self._write_cursor(epoch)
+
+    def _write_cursor(self, epoch: int) -> None:
+        """Record the last committed batch in ZooKeeper, if not yet (at most once a second while busy).
+
+        Raises:
+            FencedError: a newer master wrote the cursor.
+        """
+        record = self._last_commit
+        if record is None or record is self._cursor_written or record.epoch != epoch:
+            return
+        self.cursor.write(record)
+        self._cursor_written = record
+        self._cursor_due = time.monotonic() + CURSOR_WRITE_S
 
     def _produce_deliveries(self, producer: Producer, epoch: int, outgoing: list[Outgoing]) -> None:
         """Each message to its target, and its `done` to the buffer, in the open transaction.
@@ -617,6 +642,9 @@ class Delivery:
         if not term.active:
             raise LeadershipLost(term.ended_because or "term ended")
         producer = self._txn_producer()
+        # Prepared during an earlier commit (the one-per-transaction retries commit several in
+        # a row): picked with these ids out of flight, so never used now.
+        self._prepared = self._early_ends = None
         # Marked before the commit: ingest may read a record back before commit returns.
         self.in_flight.add(ids)
         try:
@@ -656,8 +684,9 @@ class Delivery:
                 if wait_ms > 0:
                     wait_for_future([commit], timeout=wait_ms / 1000)
                     continue
-                # Read again while the commit lasts: the later the read, the more it covers.
-                self._early_ends = self._read_ends()
+                # Read again while the commit lasts: the later the read, the more it covers. The
+                # transaction's records may not be appended yet, so these ends settle no partition.
+                self._early_ends = replace(self._read_ends(), settles_written=False)
                 wait_for_future([commit], timeout=EARLY_ENDS_INTERVAL_S)
         except Exception as err:  # the commit's outcome decides; the next batch starts afresh
             log.info("could not prepare the next batch during a commit: %s", err)

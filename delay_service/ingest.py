@@ -39,6 +39,9 @@ log = logging.getLogger("delayq.ingest")
 POLL_S = 0.002
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0
+# How often ingest persists what it applied (store batches skip the WAL: TimeIndex.flush), so a
+# crash rolls the store back by at most this, and never past the buffer's delete.retention.ms.
+STORE_FLUSH_S = 300.0
 
 
 class Ingest:
@@ -69,6 +72,7 @@ class Ingest:
         self.failing_since: float | None = None
         self._positions: dict[int, int] = {}
         self._end_offsets: dict[int, int] = {}
+        self._unflushed = False  # batches applied since the store was last flushed
         # Whether ingest had read up to the previous end offsets when the last ones were read.
         self._kept_up = False
         self._progress = threading.Condition()
@@ -94,8 +98,14 @@ class Ingest:
 
     def run(self, stop: threading.Event) -> None:
         next_lag_check = next_ledger_check = 0.0
+        next_flush = time.monotonic() + STORE_FLUSH_S
         while not stop.is_set():
             self.poll_once(timeout_s=POLL_S)
+            if time.monotonic() >= next_flush:
+                next_flush = time.monotonic() + STORE_FLUSH_S
+                if self._unflushed:
+                    self.store.flush()
+                    self._unflushed = False
             if time.monotonic() >= next_lag_check:
                 next_lag_check = time.monotonic() + 0.5
                 self.refresh_lag()
@@ -162,6 +172,7 @@ class Ingest:
                 settled.append(record.delay_id)
         if offsets:
             self.store.apply(ops, offsets, ingested_at_ms=now_ms())
+            self._unflushed = True
         for op, count in counts.items():
             if count:
                 self.metrics.ingested.labels(op.decode()).inc(count)

@@ -165,7 +165,7 @@ class EndOffsets:
         return self._read((committed,), timeout_s)[0]
 
     def read_stable_and_high(self, timeout_s: float = 15.0) -> tuple[dict[int, int], dict[int, int]]:
-        """The last stable offsets and the high watermarks, asked for at once (one round trip).
+        """The last stable offsets and the high watermarks: two requests sent at once (one round trip's wait).
 
         Raises:
             KafkaException: Kafka did not answer; the next call starts from a new client.

@@ -130,10 +130,11 @@ class StoreOptions:
         opts.create_missing_column_families(True)
         opts.set_max_background_jobs(self.background_jobs)
         opts.set_keep_log_file_num(_KEEP_LOG_FILES)
-        # A WAL file is kept until every column family with data in it has flushed; the
-        # small offsets/meta families fill slowly, so without a cap the WAL would grow to
-        # RocksDB's default of 4x all memtables (~800 MiB) and slow every restart's replay.
-        # Past the cap RocksDB flushes the families pinning the oldest WAL (cheap: tiny).
+        # With ``wal``: a WAL file is kept until every column family with data in it has
+        # flushed; the small offsets/meta families fill slowly, so without a cap the WAL would
+        # grow to RocksDB's default of 4x all memtables (~800 MiB) and slow every restart's
+        # replay. Past the cap RocksDB flushes the families pinning the oldest WAL. (Without
+        # it the WAL holds only set_meta's rare writes; TimeIndex.flush bounds a crash's loss.)
         opts.set_max_total_wal_size(4 * self.write_buffer_mb << 20)
         # Batches skip the WAL (``wal``), so what survives a crash is what was flushed: all
         # four column families flush together, and each flush holds whole batches, so the

@@ -145,3 +145,43 @@ def test_a_delayed_message_in_an_aborted_transaction_is_never_delivered(cluster,
 
     assert [(dict(r.headers())[env.ID].decode(), r.value()) for r in records] == [(committed, b"committed")]
     assert aborted != committed
+
+
+def test_a_transaction_left_open_on_the_buffer_holds_back_only_what_is_behind_it(cluster, settings, names):
+    """A producer's open transaction holds its buffer partition's last stable offset back.
+
+    The master's `done`s land behind it there, so a cover that waits for the high
+    watermark of the partitions it wrote cannot complete: after MARKER_PATIENCE_S the
+    master covers up to the last stable offset and goes on. Messages written before the
+    transaction and after it on other partitions are delivered while it is open; the
+    transaction's own message after its commit.
+    """
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    conf = {"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster, "linger.ms": 1}
+    plain = delayq.Producer(conf)
+    before = [plain.produce(target, b"before", key=b"k", delay=3) for _ in range(40)]  # every buffer partition
+    plain.flush(10)
+    transactional = delayq.Producer({**conf, "transactional.id": names.topic("tx")})
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    held = transactional.produce(target, b"held", key=b"k", delay=0.5)
+    transactional.flush(10)  # written, not committed
+    # Due after the dones of `before` are behind the open transaction: its cover needs the fallback.
+    # On another buffer partition: what is behind the transaction waits for its commit.
+    partitions = settings.buffer_partitions
+    after = next(i for i in iter(env.new_delay_id, None)
+                 if env.buffer_partition(i, partitions) != env.buffer_partition(held, partitions))
+    plain.produce(target, b"after", key=b"k", delay=6, delay_id=after)
+    plain.flush(10)
+
+    while_open = read_topic(settings.bootstrap_servers, target, expect=41, timeout_s=40, idle_s=5)
+    transactional.commit_transaction(30)
+    everything = read_topic(settings.bootstrap_servers, target, expect=42, timeout_s=30)
+
+    def ids(records):
+        return sorted(dict(r.headers())[env.ID].decode() for r in records)
+
+    assert ids(while_open) == sorted([*before, after])
+    assert ids(everything) == sorted([*before, after, held])

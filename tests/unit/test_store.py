@@ -453,6 +453,25 @@ def test_without_the_wal_a_crash_keeps_a_consistent_prefix_of_batches(tmp_path):
         assert index.offsets() == {0: kept, 3: 9}
 
 
+def test_flush_persists_every_batch_so_far_and_a_crash_keeps_them(tmp_path):
+    path = tmp_path / "store"
+    script = textwrap.dedent(f"""
+        import os
+        from delayq.store import Put, TimeIndex
+        index = TimeIndex({str(path)!r})
+        index.apply([Put("a%d" % i, {T0} + i, b"p") for i in range(100)], {{0: 100}})
+        index.flush()
+        index.apply([Put("b%d" % i, {T0} + i, b"p") for i in range(50)], {{0: 150}})
+        os._exit(0)  # no close(): the second batch is in memory only
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+    with TimeIndex(path) as index:
+        assert index.pending_count() == 100 and index.offsets() == {0: 100}
+        assert sorted(e.delay_id for e in everything(index)) == sorted(f"a{i}" for i in range(100))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"], "the flush's scratch copy is gone"
+
+
 def test_without_the_wal_close_keeps_every_batch(tmp_path):
     with TimeIndex(tmp_path / "store") as index:
         index.apply([Put(f"id{i}", T0 + i, b"p") for i in range(50)], {0: 50})
