@@ -47,8 +47,8 @@ TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
-# How long a cover waits for ingest to pass this master's commit markers (longer, another
-# producer's open transaction holds them back: see Delivery._stable_targets).
+# How long a cover waits for ingest to pass this master's commit markers before it warns that
+# a transaction holds the buffer back (it goes on waiting: see Delivery._cover).
 MARKER_PATIENCE_S = 5.0
 # While a commit lasts and messages are falling due, how often the master reads the buffer's
 # end offsets for the next cover (one ListOffsets round trip each).
@@ -330,15 +330,20 @@ class Delivery:
         if ends.settles_written:
             self._written -= ends.written
         targets = ends.targets
-        patience = time.monotonic() + MARKER_PATIENCE_S
+        patience: float | None = time.monotonic() + MARKER_PATIENCE_S
         while term.active:
             if self.ingest.wait_until_read(targets, 0.1 if ends.written else 1.0, abandon=lambda: not term.active):
                 self.cutoff.covers_ms = ends.read_at_ms
                 self.cutoff.offsets = targets
                 return True
-            if ends.written and time.monotonic() > patience:
-                targets = self._stable_targets(ends)
-                ends = Ends(ends.read_at_ms, targets, frozenset(), ends.settles_written)
+            if ends.written and patience is not None and time.monotonic() > patience:
+                # Never covered short of the targets: the transaction holding the last stable
+                # offset back may be this master's own previous one (after a broker restart its
+                # abort markers can take longer than this), with acknowledged writes behind it.
+                patience = None
+                log.warning("buffer partitions %s: the last stable offset stays below this master's writes for "
+                            "%.0fs: a transaction is open there (a producer's, or this master's previous one "
+                            "being aborted); delivery waits for it", sorted(ends.written), MARKER_PATIENCE_S)
         return False
 
     def _read_ends(self) -> Ends:
@@ -359,19 +364,6 @@ class Delivery:
             return Ends(read_at, self.ingest.end_offsets.read(timeout_s=10.0), written)
         stable, high = self.ingest.end_offsets.read_stable_and_high(timeout_s=10.0)
         return Ends(read_at, {p: high[p] if p in written else end for p, end in stable.items()}, written)
-
-    def _stable_targets(self, ends: Ends) -> dict[int, int]:
-        """Targets for a cover whose high watermarks ingest has not reached in MARKER_PATIENCE_S.
-
-        A producer's own open transaction on the buffer holds the last stable offset back
-        (writes behind it count from its commit, docs/DESIGN.md): cover up to where it
-        stands now, at most the targets read.
-        """
-        stable = self.ingest.end_offsets.read(timeout_s=10.0)
-        behind = sorted(p for p in ends.written if stable.get(p, 0) < ends.targets[p])
-        log.warning("buffer partitions %s: the last stable offset stays below the high watermark for %.0fs: a "
-                    "producer's transaction is open there", behind, MARKER_PATIENCE_S)
-        return {p: min(end, stable.get(p, end)) for p, end in ends.targets.items()}
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
