@@ -325,6 +325,31 @@ class Soak:
                 logs[folder.name] = excerpt
         return {**stall.as_dict(), "node_logs": logs}
 
+    def _anomaly_evidence(self, findings: Findings) -> dict[str, dict[str, list[str]]]:
+        """For the first anomaly of each kind: what each node logged around its deliveries (or due time).
+
+        From 30 s before its first delivery's timestamp to 2 s after its last one: the terms,
+        covers and Kafka errors a duplicate or an ignored cancel comes from.
+        """
+        evidence: dict[str, dict[str, list[str]]] = {}
+        for kind in ANOMALY_KINDS:
+            first = findings.by_kind(kind)[:1]
+            if not first:
+                continue
+            # A missing version has no delivery: its due time then.
+            stamps = ([d["timestamp_ms"] for d in first[0].evidence.get("deliveries", [])]
+                      or [v["due_ms"] for v in first[0].evidence.get("versions", [])])
+            if not stamps:
+                continue
+            logs = {}
+            for folder in sorted((self.run_dir / "nodes").glob("node-*")):
+                excerpt = log_excerpt(folder / f"{folder.name}.log", min(stamps) - 30_000, max(stamps) + 2000,
+                                      max_lines=40, loggers=("delayq.election", "delayq.delivery", "delayq.node"))
+                if excerpt:
+                    logs[folder.name] = excerpt
+            evidence[kind] = logs
+        return evidence
+
     # -- what the user sees --------------------------------------------------
 
     def _say(self, text: str) -> None:
@@ -372,6 +397,7 @@ class Soak:
             "stall_limit_s": o.stall_limit_s,
             "stall": self._stall_evidence(findings.stall),
             "stall_beyond_outages": self._stall_evidence(findings.stall_beyond_outages),
+            "anomaly_node_logs": self._anomaly_evidence(findings),
             "lateness_ms": {"in_faults": findings.lateness_in_faults.as_dict(),
                             "outside_faults": findings.lateness_outside_faults.as_dict()},
             "faults": {kind: chaos.done[kind] for kind in FAULT_KINDS},

@@ -399,8 +399,9 @@ class Chaos(threading.Thread):
         return not problems, "; ".join(problems)
 
 
-def log_excerpt(path: Path, start_ms: int, end_ms: int, max_lines: int = 15) -> list[str]:
-    """A node log's warnings and errors, and its election lines, written between ``start_ms`` and ``end_ms``.
+def log_excerpt(path: Path, start_ms: int, end_ms: int, max_lines: int = 15,
+                loggers: tuple[str, ...] = ("delayq.election",)) -> list[str]:
+    """A node log's warnings and errors, and the lines of ``loggers``, written between ``start_ms`` and ``end_ms``.
 
     Node logs start each line with ``logging``'s local ``asctime`` (``2026-11-23 11:10:53,739``);
     librdkafka's own lines (``%3|...``) are left out: during a broker outage they are mostly
@@ -416,7 +417,7 @@ def log_excerpt(path: Path, start_ms: int, end_ms: int, max_lines: int = 15) -> 
         if stamp is None or not start_ms <= stamp <= end_ms:
             continue
         level = line[24:].split(" ", 1)[0]
-        if level in ("WARNING", "ERROR", "CRITICAL") or " delayq.election " in line:
+        if level in ("WARNING", "ERROR", "CRITICAL") or any(f" {name} " in line for name in loggers):
             found.append(line)
     return found[:max_lines] + ([f"... {len(found) - max_lines} more"] if len(found) > max_lines else [])
 

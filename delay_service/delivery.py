@@ -8,8 +8,9 @@ from its store itself: ingest does that when it reads the ``done`` back, so the
 store stays a pure view of the buffer; until then, ids already delivered are skipped.
 
 The cancel guarantee (docs/DESIGN.md, "Cancel and reschedule guarantee"): before it
-delivers anything due at or before T, the master has ingested the buffer up to end
-offsets it read at or after T. A cancel or reschedule the producer saw acknowledged
+delivers anything due at or before T, the master has ingested the buffer up to high
+watermarks it read at or after T (reading committed records, so past every transaction
+below them). A cancel or reschedule the producer saw acknowledged
 before a message's due time is therefore in the store before the message is picked.
 Each `done` records that cutoff offset, so the reconciliation can check the rule.
 
@@ -23,9 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -47,9 +49,12 @@ TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
-# How long a cover waits for ingest to pass this master's commit markers before it warns that
-# a transaction holds the buffer back (it goes on waiting: see Delivery._cover).
-MARKER_PATIENCE_S = 5.0
+# How long a partition may be held back by an open transaction before the master warns (it
+# goes on waiting for it, and delivering from the other partitions: see Delivery._cover).
+OPEN_TRANSACTION_WARN_S = 5.0
+# How long a cover waits for a partition not known to be held back before it covers the others
+# without it; and how often, while messages wait on a held partition, a cover looks at it again.
+PARTIAL_COVER_S = 0.1
 # While a commit lasts and messages are falling due, how often the master reads the buffer's
 # end offsets for the next cover (one ListOffsets round trip each).
 EARLY_ENDS_INTERVAL_S = 0.002
@@ -134,35 +139,90 @@ class InFlight:
             return set(self._ids)
 
 
-class Cutoff:
-    """How far the master has read the buffer, and the time before which that covers every write.
+@dataclass
+class HeldCover:
+    """A partition's oldest cover that ingest has not reached: an open transaction may hold it back."""
 
-    ``covers_ms``: a time at or before which the end offsets were read; ``offsets``:
-    those end offsets, all ingested. Every buffer record acknowledged by ``covers_ms``
-    is below them, so what falls due by ``covers_ms`` may be delivered.
+    read_at_ms: int
+    target: int
+    since_s: float  # monotonic: when the partition last moved on
+    warned: bool = False
+
+
+class Cutoff:
+    """How far the master has read each buffer partition, and the time before which that covers every write.
+
+    ``partition_ms[p]``: a time at or before which partition p's high watermark was read,
+    ``offsets[p]``; everything below it is ingested. Every record of p acknowledged by
+    then is below it, so a message of p (its put, cancels, reschedules and `done`s all go
+    to p) that falls due by then may be delivered. ``covers_ms``: the latest of those, what
+    the next cover is measured against; ``uniform``: every partition is covered up to it.
+
+    A partition ingest could not read up to the ends of a cover (an open transaction holds
+    it back, or ingest lags) keeps that cover as ``held[p]``, and is covered up to it once
+    ingest gets there: it moves on, one cover behind, even while the master's own writes
+    keep moving its high watermark.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, partitions: Iterable[int]) -> None:
+        self.partitions = list(partitions)
         self.covers_ms = -1
+        self.partition_ms: dict[int, int] = {}
         self.offsets: dict[int, int] = {}
+        self.uniform = True
+        self.held: dict[int, HeldCover] = {}
+
+    def awaited(self, targets: dict[int, int]) -> dict[int, int]:
+        """The targets a cover waits for: those of the partitions not held (all, if all are)."""
+        return {p: end for p, end in targets.items() if p not in self.held} or targets
+
+    def settle(self, ends: Ends, positions: Mapping[int, int], now_s: float) -> bool:
+        """Cover each partition as far as ingest (at ``positions``) has read; True if any moved on."""
+        moved = False
+        for p, target in ends.targets.items():
+            position = positions.get(p, 0)
+            if position >= target:
+                self._cover(p, ends.read_at_ms, target)
+                self.held.pop(p, None)
+                moved = True
+                continue
+            held = self.held.get(p)
+            if held is not None and position >= held.target:
+                self._cover(p, held.read_at_ms, held.target)
+                moved = True
+                held = None
+            if held is None:
+                self.held[p] = HeldCover(ends.read_at_ms, target, now_s)
+        if moved:
+            self.covers_ms = max(self.partition_ms.values())
+            self.uniform = all(self.partition_ms.get(p) == self.covers_ms for p in self.partitions)
+        return moved
+
+    def newly_held_for(self, seconds: float, now_s: float) -> list[int]:
+        """The partitions that have not moved on for ``seconds``, each returned once per hold."""
+        found = sorted(p for p, held in self.held.items() if not held.warned and now_s - held.since_s >= seconds)
+        for p in found:
+            self.held[p].warned = True
+        return found
+
+    def _cover(self, partition: int, read_at_ms: int, target: int) -> None:
+        self.partition_ms[partition] = read_at_ms
+        self.offsets[partition] = target
 
 
 @dataclass(frozen=True)
 class Ends:
-    """End offsets read at ``read_at_ms`` for a cover: the targets ingest must reach.
+    """The buffer's high watermarks, read at ``read_at_ms``: the offsets a cover's ingest must reach.
 
-    ``written``: the buffer partitions this master wrote to since its last cover; their
-    target is the high watermark (past its own `done`s, reached once the commit markers
-    are written), the others' the last stable offset.
+    Every write acknowledged by ``read_at_ms`` is below them, including one behind an open
+    transaction: a producer's, or a master's still being committed or aborted (after a
+    broker restart that can take seconds). The last stable offset stops at such a
+    transaction, so a cover up to it would miss a cancel acknowledged behind it. A
+    read_committed reader reaches the high watermark once every transaction below it has ended.
     """
 
     read_at_ms: int
     targets: dict[int, int]
-    written: frozenset[int]
-    # Whether every write to ``written`` was acknowledged when the ends were read, so that
-    # reaching them leaves nothing of this master's in those partitions to wait for. Not so
-    # for ends read while a commit runs (its records may still be on their way).
-    settles_written: bool = True
 
 
 class Wakeup:
@@ -207,9 +267,10 @@ class Delivery:
         self.wakeup = wakeup
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
-        self.cutoff = Cutoff()
-        # Buffer partitions this term's transactions wrote to since the last cover.
-        self._written: set[int] = set()
+        self.cutoff = Cutoff(ingest.partitions)
+        # Due ids on a held partition, not covered yet: left out of picks until the next cover.
+        self._uncovered: set[str] = set()
+        self._retry_held_at = 0.0  # when (monotonic s) a cover next looks at the held partitions
         # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
         self._unreadable: set[str] = set()
         self._topics: dict[str, tuple[float, int | None]] = {}
@@ -275,7 +336,8 @@ class Delivery:
                 # Fences the previous master and aborts its open transaction.
                 self.producer.init_transactions(30)
                 # After init_transactions no older master can commit, so once ingest reaches the
-                # last stable offset every `done` of every committed delivery is in the store.
+                # high watermarks (every transaction below them ended, an older master's committing
+                # one included) every `done` of every committed delivery is in the store.
                 if self._cover(term):
                     # After init_transactions: no older master's transaction can still move the mark.
                     self._handled = self.ingest.ledger.handled(self.ingest.partitions)
@@ -327,43 +389,56 @@ class Delivery:
         """
         if ends is None:
             ends = self._read_ends()
-        if ends.settles_written:
-            self._written -= ends.written
         targets = ends.targets
-        patience: float | None = time.monotonic() + MARKER_PATIENCE_S
+        # A partition held back (see Cutoff) is not waited for: the others are covered without
+        # it, and every cover looks at it again.
+        awaited = self.cutoff.awaited(targets)
+        settle_at = time.monotonic() + PARTIAL_COVER_S
         while term.active:
-            if self.ingest.wait_until_read(targets, 0.1 if ends.written else 1.0, abandon=lambda: not term.active):
-                self.cutoff.covers_ms = ends.read_at_ms
-                self.cutoff.offsets = targets
+            done = self.ingest.wait_until_read(awaited, PARTIAL_COVER_S, abandon=lambda: not term.active)
+            if not done and time.monotonic() < settle_at:
+                continue
+            # Never covered short of its targets: a cancel acknowledged behind an open
+            # transaction would lose to its message (see Ends).
+            moved = self.cutoff.settle(ends, self.ingest.positions(), time.monotonic())
+            long_held = self.cutoff.newly_held_for(OPEN_TRANSACTION_WARN_S, time.monotonic())
+            if long_held:
+                self._say_what_holds_back(long_held, targets)
+            if moved:
+                self._uncovered.clear()
+                self._retry_held_at = time.monotonic() + PARTIAL_COVER_S
                 return True
-            if ends.written and patience is not None and time.monotonic() > patience:
-                # Never covered short of the targets: the transaction holding the last stable
-                # offset back may be this master's own previous one (after a broker restart its
-                # abort markers can take longer than this), with acknowledged writes behind it.
-                patience = None
-                log.warning("buffer partitions %s: the last stable offset stays below this master's writes for "
-                            "%.0fs: a transaction is open there (a producer's, or this master's previous one "
-                            "being aborted); delivery waits for it", sorted(ends.written), MARKER_PATIENCE_S)
         return False
 
-    def _read_ends(self) -> Ends:
-        """The end offsets a cover waits for, read now (see :class:`Ends`).
+    def _say_what_holds_back(self, long_held: list[int], targets: dict[int, int]) -> None:
+        """Warn of partitions held back for long, and by what: an open transaction, or ingest lagging."""
+        try:
+            stable = self.ingest.end_offsets.read(timeout_s=5.0)
+        except KafkaException as err:
+            log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs (the last "
+                        "stable offsets cannot be read: %s); what falls due there waits", long_held,
+                        OPEN_TRANSACTION_WARN_S, err.args[0].str())
+            return
+        held = self.ingest.held_back({p: targets[p] for p in long_held}, stable)
+        if held:
+            log.warning("buffer partitions %s: a transaction is open there (a producer's, or a master's being "
+                        "committed or aborted) with acknowledged writes behind it; for %.0fs what falls due there "
+                        "has waited for it to end (the other partitions deliver)", held, OPEN_TRANSACTION_WARN_S)
+        behind = [p for p in long_held if p not in held]
+        if behind:
+            log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs: it is "
+                        "behind; what falls due there waits", behind, OPEN_TRANSACTION_WARN_S)
 
-        commit_transaction returns before the commit markers are written, and until they
-        are, the last stable offset of a partition stays at this master's transaction: a
-        write acknowledged after that transaction began would not be covered. The high
-        watermark is past every record acknowledged by now, this master's included; a
-        read_committed reader gets there once the markers are written.
+    def _read_ends(self) -> Ends:
+        """The high watermarks a cover waits for, read now (see :class:`Ends`).
+
+        The clock is read first: every write acknowledged by then is below them.
 
         Raises:
             KafkaException: the end offsets could not be read.
         """
         read_at = now_ms()
-        written = frozenset(self._written)
-        if not written:
-            return Ends(read_at, self.ingest.end_offsets.read(timeout_s=10.0), written)
-        stable, high = self.ingest.end_offsets.read_stable_and_high(timeout_s=10.0)
-        return Ends(read_at, {p: high[p] if p in written else end for p, end in stable.items()}, written)
+        return Ends(read_at, self.ingest.end_offsets.read(timeout_s=10.0, committed=False))
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
@@ -397,9 +472,11 @@ class Delivery:
         skip = self._skip(now)
         if self.cutoff.covers_ms < now:
             first = self.store.due(now, 1, skip=skip)
-            if first and first[0].deliver_at_ms > self.cutoff.covers_ms:
-                # Something fell due after the last cutoff: read the buffer up to now first,
-                # so a cancel or reschedule acknowledged before its due time wins.
+            fell_due = bool(first) and first[0].deliver_at_ms > self.cutoff.covers_ms
+            if fell_due or (self._uncovered and time.monotonic() >= self._retry_held_at):
+                # Something fell due after the last cutoff (or waits on a held partition): read
+                # the buffer up to now first, so a cancel or reschedule acknowledged before its
+                # due time wins.
                 if not self._cover(term, early_ends):
                     return 0
                 skip = self._skip(now)
@@ -416,7 +493,9 @@ class Delivery:
             outgoing = [item for item in prepared[0] if item.entry.delay_id not in skip]
             dead = [d for d in prepared[1] if d.item.entry.delay_id not in skip]
         else:
-            entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
+            entries = self._pick(skip)
+            if entries is None:
+                return 0  # only uncovered ones: pick again without them
             if not entries:
                 self._write_cursor(term.epoch)  # idle: the last batches' progress shows in `delayq status`
                 self.wakeup.sleep_until(self._next_wake(skip), term)
@@ -425,11 +504,35 @@ class Delivery:
         self._commit(term, outgoing, dead)
         return len(outgoing)
 
+    def _pick(self, skip: set[str]) -> list[StoredEntry] | None:
+        """The next batch the cutoff covers, in due order; None if all it found waits on a held partition.
+
+        While every partition is covered up to the same time (the usual case) that is the
+        store's due entries; otherwise each is checked against its own partition's cover,
+        and the ones not covered are left out until the next cover.
+        """
+        cutoff = self.cutoff
+        entries = self.store.due(cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
+        if cutoff.uniform or not entries:
+            return entries
+        count = len(self.ingest.partitions)
+        covered = cutoff.partition_ms
+        picked = []
+        for entry in entries:
+            if covered.get(wire.buffer_partition(entry.delay_id, count), -1) >= entry.deliver_at_ms:
+                picked.append(entry)
+            else:
+                self._uncovered.add(entry.delay_id)
+                skip.add(entry.delay_id)
+        return picked or None
+
     def _skip(self, now: int) -> set[str]:
-        """Ids not to pick now: in flight, in retry back-off, or unreadable."""
+        """Ids not to pick now: in flight, in retry back-off, unreadable, or waiting on a held partition."""
         skip = self.in_flight.snapshot()  # a copy of its own: extended in place
         if self._unreadable:
             skip |= self._unreadable
+        if self._uncovered:
+            skip |= self._uncovered
         if self.retries:
             skip.update(i for i, r in self.retries.items() if r.next_try_ms > now)
         return skip
@@ -437,6 +540,9 @@ class Delivery:
     def _next_wake(self, skip: set[str]) -> int | None:
         upcoming = self.store.due(2**62, 1, skip=skip)
         retry_at = min((r.next_try_ms for r in self.retries.values()), default=None)
+        if self._uncovered:  # look at the held partitions again soon
+            held_at = now_ms() + int(PARTIAL_COVER_S * 1000)
+            retry_at = held_at if retry_at is None else min(retry_at, held_at)
         candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
         return min(candidates, default=None)
 
@@ -602,7 +708,6 @@ class Delivery:
         buffer_topic = self.settings.buffer_topic
         epoch_text = str(epoch).encode()
         cutoffs = {partition: str(offset).encode() for partition, offset in self.cutoff.offsets.items()}
-        written = self._written
         for item in outgoing:
             pending = item.pending
             m = pending.message
@@ -619,7 +724,6 @@ class Delivery:
             partition = pending.buffer_partition
             produce(buffer_topic, None, id_bytes, partition=partition,
                     headers=wire.encoded_done_headers(id_bytes, version, cutoffs.get(partition, b"0")))
-            written.add(partition)
 
     def _commit_transaction(self, term: Term, ids: list[str], *, overlap: bool = False) -> None:
         """Commit the open transaction whose buffer writes concern ``ids``; they are in flight from now.
@@ -668,17 +772,18 @@ class Delivery:
                 return
             due = upcoming[0].deliver_at_ms
             if due <= self.cutoff.covers_ms:
-                entries = self.store.due(self.cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
-                self._prepared = self._route(entries, now)
+                entries = self._pick(skip)
+                if entries:
+                    self._prepared = self._route(entries, now)
                 return
             while not commit.done():
                 wait_ms = due - now_ms()
                 if wait_ms > 0:
                     wait_for_future([commit], timeout=wait_ms / 1000)
                     continue
-                # Read again while the commit lasts: the later the read, the more it covers. The
-                # transaction's records may not be appended yet, so these ends settle no partition.
-                self._early_ends = replace(self._read_ends(), settles_written=False)
+                # Read again while the commit lasts: the later the read, the more it covers (a
+                # cover up to them waits for this commit's markers).
+                self._early_ends = self._read_ends()
                 wait_for_future([commit], timeout=EARLY_ENDS_INTERVAL_S)
         except Exception as err:  # the commit's outcome decides; the next batch starts afresh
             log.info("could not prepare the next batch during a commit: %s", err)
@@ -694,7 +799,6 @@ class Delivery:
                    timestamp: int = 0) -> None:
         self._txn_producer().produce(self.settings.buffer_topic, key=delay_id.encode(), value=value,
                                      partition=partition, headers=headers, timestamp=timestamp)
-        self._written.add(partition)
 
     def _dead_letter(self, undeliverable: Undeliverable, epoch: int) -> None:
         item = undeliverable.item

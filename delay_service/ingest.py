@@ -244,6 +244,20 @@ class Ingest:
                 self._progress.wait(min(remaining, 0.1))
         return True
 
+    def positions(self) -> dict[int, int]:
+        """Partition -> the offset ingest has read the buffer up to (a copy)."""
+        with self._progress:
+            return dict(self._positions)
+
+    def held_back(self, targets: dict[int, int], stable: dict[int, int]) -> list[int]:
+        """The partitions ingest has read up to the last stable offset (``stable``) but not to ``targets``.
+
+        There, an open transaction keeps a read_committed reader from what lies behind it.
+        """
+        with self._progress:
+            return sorted(p for p, end in targets.items()
+                          if stable.get(p, end) <= self._positions.get(p, 0) < end)
+
     def close(self) -> None:
         self.ledger.close()
         self.consumer.close()

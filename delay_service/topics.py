@@ -143,7 +143,7 @@ def _offsets(futures: dict[TopicPartition, Future]) -> dict[int, int]:
 
 
 class EndOffsets:
-    """Reads the buffer's last stable offsets, replacing its AdminClient after any failure.
+    """Reads the buffer's end offsets (last stable or high watermark), replacing its AdminClient after any failure.
 
     After a broker restart, librdkafka's admin client can keep a partition's old leader
     epoch and be answered FENCED_LEADER_EPOCH on every ListOffsets from then on; a new
@@ -162,31 +162,17 @@ class EndOffsets:
         Raises:
             KafkaException: Kafka did not answer; the next call starts from a new client.
         """
-        return self._read((committed,), timeout_s)[0]
-
-    def read_stable_and_high(self, timeout_s: float = 15.0) -> tuple[dict[int, int], dict[int, int]]:
-        """The last stable offsets and the high watermarks: two requests sent at once (one round trip's wait).
-
-        Raises:
-            KafkaException: Kafka did not answer; the next call starts from a new client.
-        """
-        stable, high = self._read((True, False), timeout_s)
-        return stable, high
-
-    def _read(self, isolations: tuple[bool, ...], timeout_s: float) -> list[dict[int, int]]:
         with self._lock:
             admin = self._admin
         try:
-            asked = [_ask_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s, committed)
-                     for committed in isolations]
-            found = [_offsets(futures) for futures in asked]
-            unknown = sorted({p for ends in found for p, offset in ends.items() if offset < 0})
+            ends = _offsets(_ask_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s, committed))
+            unknown = sorted(p for p, offset in ends.items() if offset < 0)
             if unknown:
                 # librdkafka reports a partition it got no answer for as offset -1001 (invalid)
                 # rather than as an error: that is no end offset to cover anything with.
                 raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
                                                 f"no end offset for buffer partitions {unknown}"))
-            return found
+            return ends
         except KafkaException:
             with self._lock:
                 if self._admin is admin:

@@ -147,20 +147,20 @@ def test_a_delayed_message_in_an_aborted_transaction_is_never_delivered(cluster,
     assert aborted != committed
 
 
-def test_a_transaction_left_open_on_the_buffer_delays_what_falls_due_behind_it_and_loses_nothing(
+def test_a_transaction_left_open_on_the_buffer_holds_back_its_partition_only_and_loses_nothing(
         cluster, settings, names):
-    """A producer's open transaction holds its buffer partition's last stable offset back.
+    """A producer's open transaction holds back what falls due on its buffer partition, nothing else.
 
-    The master's `done`s land behind it there, and a later cover waits for the high
-    watermark of the partitions the master wrote: it never covers short of them, since the
-    transaction holding them back may be the master's own previous one (after a broker
-    restart), with acknowledged writes behind it. What falls due meanwhile waits for the
-    transaction to end; then everything is delivered, once.
+    A cancel acknowledged behind the transaction could be for any message of that
+    partition, so none is delivered until the transaction ends (the cancel test below
+    attacks that). Messages of the other partitions are delivered on time meanwhile,
+    including one due after the transaction began. Then everything is delivered, once.
     """
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
     cluster.start("node-a")
     conf = {"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster, "linger.ms": 1}
+    partitions = settings.buffer_partitions
     plain = delayq.Producer(conf)
     before = [plain.produce(target, b"before", key=b"k", delay=3) for _ in range(40)]  # every buffer partition
     plain.flush(10)
@@ -169,15 +169,15 @@ def test_a_transaction_left_open_on_the_buffer_delays_what_falls_due_behind_it_a
     transactional.begin_transaction()
     held = transactional.produce(target, b"held", key=b"k", delay=0.5)
     transactional.flush(10)  # written, not committed
-    # On another buffer partition, due after the dones of `before` are behind the open transaction.
-    partitions = settings.buffer_partitions
-    after = next(i for i in iter(env.new_delay_id, None)
-                 if env.buffer_partition(i, partitions) != env.buffer_partition(held, partitions))
+    held_partition = env.buffer_partition(held, partitions)
+    after = next(i for i in iter(env.new_delay_id, None) if env.buffer_partition(i, partitions) != held_partition)
     plain.produce(target, b"after", key=b"k", delay=6, delay_id=after)
     plain.flush(10)
+    on_time = sorted([i for i in before if env.buffer_partition(i, partitions) != held_partition] + [after])
+    assert len(on_time) < 41, "no message of `before` went to the held partition: nothing to test"
 
-    first = read_topic(settings.bootstrap_servers, target, expect=40, timeout_s=30, idle_s=3)
-    time.sleep(8)  # `after` is due; its cover waits for the transaction
+    first = read_topic(settings.bootstrap_servers, target, expect=len(on_time), timeout_s=30, idle_s=3)
+    time.sleep(3)
     while_open = read_topic(settings.bootstrap_servers, target, idle_s=1)
     transactional.commit_transaction(30)
     everything = read_topic(settings.bootstrap_servers, target, expect=42, timeout_s=30)
@@ -185,6 +185,55 @@ def test_a_transaction_left_open_on_the_buffer_delays_what_falls_due_behind_it_a
     def ids(records):
         return sorted(dict(r.headers())[env.ID].decode() for r in records)
 
-    assert ids(first) == sorted(before)
-    assert ids(while_open) == sorted(before)
+    assert ids(first) == on_time
+    assert ids(while_open) == on_time
     assert ids(everything) == sorted([*before, after, held])
+
+
+def test_a_cancel_acknowledged_behind_an_open_transaction_wins_before_and_after_a_failover(
+        cluster, settings, names):
+    """A cancel the producer saw acknowledged is honoured even if a transaction holds its partition back.
+
+    The cancel lands behind another producer's open transaction on the buffer: no
+    read_committed reader can see it until that transaction ends. Its message falls due
+    meanwhile; neither the master nor, after the master is killed, its successor may
+    deliver it. A cover reads the buffer up to the high watermark, past every acknowledged
+    write, and waits for the transaction that holds it back.
+    """
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    cluster.start("node-b")
+    master = cluster.master()
+    conf = {"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster, "linger.ms": 1}
+    plain = delayq.Producer(conf)
+    due_ms = int(time.time() * 1000) + 8000
+    cancelled = plain.produce(target, b"cancelled", deliver_at=due_ms)
+    plain.flush(10)
+    partition = env.buffer_partition(cancelled, settings.buffer_partitions)
+    held = next(i for i in iter(env.new_delay_id, None)
+                if env.buffer_partition(i, settings.buffer_partitions) == partition)
+    transactional = delayq.Producer({**conf, "transactional.id": names.topic("tx")})
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    transactional.produce(target, b"held", delay=0.5, delay_id=held)
+    transactional.flush(10)  # written to the cancelled message's partition, not committed
+    acked: list[object] = []
+    plain.cancel(cancelled, on_delivery=lambda err, _msg: acked.append(err))
+    plain.flush(10)
+    assert acked == [None], f"the cancel was not acknowledged: {acked}"
+    assert time.time() * 1000 < due_ms - 2000, "the set-up took too long: the cancel came too close to the due time"
+
+    time.sleep((due_ms / 1000 - time.time()) + 3)  # past the due time, the master running
+    while_open = read_topic(settings.bootstrap_servers, target, idle_s=1)
+    assert [r.value() for r in while_open] == [], "the master delivered a message whose cancel was acknowledged"
+    master.kill()
+    successor = cluster.master(other_than=master)
+    # The successor's first cover waits for the transaction, and says so.
+    assert wait_until(lambda: "a transaction is open" in successor.log_tail(200), timeout_s=30), successor.log_tail()
+    after_failover = read_topic(settings.bootstrap_servers, target, idle_s=1)
+    assert [r.value() for r in after_failover] == [], "the successor delivered it"
+    transactional.commit_transaction(30)
+    everything = read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=30, idle_s=3)
+
+    assert [dict(r.headers())[env.ID].decode() for r in everything] == [held]

@@ -416,14 +416,24 @@ def test_an_op_that_raises_mid_batch_leaves_nothing_written(store):
 
 
 def _crash_after(path, batches: int, options: str) -> None:
-    """In another process: apply ``batches`` batches of 100 puts (1 KiB each) and die without close()."""
+    """In another process: apply ``batches`` batches of 100 puts (1 KiB each) and die without close().
+
+    It dies once the flushes its full memtables started have ended (RocksDB flushes in
+    the background: on a busy machine, dying at once could precede the first flush).
+    """
     script = textwrap.dedent(f"""
-        import os
+        import os, time
         from delayq.store import Put, StoreOptions, TimeIndex
         index = TimeIndex({str(path)!r}, StoreOptions({options}))
         for b in range({batches}):
             index.apply([Put("id%06d" % i, {T0} + i, b"p" * 1024) for i in range(b * 100, b * 100 + 100)],
                         {{0: b * 100 + 100, 3: 9}})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (
+                index._db.property_int_value("rocksdb.num-running-flushes")
+                or any(family.property_int_value("rocksdb.num-immutable-mem-table")
+                       for family in index._cfs.values())):
+            time.sleep(0.01)
         os._exit(0)  # no close()
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
