@@ -55,6 +55,8 @@ OPEN_TRANSACTION_WARN_S = 5.0
 # How long a cover waits for a partition not known to be held back before it covers the others
 # without it; and how often, while messages wait on a held partition, a cover looks at it again.
 PARTIAL_COVER_S = 0.1
+# A partition that has not moved on for this long counts in delayq_held_partitions.
+HELD_GAUGE_S = 1.0
 # While a commit lasts and messages are falling due, how often the master reads the buffer's
 # end offsets for the next cover (one ListOffsets round trip each).
 EARLY_ENDS_INTERVAL_S = 0.002
@@ -146,6 +148,8 @@ class HeldCover:
     read_at_ms: int
     target: int
     since_s: float  # monotonic: when the partition last moved on
+    # It moved on at the last settle (to an older cover): lagging, not stuck, so covers wait for it again.
+    moving: bool = False
     warned: bool = False
 
 
@@ -173,30 +177,37 @@ class Cutoff:
         self.held: dict[int, HeldCover] = {}
 
     def awaited(self, targets: dict[int, int]) -> dict[int, int]:
-        """The targets a cover waits for: those of the partitions not held (all, if all are)."""
-        return {p: end for p, end in targets.items() if p not in self.held} or targets
+        """The targets a cover waits for: all but those of the partitions stuck (all, if all are)."""
+        return {p: end for p, end in targets.items()
+                if p not in self.held or self.held[p].moving} or targets
 
-    def settle(self, ends: Ends, positions: Mapping[int, int], now_s: float) -> bool:
-        """Cover each partition as far as ingest (at ``positions``) has read; True if any moved on."""
-        moved = False
+    def settle(self, ends: Ends, positions: Mapping[int, int], now_s: float) -> set[int]:
+        """Cover each partition as far as ingest (at ``positions``) has read; the partitions that moved on."""
+        moved = set()
         for p, target in ends.targets.items():
             position = positions.get(p, 0)
             if position >= target:
                 self._cover(p, ends.read_at_ms, target)
                 self.held.pop(p, None)
-                moved = True
+                moved.add(p)
                 continue
             held = self.held.get(p)
             if held is not None and position >= held.target:
                 self._cover(p, held.read_at_ms, held.target)
-                moved = True
-                held = None
-            if held is None:
+                moved.add(p)
+                self.held[p] = HeldCover(ends.read_at_ms, target, now_s, moving=True)
+            elif held is None:
                 self.held[p] = HeldCover(ends.read_at_ms, target, now_s)
+            else:
+                held.moving = False
         if moved:
             self.covers_ms = max(self.partition_ms.values())
             self.uniform = all(self.partition_ms.get(p) == self.covers_ms for p in self.partitions)
         return moved
+
+    def stuck_for(self, seconds: float, now_s: float) -> int:
+        """How many partitions have not moved on for ``seconds``."""
+        return sum(1 for held in self.held.values() if now_s - held.since_s >= seconds)
 
     def newly_held_for(self, seconds: float, now_s: float) -> list[int]:
         """The partitions that have not moved on for ``seconds``, each returned once per hold."""
@@ -268,8 +279,9 @@ class Delivery:
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
         self.cutoff = Cutoff(ingest.partitions)
-        # Due ids on a held partition, not covered yet: left out of picks until the next cover.
-        self._uncovered: set[str] = set()
+        # Due ids of each held partition, not covered yet: left out of picks until it moves on
+        # (kept across covers: a long hold's backlog is not walked again by every cover).
+        self._uncovered: dict[int, set[str]] = {}
         self._retry_held_at = 0.0  # when (monotonic s) a cover next looks at the held partitions
         # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
         self._unreadable: set[str] = set()
@@ -335,6 +347,12 @@ class Delivery:
                     self.producer = self._new_producer()
                 # Fences the previous master and aborts its open transaction.
                 self.producer.init_transactions(30)
+                # Nothing is covered until read again now: a transaction of this term whose
+                # commit failed may have committed after all (init_transactions settled it),
+                # and its `done`s must be read before its ids, no longer in flight, are picked.
+                self.cutoff = Cutoff(self.ingest.partitions)
+                self._uncovered.clear()
+                self._prepared = self._early_ends = None
                 # After init_transactions no older master can commit, so once ingest reaches the
                 # high watermarks (every transaction below them ended, an older master's committing
                 # one included) every `done` of every committed delivery is in the store.
@@ -401,11 +419,13 @@ class Delivery:
             # Never covered short of its targets: a cancel acknowledged behind an open
             # transaction would lose to its message (see Ends).
             moved = self.cutoff.settle(ends, self.ingest.positions(), time.monotonic())
+            self.metrics.held_partitions.set(self.cutoff.stuck_for(HELD_GAUGE_S, time.monotonic()))
             long_held = self.cutoff.newly_held_for(OPEN_TRANSACTION_WARN_S, time.monotonic())
             if long_held:
                 self._say_what_holds_back(long_held, targets)
+            for p in moved:
+                self._uncovered.pop(p, None)
             if moved:
-                self._uncovered.clear()
                 self._retry_held_at = time.monotonic() + PARTIAL_COVER_S
                 return True
         return False
@@ -519,10 +539,11 @@ class Delivery:
         covered = cutoff.partition_ms
         picked = []
         for entry in entries:
-            if covered.get(wire.buffer_partition(entry.delay_id, count), -1) >= entry.deliver_at_ms:
+            partition = wire.buffer_partition(entry.delay_id, count)
+            if covered.get(partition, -1) >= entry.deliver_at_ms:
                 picked.append(entry)
             else:
-                self._uncovered.add(entry.delay_id)
+                self._uncovered.setdefault(partition, set()).add(entry.delay_id)
                 skip.add(entry.delay_id)
         return picked or None
 
@@ -531,8 +552,8 @@ class Delivery:
         skip = self.in_flight.snapshot()  # a copy of its own: extended in place
         if self._unreadable:
             skip |= self._unreadable
-        if self._uncovered:
-            skip |= self._uncovered
+        for waiting in self._uncovered.values():
+            skip |= waiting
         if self.retries:
             skip.update(i for i, r in self.retries.items() if r.next_try_ms > now)
         return skip

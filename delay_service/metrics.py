@@ -71,5 +71,8 @@ class NodeMetrics:
         self.is_master = Gauge("delayq_is_master", "1 while this node is the master", registry=r)
         self.epoch = Gauge("delayq_epoch", "epoch of the current or last term this node held", registry=r)
         self.elections = Counter("delayq_elections", "elections this node won", registry=r)
+        self.held_partitions = Gauge("delayq_held_partitions", "buffer partitions the master's last cover could "
+                                     "not read to their high watermark (an open transaction, or ingest lagging): "
+                                     "what falls due there waits", registry=r)
         self.rebuilds = Counter("delayq_store_rebuilds", "times the store was wiped and rebuilt", ["reason"],
                                 registry=r)

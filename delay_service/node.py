@@ -222,6 +222,7 @@ class Node:
             self.delivery = None
             self.role = Role.STANDBY
             self.metrics.is_master.set(0)
+            self.metrics.held_partitions.set(0)  # a standby holds nothing back
             self._publish_once()
 
     def _publish_membership(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
                                                     config=config)])
             try:
                 futures[topic].result(30)
+                _wait_until_served(admin, topic, partitions, timeout_s=60.0)
                 results.append(TopicCheck(topic, True, []))
                 continue
             except KafkaException as err:
@@ -72,6 +74,31 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
                 existing = admin.list_topics(timeout=15).topics
         results.append(TopicCheck(topic, False, _differences(admin, topic, partitions, config, existing[topic])))
     return results
+
+
+def _wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout_s: float) -> None:
+    """Wait until the brokers' metadata lists ``topic`` with a leader for each partition.
+
+    CreateTopics answers once the controller has created the topic; a broker busy
+    loading many partitions (just restarted) can take seconds more to serve it, and a
+    node started meanwhile would find no buffer topic.
+
+    Raises:
+        UnavailableError: the topic is still not served after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+        except KafkaException:
+            metadata = None
+        if (metadata is not None and metadata.error is None and len(metadata.partitions) == partitions
+                and all(p.leader >= 0 for p in metadata.partitions.values())):
+            return
+        if time.monotonic() >= deadline:
+            raise UnavailableError(f"topic {topic} was created but no broker serves all its {partitions} partitions "
+                                   f"after {timeout_s:.0f}s: check the brokers' logs, then run `delayq init` again")
+        time.sleep(0.2)
 
 
 def _differences(admin: AdminClient, topic: str, partitions: int, config: dict[str, str], metadata) -> list[str]:

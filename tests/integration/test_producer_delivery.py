@@ -158,7 +158,7 @@ def test_a_transaction_left_open_on_the_buffer_holds_back_its_partition_only_and
     """
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
-    cluster.start("node-a")
+    node = cluster.start("node-a")
     conf = {"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster, "linger.ms": 1}
     partitions = settings.buffer_partitions
     plain = delayq.Producer(conf)
@@ -179,6 +179,7 @@ def test_a_transaction_left_open_on_the_buffer_holds_back_its_partition_only_and
     first = read_topic(settings.bootstrap_servers, target, expect=len(on_time), timeout_s=30, idle_s=3)
     time.sleep(3)
     while_open = read_topic(settings.bootstrap_servers, target, idle_s=1)
+    held_while_open = node.metric("delayq_held_partitions")
     transactional.commit_transaction(30)
     everything = read_topic(settings.bootstrap_servers, target, expect=42, timeout_s=30)
 
@@ -188,6 +189,52 @@ def test_a_transaction_left_open_on_the_buffer_holds_back_its_partition_only_and
     assert ids(first) == on_time
     assert ids(while_open) == on_time
     assert ids(everything) == sorted([*before, after, held])
+    assert held_while_open == 1
+    assert wait_until(lambda: node.metric("delayq_held_partitions") == 0, timeout_s=10)
+
+
+def test_a_long_hold_with_a_large_backlog_does_not_slow_the_other_partitions(cluster, settings, names):
+    """20,000 due messages wait on a partition an open transaction holds; the others deliver on time.
+
+    The held partition's backlog is first in due order: the master must not walk it again
+    at every cover, or what falls due elsewhere would wait behind it.
+    """
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target], partitions=3)
+    cluster.start("node-a")
+    conf = {"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster, "linger.ms": 5}
+    partitions = settings.buffer_partitions
+    plain = delayq.Producer(conf)
+    held_partition = 0
+    ids = iter(env.new_delay_id, None)
+    start_ms = int(time.time() * 1000)
+    backlog = [next(i for i in ids if env.buffer_partition(i, partitions) == held_partition) for _ in range(20_000)]
+    for delay_id in backlog:
+        plain.produce(target, b"backlog", deliver_at=start_ms + 5000, delay_id=delay_id)
+    plain.flush(30)
+    transactional = delayq.Producer({**conf, "transactional.id": names.topic("tx")})
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    held = next(i for i in ids if env.buffer_partition(i, partitions) == held_partition)
+    transactional.produce(target, b"held", deliver_at=start_ms + 5000, delay_id=held)
+    transactional.flush(10)
+    others = {}
+    for n in range(200):
+        delay_id = next(i for i in ids if env.buffer_partition(i, partitions) != held_partition)
+        others[delay_id] = start_ms + 7000 + n * 30  # falling due over 6 s while the hold lasts
+        plain.produce(target, b"other", deliver_at=others[delay_id], delay_id=delay_id)
+    plain.flush(10)
+    assert int(time.time() * 1000) < start_ms + 5000, "the set-up took too long to test anything"
+
+    while_held = read_topic(settings.bootstrap_servers, target, expect=len(others), timeout_s=30, idle_s=2)
+    transactional.commit_transaction(30)
+    everything = read_topic(settings.bootstrap_servers, target, expect=len(others) + 20_001, timeout_s=60, idle_s=3)
+
+    delivered = {dict(r.headers())[env.ID].decode(): r.timestamp()[1] for r in while_held}
+    assert set(delivered) == set(others)
+    lateness = sorted(delivered[i] - due for i, due in others.items())
+    assert lateness[0] >= 0 and lateness[-1] < 2000, f"lateness of the other partitions' messages: {lateness[-5:]} ms"
+    assert sorted(dict(r.headers())[env.ID].decode() for r in everything) == sorted([*others, *backlog, held])
 
 
 def test_a_cancel_acknowledged_behind_an_open_transaction_wins_before_and_after_a_failover(

@@ -25,7 +25,7 @@ def test_a_partition_not_reached_keeps_its_older_cover_and_is_not_waited_for():
     assert cutoff.partition_ms == {0: 2000, 1: 1000} and cutoff.offsets == {0: 9, 1: 5}
     assert (cutoff.covers_ms, cutoff.uniform) == (2000, False)
     assert cutoff.held[1].target == 8 and cutoff.held[1].read_at_ms == 2000
-    assert cutoff.awaited({0: 12, 1: 10}) == {0: 12}
+    assert cutoff.awaited({0: 12, 1: 10}) == {0: 12}, "a stuck partition is not waited for"
     assert cutoff.awaited({1: 10}) == {1: 10}, "when every partition is held, the cover waits for them all"
 
 
@@ -39,6 +39,7 @@ def test_a_held_partition_moves_on_to_its_older_cover_while_its_high_watermark_k
 
     assert cutoff.partition_ms == {0: 1000} and cutoff.offsets == {0: 10}
     assert cutoff.held[0].target == 20 and cutoff.held[0].read_at_ms == 2000
+    assert cutoff.held[0].moving and cutoff.awaited({0: 25}) == {0: 25}, "a lagging partition is waited for again"
     assert cutoff.settle(Ends(3000, {0: 30}), {0: 30}, now_s=0.2)
     assert cutoff.partition_ms == {0: 3000} and cutoff.held == {} and cutoff.uniform
 
@@ -62,3 +63,12 @@ def test_a_partition_held_for_long_is_reported_once_per_hold():
     cutoff.settle(Ends(2000, {0: 6, 1: 6}), {0: 6, 1: 6}, now_s=31.0)
     cutoff.settle(Ends(3000, {0: 6, 1: 9}), {0: 6, 1: 6}, now_s=32.0)
     assert cutoff.newly_held_for(5.0, now_s=37.0) == [1], "a new hold is reported again"
+
+
+def test_only_partitions_stuck_for_long_count_as_held():
+    cutoff = Cutoff([0, 1, 2])
+    cutoff.settle(Ends(1000, {0: 5, 1: 5, 2: 5}), {0: 5, 1: 3, 2: 3}, now_s=10.0)
+    cutoff.settle(Ends(2000, {0: 6, 1: 9, 2: 9}), {0: 6, 1: 5, 2: 3}, now_s=10.5)  # 1 moves on, 2 does not
+
+    assert cutoff.stuck_for(1.0, now_s=11.2) == 1
+    assert cutoff.stuck_for(1.0, now_s=11.6) == 2

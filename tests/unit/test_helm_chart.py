@@ -675,6 +675,8 @@ def test_prometheus_rule_alerts_on_no_master_ingest_lag_and_dead_letters(rendere
     assert "delayq_is_master" in alerts["DelayqNoMaster"]["expr"]
     assert "delayq_buffer_lag" in alerts["DelayqIngestLag"]["expr"] and "> 50000" in alerts["DelayqIngestLag"]["expr"]
     assert "delayq_dead_lettered_total" in alerts["DelayqDeadLetters"]["expr"]
+    assert "delayq_held_partitions" in alerts["DelayqBufferPartitionHeld"]["expr"]
+    assert alerts["DelayqBufferPartitionHeld"]["for"] == "2m"
     selector = f'namespace="{NAMESPACE}", service="dq-delayq"'
     for name, alert in alerts.items():
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}, name
