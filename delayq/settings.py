@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -222,13 +222,22 @@ def check_file_keys(path: Path, values: Mapping[str, object]) -> None:
             raise ConfigurationError(f"{path}: {key}: no such setting; {closest_setting(key, Settings.model_fields)}")
 
 
+def validation_problems(err: ValidationError, named: Callable[[str], str]) -> str:
+    """Each error of ``err`` as "where = value: what is wanted", joined by "; ".
+
+    ``named(field)`` says where the field's value came from (a variable, a conf key): the
+    one place the wording of an invalid setting lives, for the command line and the producer.
+    """
+    problems = []
+    for error in err.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        problems.append(f"{named(field)} = {error.get('input')!r:.80}: {error['msg']}")
+    return "; ".join(problems)
+
+
 def settings_problem(err: ValidationError) -> str | None:
     """One line for an invalid setting (which variable, the value, what is wanted); None if not about Settings."""
     if err.title != Settings.__name__:
         return None
-    problems = []
-    for error in err.errors():
-        field = str(error["loc"][0]) if error["loc"] else ""
-        where = f"{ENV_PREFIX}{field.upper()}" if field in Settings.model_fields else field or "settings"
-        problems.append(f"{where} = {error.get('input')!r:.80}: {error['msg']}")
-    return "invalid setting: " + "; ".join(problems)
+    return "invalid setting: " + validation_problems(
+        err, lambda field: f"{ENV_PREFIX}{field.upper()}" if field in Settings.model_fields else field or "settings")

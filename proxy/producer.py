@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from delayq import wire as env
 from delayq.errors import ConfigurationError
-from delayq.settings import Settings, closest_setting
+from delayq.settings import ENV_PREFIX, Settings, closest_setting, validation_problems
 from delayq.wire import buffer_partition, check_delay_id, control_headers, frame_head, put_value
 
 from .lookup import Lookup, lookup
@@ -149,12 +149,10 @@ def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as err:
-        problems = []
-        for error in err.errors():
-            field = str(error["loc"][0]) if error["loc"] else ""
-            where = f"conf key {conf_keys[field]!r}" if field in conf_keys else f"DELAYQ_{field.upper()}"
-            problems.append(f"{where} = {error.get('input')!r}: {error['msg']}")
-        raise ValueError("delayq settings are not valid: " + "; ".join(problems)) from None
+        def named(field: str) -> str:
+            return f"conf key {conf_keys[field]!r}" if field in conf_keys else f"{ENV_PREFIX}{field.upper()}"
+
+        raise ValueError("delayq settings are not valid: " + validation_problems(err, named)) from None
 
 
 # -- due times ---------------------------------------------------------------
@@ -600,20 +598,26 @@ class Producer(confluent_kafka.Producer):
     def _partition_of(self, delay_id: str) -> int:
         partitions = self._buffer_partitions
         if partitions is None:
-            partitions = self._load_buffer_partitions()
+            partitions = self.buffer_partitions()
         return buffer_partition(delay_id, partitions)
 
-    def _load_buffer_partitions(self) -> int:
+    def buffer_partitions(self, timeout: float = 10.0) -> int:
+        """The buffer topic's partition count, asked of Kafka once, then remembered.
+
+        Raises:
+            KafkaException: UNKNOWN_TOPIC_OR_PART, saying to run ``delayq init``, when the
+                buffer topic does not exist; another error when Kafka does not answer.
+        """
         with self._lock:
             if self._buffer_partitions is None:
                 # All topics, not just the buffer: a metadata request naming a missing topic may auto-create it.
-                topics = self.list_topics(timeout=10).topics
+                topics = self.list_topics(timeout=timeout).topics
                 found = topics.get(self._buffer_topic)
                 if found is None or found.error is not None or not found.partitions:
                     raise KafkaException(KafkaError(
                         KafkaError.UNKNOWN_TOPIC_OR_PART,
-                        f"buffer topic {self._buffer_topic!r} does not exist: create it with `delayq init` "
-                        "(cluster from DELAYQ_CLUSTER or conf key delayq.cluster)"))
+                        f"buffer topic {self._buffer_topic!r} does not exist: create it with `delayq init`, or set "
+                        "DELAYQ_CLUSTER or conf key delayq.cluster (or the buffer topic) to the cluster's"))
                 self._buffer_partitions = len(found.partitions)
         return self._buffer_partitions
 

@@ -18,8 +18,7 @@ from delayq.errors import UsageError
 from delayq.wire import MIN_DUE_MS
 
 if TYPE_CHECKING:
-    from confluent_kafka import Producer
-
+    from delayq.proxy import Producer
     from delayq.settings import Settings
 # The earliest due time delayq takes (delayq.wire.MIN_DUE_MS): 2000-01-01T00:00:00Z.
 _MIN_AT = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=MIN_DUE_MS)
@@ -119,19 +118,16 @@ def require_buffer_topic(producer: Producer, settings: Settings, timeout_s: floa
     Raises:
         CommandError: Kafka does not answer, or the buffer topic does not exist.
     """
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
     try:
-        # All topics, not just the buffer: a metadata request naming a missing topic may auto-create it.
-        topics = producer.list_topics(timeout=timeout_s).topics
+        producer.buffer_partitions(timeout_s)
     except KafkaException as err:
+        error = err.args[0]
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise CommandError(f"on {settings.bootstrap_servers}: {error.str()}") from None
         raise CommandError(f"Kafka at {settings.bootstrap_servers} did not answer within {timeout_s:g}s: "
-                           f"{err.args[0].str()}; is it running (delayq dev status)?") from None
-    found = topics.get(settings.buffer_topic)
-    if found is None or found.error is not None:
-        raise CommandError(f"buffer topic {settings.buffer_topic!r} does not exist on {settings.bootstrap_servers}: "
-                           "create it with `delayq init`, or set DELAYQ_CLUSTER (or DELAYQ_BUFFER_TOPIC) to the "
-                           "cluster's")
+                           f"{error.str()}; is it running (delayq dev status)?") from None
 
 
 def _produce(args: argparse.Namespace) -> int:
