@@ -626,7 +626,11 @@ class Delivery:
             error: KafkaError = err.args[0]
             if error.fatal() or not term.active:
                 raise LeadershipLost(f"transaction failed: {error.str()}") from err
-            if not error.txn_requires_abort() and not error.retriable():
+            if not error.txn_requires_abort():
+                # A commit that timed out, or failed in a way that may pass, may still complete
+                # at the broker (librdkafka carries it on): aborting and delivering again could
+                # deliver twice. Only a new producer's init_transactions settles it; run() opens
+                # one, and covers afresh before these ids, out of flight now, can be picked.
                 raise
             self._abort(term)
             if len(outgoing) + len(dead) > 1:
