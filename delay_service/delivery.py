@@ -626,13 +626,18 @@ class Delivery:
             error: KafkaError = err.args[0]
             if error.fatal() or not term.active:
                 raise LeadershipLost(f"transaction failed: {error.str()}") from err
-            if not error.txn_requires_abort():
-                # A commit that timed out, or failed in a way that may pass, may still complete
-                # at the broker (librdkafka carries it on): aborting and delivering again could
-                # deliver twice. Only a new producer's init_transactions settles it; run() opens
-                # one, and covers afresh before these ids, out of flight now, can be picked.
+            if not error.txn_requires_abort() and not error.retriable():
                 raise
+            # Abort in place, never through a new producer: a master whose term ended unseen
+            # (frozen past its session) would fence the new master with its init_transactions.
             self._abort(term)
+            if not error.txn_requires_abort():
+                # A commit that timed out, or failed in a way that may pass, may have completed
+                # at the broker all the same: deliver nothing of it again until a fresh cover
+                # has read whatever it committed (its `done`s close these ids in the store).
+                self.cutoff = Cutoff(self.ingest.partitions)
+                self._uncovered.clear()
+                return
             if len(outgoing) + len(dead) > 1:
                 # Find the record the broker rejects: deliver one per transaction.
                 for item in outgoing:
