@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -48,6 +49,7 @@ from .soak_check import (
     compare_with_reconcile,
     failures,
     judge,
+    missing_by_buffer_partition,
     owed_versions,
 )
 from .soak_faults import FAULT_KINDS, Chaos, log_excerpt, log_warnings, plan_faults
@@ -164,6 +166,8 @@ class Soak:
         self.started = time.monotonic()  # of the traffic, once it starts
         self.phase = "starting"
         self.owed_left = 0  # while draining: versions that must still arrive
+        # Read once the nodes have stopped: partitions whose last stable offset is below their high watermark.
+        self.open_transactions: dict[str, Any] = {}
 
     # -- the run -------------------------------------------------------------
 
@@ -270,6 +274,7 @@ class Soak:
                 if node.process is not None and node.process.poll() is None:
                     self.chaos.stop_node(node)
             self.watcher.read_to_end()
+        self.open_transactions = self._open_transactions(settings)
         history = self.recorder.history(until_ms, now_ms(), self.chaos.windows)
         findings = judge(history)
         comparison = None
@@ -313,6 +318,31 @@ class Soak:
         if self.stack is not None:
             self.stack.down()
         _clean_runs(self.options.state_dir, self.options.keep_runs)
+
+    def _open_transactions(self, settings: Settings) -> dict[str, Any]:
+        """The partitions (buffer and targets) a transaction still holds open now that the nodes have stopped.
+
+        There the last stable offset is below the high watermark: every read_committed reader
+        (ingest, the watcher, the reconciliation) stops at it, so what lies behind it looks
+        missing. Each: ``{"stable": LSO, "high": HW}``; an error if Kafka did not answer.
+        """
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
+        found: dict[str, Any] = {}
+        for topic, count in [(settings.buffer_topic, settings.buffer_partitions), *((t, 3) for t in self.topics)]:
+            requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(count)}
+            try:
+                ends = {isolation: {tp.partition: future.result().offset for tp, future in
+                                    admin.list_offsets(requests, isolation_level=isolation,
+                                                       request_timeout=10).items()}
+                        for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)}
+            except KafkaException as err:
+                found[topic] = f"end offsets not read: {err.args[0].str()}"
+                continue
+            for p in range(count):
+                stable, high = ends[IsolationLevel.READ_COMMITTED][p], ends[IsolationLevel.READ_UNCOMMITTED][p]
+                if stable != high:
+                    found[f"{topic}/{p}"] = {"stable": stable, "high": high}
+        return found
 
     def _stall_evidence(self, stall: Stall | None) -> dict[str, Any] | None:
         """A stall, with what each node logged from 5 s before it until it ended."""
@@ -398,6 +428,8 @@ class Soak:
             "stall": self._stall_evidence(findings.stall),
             "stall_beyond_outages": self._stall_evidence(findings.stall_beyond_outages),
             "anomaly_node_logs": self._anomaly_evidence(findings),
+            "missing_by_buffer_partition": missing_by_buffer_partition(findings, started_ms),
+            "open_transactions_at_end": self.open_transactions,
             "lateness_ms": {"in_faults": findings.lateness_in_faults.as_dict(),
                             "outside_faults": findings.lateness_outside_faults.as_dict()},
             "faults": {kind: chaos.done[kind] for kind in FAULT_KINDS},

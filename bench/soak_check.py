@@ -431,6 +431,32 @@ def _nearest_rank(ordered: list[int], fraction: float) -> int | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
+def missing_by_buffer_partition(findings: Findings, started_ms: int) -> dict[str, dict[str, Any]]:
+    """The missing versions grouped by the buffer partition their put went to: where to look first.
+
+    Each group: how many, the range of their puts' offsets, and when (seconds after
+    ``started_ms``) those puts were acknowledged and fell due. Missing versions packed on
+    one partition behind one offset point at that partition (an open transaction, a stuck
+    reader); spread evenly, at the master.
+    """
+    groups: dict[str, list[tuple[int | None, int | None, int]]] = defaultdict(list)
+    for anomaly in findings.by_kind("missing"):
+        version = anomaly.evidence["versions"][anomaly.evidence["version_index"]]
+        put = version["put"]
+        groups[str(put["buffer_partition"])].append((put["buffer_offset"], put["acked_ms"], version["due_ms"]))
+
+    def span(values: Iterable[int | None], scale: float = 1, origin: int = 0) -> list[float] | None:
+        known = [v for v in values if v is not None]
+        if not known:
+            return None
+        return [round((min(known) - origin) / scale, 1), round((max(known) - origin) / scale, 1)]
+
+    return {partition: {"count": len(rows), "offsets": span(r[0] for r in rows),
+                        "acked_s": span((r[1] for r in rows), 1000, started_ms),
+                        "due_s": span((r[2] for r in rows), 1000, started_ms)}
+            for partition, rows in sorted(groups.items())}
+
+
 # -- the verdict and the reconciliation ----------------------------------------
 
 # The soak's anomaly kinds and the reconciliation report's names for them.

@@ -52,6 +52,12 @@ KAFKA_RETRY_S = 0.5
 # How long a partition may be held back by an open transaction before the master warns (it
 # goes on waiting for it, and delivering from the other partitions: see Delivery._cover).
 OPEN_TRANSACTION_WARN_S = 5.0
+# How long a partition may be held back by an open transaction before the master commits its
+# partition mark there (wire.mark_id), and how often again while the hold lasts. Kafka can
+# leave a transaction of the master's producer open on a partition for good (its markers
+# lost over a broker restart): the mark ends it. Anyone else's transaction it leaves alone.
+MARK_HELD_AFTER_S = 2.0
+MARK_AGAIN_S = 5.0
 # How long a cover waits for a partition not known to be held back before it covers the others
 # without it; and how often, while messages wait on a held partition, a cover looks at it again.
 PARTIAL_COVER_S = 0.1
@@ -151,6 +157,8 @@ class HeldCover:
     # It moved on at the last settle (to an older cover): lagging, not stuck, so covers wait for it again.
     moving: bool = False
     warned: bool = False
+    marked_at: float | None = None  # monotonic: when the master last committed its mark there
+    marks: int = 0  # how many marks this hold has had
 
 
 class Cutoff:
@@ -214,6 +222,15 @@ class Cutoff:
         found = sorted(p for p, held in self.held.items() if not held.warned and now_s - held.since_s >= seconds)
         for p in found:
             self.held[p].warned = True
+        return found
+
+    def due_for_mark(self, after_s: float, again_s: float, now_s: float) -> list[int]:
+        """The partitions held for ``after_s`` and not marked for ``again_s``; they count as marked now."""
+        found = sorted(p for p, held in self.held.items() if now_s - held.since_s >= after_s
+                       and (held.marked_at is None or now_s - held.marked_at >= again_s))
+        for p in found:
+            self.held[p].marked_at = now_s
+            self.held[p].marks += 1
         return found
 
     def _cover(self, partition: int, read_at_ms: int, target: int) -> None:
@@ -420,6 +437,9 @@ class Delivery:
             # transaction would lose to its message (see Ends).
             moved = self.cutoff.settle(ends, self.ingest.positions(), time.monotonic())
             self.metrics.held_partitions.set(self.cutoff.stuck_for(HELD_GAUGE_S, time.monotonic()))
+            to_mark = self.cutoff.due_for_mark(MARK_HELD_AFTER_S, MARK_AGAIN_S, time.monotonic())
+            if to_mark:
+                self._mark_held(term, to_mark, targets)
             long_held = self.cutoff.newly_held_for(OPEN_TRANSACTION_WARN_S, time.monotonic())
             if long_held:
                 self._say_what_holds_back(long_held, targets)
@@ -429,6 +449,38 @@ class Delivery:
                 self._retry_held_at = time.monotonic() + PARTIAL_COVER_S
                 return True
         return False
+
+    def _mark_held(self, term: Term, partitions: list[int], targets: dict[int, int]) -> None:
+        """Commit the partition mark to those of ``partitions`` an open transaction holds back.
+
+        No transaction of this term is open while a cover runs, and init_transactions ended
+        every older one the coordinator knows: one of this producer's still open there is
+        one Kafka left open for good (its markers lost over a broker restart). A partition
+        ends a producer's open transaction with that producer's next marker, so the mark's
+        commit ends it, committed: the coordinator had decided it (a commit whose markers
+        were lost), and the master's deliveries to its target partitions will end it there
+        the same way. Its `done`s close their ids then; those ids were never picked again,
+        their partition being held. Another producer's transaction is left alone.
+
+        Raises:
+            KafkaException: the last stable offsets could not be read, or the commit failed.
+        """
+        stable = self.ingest.end_offsets.read(timeout_s=5.0)
+        held = self.ingest.held_back({p: targets[p] for p in partitions}, stable)
+        if not held:
+            return  # ingest lags there: nothing to end
+        count = len(self.ingest.partitions)
+        self._txn_producer().begin_transaction()
+        for partition in held:
+            mark = wire.mark_id(partition, count)
+            self._to_buffer(mark, partition, None, wire.done_headers(mark, 0, 0))
+        self._commit_transaction(term, [])
+        self.metrics.partition_marks.inc(len(held))
+        first = any(p in self.cutoff.held and self.cutoff.held[p].marks == 1 for p in held)
+        log.log(logging.WARNING if first else logging.INFO,
+                "buffer partitions %s: a transaction held them open for %.0fs; committed the partition mark "
+                "there, which ends one of this master's producer that Kafka left open (its markers lost, as over "
+                "a broker restart); if the hold lasts, it is another producer's", held, MARK_HELD_AFTER_S)
 
     def _say_what_holds_back(self, long_held: list[int], targets: dict[int, int]) -> None:
         """Warn of partitions held back for long, and by what: an open transaction, or ingest lagging."""

@@ -74,5 +74,8 @@ class NodeMetrics:
         self.held_partitions = Gauge("delayq_held_partitions", "buffer partitions the master's last cover could "
                                      "not read to their high watermark (an open transaction, or ingest lagging): "
                                      "what falls due there waits", registry=r)
+        self.partition_marks = Counter("delayq_partition_marks", "partition marks the master committed to buffer "
+                                       "partitions an open transaction held back (see delayq.wire.mark_id)",
+                                       registry=r)
         self.rebuilds = Counter("delayq_store_rebuilds", "times the store was wiped and rebuilt", ["reason"],
                                 registry=r)

@@ -30,6 +30,7 @@ every node consumes the record.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 import time
@@ -157,6 +158,38 @@ def is_delay_id(key: bytes) -> bool:
     return _DELAY_ID.fullmatch(key) is not None
 
 
+# Ids whose UUIDv7 time is 0 are no message's (new_delay_id() stamps the current time):
+# each buffer partition has one, the key of the master's partition mark (mark_id()).
+MARK_ID_PREFIX = b"00000000-0000-7000-8000-"
+
+
+def is_mark_id(key: bytes) -> bool:
+    """Whether ``key`` is a partition mark's id (:func:`mark_id`), which no message may use."""
+    return key.startswith(MARK_ID_PREFIX)
+
+
+@functools.lru_cache(maxsize=1024)
+def mark_id(partition: int, partitions: int) -> str:
+    """The id of buffer partition ``partition``'s mark: the first ``00000000-0000-7000-8000-<n>`` that lands there.
+
+    A mark is a ``done`` of this id (it closes nothing) that the master commits to a
+    partition a transaction has held open for too long. Kafka can leave a transaction of
+    the master's producer open on a partition whose markers it lost (over a broker
+    restart, when it takes a partition without a leader for a deleted one); no
+    coordinator will ever end it. The master's next committed write there ends it
+    (a partition ends a producer's open transaction with that producer's next marker), and
+    with it the hold on every read_committed reader, ingest included.
+    """
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} is not one of the buffer's {partitions} partitions")
+    n = 0
+    while True:
+        candidate = MARK_ID_PREFIX + b"%012x" % n
+        if zlib.crc32(candidate) % partitions == partition:
+            return candidate.decode()
+        n += 1
+
+
 def buffer_partition(delay_id: str | bytes, partitions: int) -> int:
     """The buffer partition every record of ``delay_id`` goes to: CRC32 of the id's bytes, mod the count.
 
@@ -181,6 +214,9 @@ def check_delay_id(delay_id: object, argument: str = "delay_id") -> str:
     if not delay_id.isascii() or not is_delay_id(delay_id.encode()):
         raise ValueError(f"{argument} {delay_id!r} is not a delay id: expected a UUID like "
                          f"'{DELAY_ID_EXAMPLE}', as returned by produce()")
+    if is_mark_id(delay_id.encode()):
+        raise ValueError(f"{argument} {delay_id!r} is reserved (ids starting {MARK_ID_PREFIX.decode()} are the "
+                         f"buffer partitions' marks): use the id produce() returned")
     return delay_id
 
 
@@ -345,7 +381,13 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
     delay_id = key.decode()
     if value is None:
         op, closes_version = _tombstone(key, headers)
+        if op != OP_DONE and key.startswith(MARK_ID_PREFIX):
+            raise MalformedRecord(Reason.BAD_ID, f"a cancel of {delay_id}, a partition mark's id "
+                                  f"({MARK_ID_PREFIX.decode()}...): no message has it")
         return BufferRecord(op, delay_id, None, closes_version)
+    if key.startswith(MARK_ID_PREFIX):
+        raise MalformedRecord(Reason.BAD_ID, f"a put of {delay_id}, a partition mark's id ({MARK_ID_PREFIX.decode()}...): "
+                              "a message's id comes from produce()")
     if headers:
         for header_name, _ in headers:
             if header_name.startswith(RESERVED_PREFIX):

@@ -177,7 +177,8 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
     was read from and the buffer's partition count, so a record off its id's partition
     is malformed here exactly as on a node. Malformed records (``malformed`` 1, ``kind``
     null, ``code`` their :class:`delayq.wire.Reason`) take no part otherwise: the same
-    records a node dead-letters.
+    records a node dead-letters. The master's partition marks (:func:`delayq.wire.mark_id`)
+    are left out: they are no message's records.
 
     Args:
         raw: the buffer topic as Spark's Kafka source reads it.
@@ -189,11 +190,14 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
 
     parsed = (raw.select("key", "value", "headers", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
               .mapInArrow(partial(classify_buffer, partitions=partitions), BUFFER_SCHEMA))
-    return parsed.select(
+    rows = parsed.select(
         F.col("key").cast("string").alias("id"),
         F.col("code").isNotNull().cast("int").alias("malformed"),
         "kind", "code", "partition", "offset", "due", "put_topic", "restores", "ts", "version", "cutoff",
     )
+    # A put or cancel of a mark's id is malformed (nodes dead-letter it): only the marks themselves go.
+    return rows.where((F.col("malformed") == 1) | F.col("id").isNull()
+                      | ~F.col("id").startswith(env.MARK_ID_PREFIX.decode()))
 
 
 def dead_letter_rows(raw: DataFrame) -> DataFrame:

@@ -34,6 +34,7 @@ def _put(frame: bytes, rest: bytes = b"x") -> bytes:
 
 
 K = ID.encode()
+MARK = wire.mark_id(1, PARTITIONS).encode()
 CANCEL = [(wire.OP, b"cancel"), (wire.ID, K)]
 CASES = [
     Case("put", K, _put(b"put " + DUE + b" orders -"), [], wire.OP_PUT),
@@ -45,9 +46,14 @@ CASES = [
     Case("cancel without delayq-id", K, None, [(wire.OP, b"cancel")], wire.OP_CANCEL),
     Case("done", K, None, wire.done_headers(ID, 7, 9), wire.OP_DONE),
     Case("old done", K, None, [(wire.OP, b"done"), (wire.ID, K)], wire.OP_DONE),
+    Case("partition mark", MARK, None, wire.done_headers(MARK.decode(), 0, 0), wire.OP_DONE, 1),
     # -- malformed --------------------------------------------------------
     Case("cancel on the wrong partition", K, None, CANCEL, wire.Reason.WRONG_PARTITION, OTHER, "crc32(id)"),
     Case("put on the wrong partition", K, _put(b"put " + DUE + b" orders -"), [], wire.Reason.WRONG_PARTITION, OTHER),
+    Case("put of a partition mark's id", MARK, _put(b"put " + DUE + b" orders -"), [], wire.Reason.BAD_ID, 1,
+         "partition mark"),
+    Case("cancel of a partition mark's id", MARK, None, [(wire.OP, b"cancel"), (wire.ID, MARK)], wire.Reason.BAD_ID,
+         1, "partition mark"),
     Case("no key", None, _put(b"put " + DUE + b" orders -"), [], wire.Reason.BAD_ID, 0, "no key"),
     Case("empty key", b"", None, CANCEL, wire.Reason.BAD_ID, 0, "no key"),
     Case("key not a UUID", b"order-17", _put(b"put " + DUE + b" orders -"), [], wire.Reason.BAD_ID,

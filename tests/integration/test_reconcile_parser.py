@@ -28,6 +28,7 @@ from delayq.spark.records import CANCEL, DONE, PUT
 
 PARTITIONS = 3
 DUE = 1_800_000_000_000  # 2027-01-15T08:00:00Z, in ms
+MARK = wire.mark_id(1, PARTITIONS).encode()
 KINDS = {wire.OP_PUT: PUT, wire.OP_CANCEL: CANCEL, wire.OP_DONE: DONE}
 
 
@@ -86,6 +87,8 @@ def cases() -> list[Case]:
         Case("non-UUID key", b"order-42", _put("-\nx"), code="bad-id"),
         Case("upper-case UUID key", str(uuid.uuid4()).upper().encode(), _put("-\nx"), code="bad-id"),
         Case("no key", None, _put("-\nx"), code="bad-id"),
+        Case("put of a partition mark's id", MARK, _put("-\nx"), code="bad-id"),
+        Case("cancel of a partition mark's id", MARK, None, ((wire.OP, b"cancel"),), code="bad-id"),
         Case("unknown partitioner", _id(), _put("- partitioner=java_default\nx"), code="unknown-option"),
         Case("due time in seconds", _id(), f"put {DUE // 1000} orders -\nx".encode(), code="bad-due-time"),
         # And the rest of the grammar.
@@ -138,6 +141,18 @@ def test_spark_classifies_every_record_as_a_node_does_in_memory():
 
     assert {c.name: found[(c.partition, offset)] for offset, c in enumerate(CASES)} == \
         {c.name: node_verdict(c) for c in CASES}
+
+
+def test_the_masters_partition_marks_take_no_part_in_the_reconciliation():
+    spark = spark_session("local[2]")
+    when = datetime(2027, 1, 15, tzinfo=UTC)
+    mark_headers = [{"key": name, "value": data} for name, data in wire.done_headers(MARK.decode(), 0, 0)]
+    rows = [(MARK, None, "buffer", 1, 0, when, 0, mark_headers),
+            (MARK, _put("-\nx"), "buffer", 1, 1, when, 0, None)]
+
+    found = _spark_verdicts(spark.createDataFrame(rows, _KAFKA_SCHEMA))
+
+    assert found == {(1, 1): (None, "bad-id")}, "the mark is left out; a put of its id is malformed, as on a node"
 
 
 @pytest.mark.integration

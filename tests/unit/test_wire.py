@@ -106,3 +106,30 @@ def test_delay_ids_are_uuid7_and_sort_by_time():
 def test_check_delay_id_refuses_what_is_not_an_id(bad, error):
     with pytest.raises(error, match="delay_id"):
         check_delay_id(bad)
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 6, 12, 64])
+def test_each_partition_has_a_mark_id_that_lands_on_it_and_no_new_id_is_one(partitions):
+    marks = [env.mark_id(p, partitions) for p in range(partitions)]
+
+    assert [env.buffer_partition(mark, partitions) for mark in marks] == list(range(partitions))
+    assert all(env.is_mark_id(mark.encode()) and uuid.UUID(mark).version == 7 for mark in marks)
+    assert not env.is_mark_id(new_delay_id(1).encode()), "an id stamped even 1 ms after 1970 is a message's"
+    with pytest.raises(ValueError, match="is not one of the buffer's"):
+        env.mark_id(partitions, partitions)
+
+
+def test_a_mark_is_a_done_that_closes_nothing_and_a_put_or_cancel_of_its_id_is_malformed():
+    mark = env.mark_id(3, 6)
+    record = env.parse_buffer_record(mark.encode(), None, env.done_headers(mark, 0, 0), partition=3, partitions=6)
+    assert (record.op, record.delay_id, record.envelope) == (env.OP_DONE, mark, None)
+
+    with pytest.raises(env.MalformedRecord, match="partition mark") as put:
+        env.parse_buffer_record(mark.encode(), env.put_value(1_795_000_000_000, "orders", None, b"v"), None,
+                                partition=3, partitions=6)
+    with pytest.raises(env.MalformedRecord, match="partition mark") as cancel:
+        env.parse_buffer_record(mark.encode(), None, env.control_headers(env.OP_CANCEL, mark),
+                                partition=3, partitions=6)
+    assert put.value.code is cancel.value.code is env.Reason.BAD_ID
+    with pytest.raises(ValueError, match="reserved"):
+        check_delay_id(mark)

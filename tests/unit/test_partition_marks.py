@@ -1,0 +1,87 @@
+"""A buffer partition an open transaction holds back gets the master's partition mark; a lagging one does not.
+
+Kafka can leave a transaction of the master's producer open for good (its markers lost
+over a broker restart); the mark's commit ends it. Stand-ins (``spec_set``) for the
+producer and ingest: what is tested is what the master writes, and where.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from unittest import mock
+
+import pytest
+from confluent_kafka import Producer
+
+from delayq import Settings, wire
+from delayq.delay_service import delivery as delivery_module
+from delayq.delay_service.delivery import Cutoff, Delivery, Ends, InFlight, Wakeup
+from delayq.delay_service.ingest import Ingest
+from delayq.delay_service.metrics import NodeMetrics
+from delayq.delay_service.topics import EndOffsets
+from delayq.election import Cursor, Term
+from delayq.store import TimeIndex
+
+READ_AT_MS = 1_795_000_000_000
+
+
+class Buffer:
+    """Where ingest stands (``positions``) and the last stable offsets, as the stand-in ingest reports them."""
+
+    def __init__(self, positions: dict[int, int], stable: dict[int, int]):
+        self.positions = positions
+        self.stable = stable
+
+    def ingest(self) -> Ingest:
+        ingest = mock.Mock(spec_set=[*dir(Ingest), "partitions", "end_offsets"])
+        ingest.partitions = sorted(self.positions)
+        ingest.end_offsets = mock.Mock(spec_set=EndOffsets)
+        ingest.end_offsets.read.side_effect = lambda **_: dict(self.stable)
+        ingest.wait_until_read.return_value = False
+        ingest.positions.side_effect = lambda: dict(self.positions)
+        # The real rule (read to the last stable offset, not to the target), on these positions.
+        ingest.held_back.side_effect = lambda targets, stable: Ingest.held_back(
+            types.SimpleNamespace(_progress=threading.Condition(), _positions=self.positions), targets, stable)
+        return ingest
+
+
+@pytest.mark.timeout(20)
+def test_a_partition_held_by_an_open_transaction_gets_the_mark_and_a_lagging_one_does_not(monkeypatch):
+    monkeypatch.setattr(delivery_module, "MARK_HELD_AFTER_S", 0.0)
+    # Partition 0: ingest at its last stable offset (50), short of the high watermark (80): a
+    # transaction holds it. Partition 1: ingest behind the last stable offset: it lags.
+    buffer = Buffer(positions={0: 50, 1: 20}, stable={0: 50, 1: 80})
+    producer = mock.Mock(spec_set=Producer)
+    # The mark's commit ends the transaction: ingest then reads partition 0 to its end.
+    producer.commit_transaction.side_effect = lambda *_: buffer.positions.update({0: 80})
+    delivery = Delivery(Settings(), mock.Mock(spec_set=TimeIndex), buffer.ingest(), NodeMetrics(),
+                        mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
+    delivery.producer = producer
+
+    assert delivery._cover(Term(7), Ends(READ_AT_MS, {0: 80, 1: 80}))
+
+    mark = wire.mark_id(0, 2)
+    producer.produce.assert_called_once_with(Settings().buffer_topic, key=mark.encode(), value=None, partition=0,
+                                             headers=wire.done_headers(mark, 0, 0), timestamp=0)
+    producer.commit_transaction.assert_called_once()
+    assert delivery.cutoff.partition_ms == {0: READ_AT_MS}, "partition 0 moved on; partition 1 still lags"
+    assert delivery.metrics.partition_marks._value.get() == 1
+
+
+@pytest.mark.parametrize("moved_on", [False, True])
+def test_a_hold_is_marked_after_a_while_and_again_only_every_few_seconds(moved_on):
+    cutoff = Cutoff([0])
+    ends = Ends(READ_AT_MS, {0: 80})
+    cutoff.settle(ends, {0: 50}, now_s=100.0)
+
+    assert cutoff.due_for_mark(2.0, 5.0, now_s=101.0) == [], "held for 1 s only"
+    assert cutoff.due_for_mark(2.0, 5.0, now_s=102.0) == [0]
+    assert cutoff.due_for_mark(2.0, 5.0, now_s=106.0) == [], "marked 4 s ago"
+    if moved_on:  # to its older cover, still short of the newest: a new hold, counted from now
+        cutoff.settle(Ends(READ_AT_MS + 1000, {0: 90}), {0: 80}, now_s=106.5)
+        assert cutoff.due_for_mark(2.0, 5.0, now_s=107.0) == []
+        assert cutoff.due_for_mark(2.0, 5.0, now_s=108.5) == [0]
+    else:
+        assert cutoff.due_for_mark(2.0, 5.0, now_s=107.0) == [0]
+        assert cutoff.held[0].marks == 2
