@@ -386,8 +386,8 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                                   f"({MARK_ID_PREFIX.decode()}...): no message has it")
         return BufferRecord(op, delay_id, None, closes_version)
     if key.startswith(MARK_ID_PREFIX):
-        raise MalformedRecord(Reason.BAD_ID, f"a put of {delay_id}, a partition mark's id ({MARK_ID_PREFIX.decode()}...): "
-                              "a message's id comes from produce()")
+        raise MalformedRecord(Reason.BAD_ID, f"a put of {delay_id}, a partition mark's id "
+                              f"({MARK_ID_PREFIX.decode()}...): a message's id comes from produce()")
     if headers:
         for header_name, _ in headers:
             if header_name.startswith(RESERVED_PREFIX):
