@@ -684,9 +684,9 @@ class Delivery:
             # (frozen past its session) would fence the new master with its init_transactions.
             self._abort(term)
             if not error.txn_requires_abort():
-                # A commit that timed out, or failed in a way that may pass, may have completed
-                # at the broker all the same: deliver nothing of it again until a fresh cover
-                # has read whatever it committed (its `done`s close these ids in the store).
+                # An error that may pass (a commit is resumed in _commit_resuming, so this is
+                # one before it, or a commit given up as the term ended): deliver nothing of
+                # the batch again until a fresh cover has read whatever of it may have committed.
                 self.cutoff = Cutoff(self.ingest.partitions)
                 self._uncovered.clear()
                 return
@@ -827,16 +827,38 @@ class Delivery:
         self.in_flight.add(ids)
         try:
             if overlap and self._committer is not None:
-                commit = self._committer.submit(producer.commit_transaction, 30)
+                commit = self._committer.submit(self._commit_resuming, producer, term)
                 self._while_committing(commit)
                 commit.result()
             else:
-                producer.commit_transaction(30)
+                self._commit_resuming(producer, term)
         except BaseException:
             self.in_flight.discard(ids)
             # Prepared on the assumption that these ids were delivered.
             self._prepared = self._early_ends = None
             raise
+
+    @staticmethod
+    def _commit_resuming(producer: Producer, term: Term) -> None:
+        """``commit_transaction``, called again while it fails in a way that may pass (Kafka restarting).
+
+        librdkafka resumes a commit that timed out when it is called again; an abort then
+        would be refused ("conflicting commit_transaction API call is already in progress"),
+        and the commit may have reached the coordinator all the same.
+
+        Raises:
+            KafkaException: the commit failed for good (fatal, or the transaction must be
+                aborted), or it may pass but the term ended.
+        """
+        while True:
+            try:
+                producer.commit_transaction(30)
+                return
+            except KafkaException as err:
+                error: KafkaError = err.args[0]
+                if error.fatal() or error.txn_requires_abort() or not error.retriable() or not term.active:
+                    raise
+                log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch, error.str())
 
     def _while_committing(self, commit: Future[None]) -> None:
         """Use the time the broker takes to commit (the ids being committed are in flight already).
@@ -937,7 +959,7 @@ class Delivery:
             self.ingest.ledger.group_metadata(), 30)
         if not term.active:
             raise LeadershipLost(term.ended_because or "term ended")
-        producer.commit_transaction(30)
+        self._commit_resuming(producer, term)
         self._handled = marks
         self._ledger_due = time.monotonic() + LEDGER_REFRESH_S
         self.store.forget_malformed(marks)
