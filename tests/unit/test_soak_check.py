@@ -14,6 +14,7 @@ from delayq.bench.soak_check import (
     failures,
     judge,
     longest_stall,
+    missing_by_buffer_partition,
     owed_versions,
 )
 
@@ -85,6 +86,22 @@ def test_the_same_version_delivered_twice_is_duplicated_with_both_offsets_as_evi
 def test_a_message_never_delivered_is_missing_once_it_is_due_before_the_cutoff():
     assert kinds(history([message("a", DUE)], [], until=DUE + 1)) == {"missing": 1}
     assert kinds(history([message("a", DUE)], [], until=DUE)) == {}
+
+
+def test_missing_versions_are_grouped_by_the_buffer_partition_their_put_went_to():
+    on_three = [message(name, DUE + n, put_acked_at=2_000 + n) for n, name in enumerate("abc")]
+    for n, m in enumerate(on_three):
+        m.versions[0].put.partition, m.versions[0].put.offset = 3, 40 + n
+    elsewhere = message("d", DUE + 500, put_acked_at=4_000)
+    elsewhere.versions[0].put.partition, elsewhere.versions[0].put.offset = 5, 7
+    delivered_one = message("e", DUE)
+
+    findings = judge(history([*on_three, elsewhere, delivered_one], [delivered("e", DUE, DUE + 5)], until=DUE + 1000))
+
+    assert missing_by_buffer_partition(findings, started_ms=1_000) == {
+        "3": {"count": 3, "offsets": [40, 42], "acked_s": [1.0, 1.0], "due_s": [99.0, 99.0]},
+        "5": {"count": 1, "offsets": [7, 7], "acked_s": [3.0, 3.0], "due_s": [99.5, 99.5]},
+    }
 
 
 def test_a_put_that_failed_may_or_may_not_be_delivered():
