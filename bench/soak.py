@@ -69,6 +69,10 @@ def default_state_dir() -> Path:
     return Path(base) / "delayq" / "soak"
 
 
+# Partitions of each target topic the soak creates.
+TARGET_PARTITIONS = 3
+
+
 @dataclass
 class SoakOptions:
     """One soak run. ``duration_s`` is the traffic and fault phase; draining and the reconciliation follow."""
@@ -196,7 +200,7 @@ class Soak:
                             cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions,
                             zk_session_timeout_ms=o.zk_session_timeout_ms, data_dir=self.run_dir / "nodes")
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
-        for future in admin.create_topics([NewTopic(t, 3, 1) for t in self.topics]).values():
+        for future in admin.create_topics([NewTopic(t, TARGET_PARTITIONS, 1) for t in self.topics]).values():
             future.result(30)
         self.cluster = LocalCluster(settings, self.run_dir / "nodes")  # creates the buffer and dead-letter topics
         try:
@@ -328,7 +332,8 @@ class Soak:
         """
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
         found: dict[str, Any] = {}
-        for topic, count in [(settings.buffer_topic, settings.buffer_partitions), *((t, 3) for t in self.topics)]:
+        topics = [(settings.buffer_topic, settings.buffer_partitions), *((t, TARGET_PARTITIONS) for t in self.topics)]
+        for topic, count in topics:
             requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(count)}
             try:
                 ends = {isolation: {tp.partition: future.result().offset for tp, future in

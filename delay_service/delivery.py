@@ -465,8 +465,7 @@ class Delivery:
         Raises:
             KafkaException: the last stable offsets could not be read, or the commit failed.
         """
-        stable = self.ingest.end_offsets.read(timeout_s=5.0)
-        held = self.ingest.held_back({p: targets[p] for p in partitions}, stable)
+        held = self._held_by_transactions(partitions, targets)
         if not held:
             return  # ingest lags there: nothing to end
         count = len(self.ingest.partitions)
@@ -482,16 +481,24 @@ class Delivery:
                 "there, which ends one of this master's producer that Kafka left open (its markers lost, as over "
                 "a broker restart); if the hold lasts, it is another producer's", held, MARK_HELD_AFTER_S)
 
+    def _held_by_transactions(self, partitions: list[int], targets: dict[int, int]) -> list[int]:
+        """Those of ``partitions`` an open transaction holds back: ingest is at their last stable offset.
+
+        Raises:
+            KafkaException: the last stable offsets could not be read.
+        """
+        stable = self.ingest.end_offsets.read(timeout_s=5.0)
+        return self.ingest.held_back({p: targets[p] for p in partitions}, stable)
+
     def _say_what_holds_back(self, long_held: list[int], targets: dict[int, int]) -> None:
         """Warn of partitions held back for long, and by what: an open transaction, or ingest lagging."""
         try:
-            stable = self.ingest.end_offsets.read(timeout_s=5.0)
+            held = self._held_by_transactions(long_held, targets)
         except KafkaException as err:
             log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs (the last "
                         "stable offsets cannot be read: %s); what falls due there waits", long_held,
                         OPEN_TRANSACTION_WARN_S, err.args[0].str())
             return
-        held = self.ingest.held_back({p: targets[p] for p in long_held}, stable)
         if held:
             log.warning("buffer partitions %s: a transaction is open there (a producer's, or a master's being "
                         "committed or aborted) with acknowledged writes behind it; for %.0fs what falls due there "
