@@ -33,7 +33,7 @@ from delayq.dev import KAFKA_VERSION, ZOOKEEPER_VERSION, DevStack
 
 from . import service_bench as service
 from .report import PEER, Figure, render_markdown, write_markdown
-from .suites import SUITE_TEXT
+from .suites import OPT_IN_SUITES, SUITE_TEXT
 
 console = Console()
 
@@ -56,12 +56,13 @@ class Sizes:
     produce_runs: int = 21
     produce_quiet_wait_s: float = 120.0
     capacity: int = 10_000_000
+    capacity_large: int = 100_000_000  # issue 15: "measured once at 100,000,000 pending on one node"
     rebuild: int = 10_000_000  # issue 15: "measure it at 10M"
     reconcile: int = 1_000_000
 
 
 QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, produce_calls=2_000, produce_runs=5,
-              produce_quiet_wait_s=3.0, capacity=100_000, rebuild=50_000, reconcile=20_000)
+              produce_quiet_wait_s=3.0, capacity=100_000, capacity_large=200_000, rebuild=50_000, reconcile=20_000)
 
 
 @dataclass
@@ -113,7 +114,9 @@ class BenchOptions:
         return self.markdown or (QUICK_DIR / "BENCHMARKS.md" if self.quick else MARKDOWN_PATH)
 
     def suites(self) -> list[str]:
-        return [name for name in SUITES if self.only is None or name in self.only]
+        if self.only is None:
+            return [name for name in SUITES if name not in OPT_IN_SUITES]
+        return [name for name in SUITES if name in self.only]
 
 
 @dataclass
@@ -292,6 +295,22 @@ def suite_capacity(ctx: Context) -> list[Figure]:
     ]
 
 
+def suite_capacity_large(ctx: Context) -> list[Figure]:
+    """Issue 15's one-off: RSS and disk of one node holding 100M pending. No peer: Redis would need ~36 GB of RAM."""
+    n = ctx.sizes.capacity_large
+    ours = ctx.repeat(f"capacity, {n:,} pending", lambda: service.bench_capacity(ctx.stack, n, ctx.progress), runs=1)
+    payload = service.PAYLOAD_SIZE
+    return [
+        Figure("capacity_large.rss", f"process RSS with {n:,} pending (the node)", "MiB", "lower",
+               [r["rss_bytes"] / 2**20 for r in ours],
+               details={"peak_rss_mib": [r["peak_rss_bytes"] / 2**20 for r in ours]}),
+        Figure("capacity_large.disk_per_message", f"disk per pending message, {n:,} pending (the node's store; "
+               f"{payload}-byte random payloads)", "B", "lower", [r["disk_bytes_per_message"] for r in ours],
+               details={"payload_bytes": payload,
+                        "disk_per_payload_byte": [r["disk_bytes_per_message"] / payload for r in ours]}),
+    ]
+
+
 def suite_rebuild(ctx: Context) -> list[Figure]:
     n = ctx.sizes.rebuild
     values = ctx.step(f"rebuild of a wiped node with {n:,} pending ({ctx.runs} runs)",
@@ -322,7 +341,7 @@ def suite_reconcile(ctx: Context) -> list[Figure]:
 _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
     "failover": suite_failover, "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild,
-    "reconcile": suite_reconcile,
+    "reconcile": suite_reconcile, "capacity-100m": suite_capacity_large,
 }
 assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"
 SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {

@@ -1,5 +1,9 @@
 """Ingest, on every node: the buffer topic, all partitions, into the local store.
 
+The buffer is consumed and parsed in a child process, the reader (reader.py), which
+hands this loop each batch as store ops: the node's GIL then spends only the store
+writes on ingest, and the master's delivery loop has the rest of it.
+
 The store is a view of the buffer (a compacted changelog): it is filled only from
 records consumed with ``read_committed``, and each polled batch, with the offsets it
 reached, goes into RocksDB as one WriteBatch, so a restart resumes exactly where the
@@ -15,19 +19,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException
 
-from delayq import wire
 from delayq.clock import now_ms
 from delayq.settings import Settings
 from delayq.store import Malformed, Put, Remove, StoreOp, TimeIndex
-from delayq.wire import MalformedRecord, parse_buffer_record
 
-from . import stored
 from .dead_letters import DeadLetterLedger
 from .metrics import NodeMetrics
+from .reader import PUT, REMOVE, Batch, BufferReader, ReaderConfig, ReaderGone
 from .topics import EndOffsets
 
 log = logging.getLogger("delayq.ingest")
@@ -37,6 +38,8 @@ log = logging.getLogger("delayq.ingest")
 # that came in sits in the client while the master waits to be covered (the cycle behind
 # delivery lateness). Idle, a node then uses 3.6% of a core instead of 2.4% (measured with 20 ms).
 POLL_S = 0.002
+# How long the ingest loop waits for the reader's next frame before it looks at its chores (flush, lag, ledger).
+CHORES_S = 0.05
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0
 # How often ingest persists what it applied (store batches skip the WAL: TimeIndex.flush), so a
@@ -76,7 +79,7 @@ class Ingest:
         # Whether ingest had read up to the previous end offsets when the last ones were read.
         self._kept_up = False
         self._progress = threading.Condition()
-        self.consumer = Consumer(settings.kafka_conf(**{
+        self._consumer_conf = settings.kafka_conf(**{
             "group.id": f"delayq-{settings.cluster}-ingest-{settings.node_id}",
             "client.id": f"delayq-ingest-{settings.node_id}",
             "enable.auto.commit": False,
@@ -86,13 +89,22 @@ class Ingest:
             # Low fetch wait: a put due in 50 ms must reach the master's store well before then.
             "fetch.wait.max.ms": 5,
             "fetch.min.bytes": 1,
-        }))
+        })
+        self._consumer_conf.pop("logger", None)  # a Python object: the reader sets its own
         self.ledger = DeadLetterLedger(settings)
-        stored = store.offsets()
-        self.consumer.assign([
-            TopicPartition(settings.buffer_topic, p, stored.get(p, OFFSET_BEGINNING)) for p in partitions
-        ])
-        self._positions = {p: stored.get(p, 0) for p in partitions}
+        self._positions = {p: store.offsets().get(p, 0) for p in partitions}
+        self._reader = self._start_reader()
+
+    def _start_reader(self) -> BufferReader:
+        """A reader process that consumes from where the store is (every record it has applied is below)."""
+        stored_offsets = self.store.offsets()
+        root = logging.getLogger()
+        formats = [h.formatter._fmt for h in root.handlers if h.formatter is not None and h.formatter._fmt]
+        return BufferReader(ReaderConfig(
+            consumer=self._consumer_conf, topic=self.settings.buffer_topic, partitions=list(self.partitions),
+            start={p: stored_offsets.get(p, OFFSET_BEGINNING) for p in self.partitions},
+            batch_size=self.batch_size, poll_s=POLL_S, log_level=logging.getLevelName(root.getEffectiveLevel()),
+            log_format=formats[0] if formats else logging.BASIC_FORMAT))
 
     # -- the loop --------------------------------------------------------
 
@@ -100,7 +112,8 @@ class Ingest:
         next_lag_check = next_ledger_check = 0.0
         next_flush = time.monotonic() + STORE_FLUSH_S
         while not stop.is_set():
-            self.poll_once(timeout_s=POLL_S)
+            # Returns as soon as the reader sends a frame; the timeout only paces the chores below.
+            self.poll_once(timeout_s=CHORES_S)
             if time.monotonic() >= next_flush:
                 next_flush = time.monotonic() + STORE_FLUSH_S
                 if self._unflushed:
@@ -124,91 +137,51 @@ class Ingest:
         self.metrics.malformed_waiting.set(self.store.malformed_count)
 
     def poll_once(self, timeout_s: float = 0.05) -> int:
-        """Consume one batch and apply it as one WriteBatch; return the number of records read."""
-        messages = self.consumer.consume(self.batch_size, timeout_s)
-        if not messages:
-            self._update_positions()
+        """Apply the reader's next batch (waiting up to ``timeout_s``) as one WriteBatch; the records it read.
+
+        A reader that exited is replaced by one that reads on from the store's offsets.
+        """
+        try:
+            frame = self._reader.receive(timeout_s)
+        except ReaderGone as gone:
+            log.warning("%s; starting another from the store's offsets", gone)
+            self._reader.stop()
+            self._reader = self._start_reader()
             return 0
+        if frame is None:
+            return 0
+        positions, batch = frame
+        if batch is not None:
+            self._apply(batch)
+        with self._progress:
+            self._positions.update(positions)
+            self._progress.notify_all()
+        return batch.records if batch is not None else 0
+
+    def _apply(self, batch: Batch) -> None:
         ops: list[StoreOp] = []
-        partitions = len(self.partitions)
-        offsets: dict[int, int] = {}
-        # Ids of records that settle a master's write: a done, a cancel, a master's copy.
-        settled: list[str] = []
-        earliest_put: int | None = None
-        counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("buffer consumer: %s", error.str())
-                continue
-            partition, offset = message.partition(), message.offset()
-            if partition is None or offset is None:
-                raise RuntimeError(f"the buffer consumer returned a record of {message.topic()} without a partition "
-                                   "or offset, which librdkafka gives every record it reads")
-            # A consumed record's headers are a list of (name, bytes or None): the stub's type is
-            # the one produce() takes, which also allows a dict and str values.
-            headers = cast("wire.Headers | None", message.headers())
-            offsets[partition] = offset + 1
-            try:
-                record = parse_buffer_record(message.key(), message.value(), headers, message.timestamp()[1],
-                                             partition=partition, partitions=partitions)
-            except MalformedRecord as bad:
-                ops.append(self._malformed(message, partition, offset, headers, bad))
-                counts[b"malformed"] += 1
-                continue
-            counts[record.op] += 1
-            env = record.envelope
-            if env is not None:  # a put: only a put has an envelope
-                version = offset
-                ops.append(Put(record.delay_id, env.deliver_at_ms, stored.pack(partition, version, env),
-                               version, record.restores))
-                if record.restores is not None:
-                    settled.append(record.delay_id)
-                if earliest_put is None or env.deliver_at_ms < earliest_put:
-                    earliest_put = env.deliver_at_ms
+        for op in batch.ops:
+            tag = op[0]
+            if tag == PUT:
+                ops.append(Put(op[1], op[2], op[3], op[4], op[5]))
+            elif tag == REMOVE:
+                ops.append(Remove(op[1], op[2]))
             else:
-                ops.append(Remove(record.delay_id, record.closes_version))
-                settled.append(record.delay_id)
-        if offsets:
-            self.store.apply(ops, offsets, ingested_at_ms=now_ms())
+                ops.append(Malformed(op[1], op[2], op[3], op[4]))
+        if batch.offsets:
+            self.store.apply(ops, batch.offsets, ingested_at_ms=now_ms())
             self._unflushed = True
-        for op, count in counts.items():
+        for op_name, count in batch.counts.items():
             if count:
-                self.metrics.ingested.labels(op.decode()).inc(count)
+                self.metrics.ingested.labels(op_name.decode()).inc(count)
         self.metrics.pending.set(self.store.pending_count())
         self.metrics.malformed_waiting.set(self.store.malformed_count)
-        if settled:
-            self.on_settled(settled)
-        if earliest_put is not None:
-            self.on_earlier_due(earliest_put)
-        self._update_positions()
-        return len(messages)
-
-    @staticmethod
-    def _malformed(message: Message, partition: int, offset: int, headers: wire.Headers | None,
-                   bad: MalformedRecord) -> Malformed:
-        """The store op that keeps a malformed record until the master has dead-lettered it."""
-        key = message.key()
-        # A valid id on its own partition: the record is the id's newest, which matters to compaction.
-        # (A record without a key is BAD_ID.)
-        own_id = (key.decode() if key is not None and bad.code not in (wire.Reason.BAD_ID, wire.Reason.WRONG_PARTITION)
-                  else None)
-        log.debug("buffer record %s/%d/%d is malformed (%s)", message.topic(), partition, offset, bad.reason)
-        record = stored.MalformedBufferRecord(key, message.value(), list(headers or []), message.timestamp()[1],
-                                              bad.code.value, bad.reason)
-        return Malformed(partition, offset, stored.pack_malformed(record), own_id)
+        if batch.settled:
+            self.on_settled(batch.settled)
+        if batch.earliest_put is not None:
+            self.on_earlier_due(batch.earliest_put)
 
     # -- where ingest stands ---------------------------------------------
-
-    def _update_positions(self) -> None:
-        topic = self.settings.buffer_topic
-        # position() moves past transaction markers; the last message's offset + 1 would not.
-        for tp in self.consumer.position([TopicPartition(topic, p) for p in self.partitions]):
-            if tp.offset >= 0:
-                self._positions[tp.partition] = tp.offset
-        with self._progress:
-            self._progress.notify_all()
 
     def refresh_lag(self) -> int | None:
         previous = self._end_offsets
@@ -259,5 +232,5 @@ class Ingest:
                           if stable.get(p, end) <= self._positions.get(p, 0) < end)
 
     def close(self) -> None:
+        self._reader.stop()
         self.ledger.close()
-        self.consumer.close()

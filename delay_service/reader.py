@@ -1,0 +1,245 @@
+"""The buffer reader: a child process of every node that consumes and parses the buffer for ingest.
+
+Ingest's work per buffer record is in two halves that need different things: consuming
+and parsing it (the librdkafka message, :func:`delayq.wire.parse_buffer_record`, the
+stored form) needs only the record, and applying it (RocksDB reads and the WriteBatch,
+the delivery loop's in-flight set) needs the store. Both halves used to share the
+node's one GIL with the master's delivery loop, which reads every delivered message
+back as a `done`. The reader does the first half in a process of its own, on the other
+core, and hands the node each consumed batch as store ops, ready to apply:
+
+- one frame per ``consume()`` that returned records: the ops (tuples, below), the next
+  offset per partition the batch reached, op counts, the ids whose record settles a
+  master's write, the earliest due time of a put, and the consumer positions after it;
+- a positions-only frame when the positions moved without a record (past transaction
+  markers, which a cover waits for).
+
+Frames are ``marshal`` data over a pipe (:class:`multiprocessing.connection.Connection`
+on a file descriptor the node passed): both ends are the same delayq, started together.
+The node applies a frame's ops and offsets in one WriteBatch, as before, so the store's
+offsets still say exactly which records it reflects; a reader that dies loses nothing
+(the node starts another from the store's offsets). The reader exits when the node does:
+it checks its parent every poll, and a write to a closed pipe ends it.
+
+Run as ``python -m delayq.delay_service.reader FD``, its settings as JSON on stdin; only
+:class:`delayq.delay_service.ingest.Ingest` starts it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import marshal
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from delayq import wire
+from delayq.settings import KAFKA_LOGGER
+from delayq.wire import MalformedRecord, parse_buffer_record
+
+from . import stored
+
+log = logging.getLogger("delayq.ingest.reader")
+
+# Op tags in a frame. A put: (PUT, id, deliver_at_ms, stored value, version, restores or None);
+# a cancel or done: (REMOVE, id, version closed or None); a malformed record: (MALFORMED,
+# partition, offset, its stored form, the id if it is a valid id on its own partition, else None).
+PUT, REMOVE, MALFORMED = 0, 1, 2
+# How long the node waits for the reader to stop on SIGTERM before it kills it.
+STOP_WAIT_S = 5.0
+
+
+class ReaderGone(RuntimeError):
+    """The reader process exited (or its pipe broke): the node starts another from the store's offsets."""
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """What the reader needs to know, sent as JSON on its stdin."""
+
+    consumer: dict[str, Any]  # librdkafka settings, without the logger (the reader sets its own)
+    topic: str
+    partitions: list[int]
+    start: dict[int, int]  # partition -> first offset to read (OFFSET_BEGINNING for none stored)
+    batch_size: int
+    poll_s: float
+    log_level: str
+    log_format: str
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One consumed batch, parsed: what :meth:`Ingest.poll_once` applies."""
+
+    ops: list[tuple]
+    offsets: dict[int, int]
+    counts: dict[bytes, int]
+    settled: list[str]
+    earliest_put: int | None
+    records: int
+
+
+class BufferReader:
+    """The node's end of one reader process."""
+
+    def __init__(self, config: ReaderConfig):
+        read_fd, write_fd = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "delayq.delay_service.reader", str(write_fd)],
+                stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        self.connection = Connection(read_fd, writable=False)
+        stdin = cast("Any", self.process.stdin)
+        try:
+            stdin.write(json.dumps(config.__dict__).encode())
+            stdin.close()
+        except OSError as err:  # it died at once: say so as a reader that is gone
+            self.stop()
+            raise ReaderGone(f"the buffer reader exited at start ({err})") from err
+
+    def receive(self, timeout_s: float) -> tuple[dict[int, int], Batch | None] | None:
+        """The next frame (positions, and a batch or None), or None if none came within ``timeout_s``.
+
+        Raises:
+            ReaderGone: the reader exited or its pipe broke.
+        """
+        try:
+            if not self.connection.poll(timeout_s):
+                return None
+            data = self.connection.recv_bytes()
+        except (EOFError, OSError) as err:
+            code = self.process.poll()
+            raise ReaderGone(f"the buffer reader {'exited with ' + str(code) if code is not None else 'broke its pipe'}"
+                             f" ({type(err).__name__})") from err
+        positions, batch = marshal.loads(data)
+        return dict(positions), (Batch(*batch) if batch is not None else None)
+
+    def stop(self) -> None:
+        """End the reader (SIGTERM, then SIGKILL) and close the pipe; safe to call twice."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.connection.close()
+
+
+# -- the reader process ----------------------------------------------------
+
+
+def parse_batch(messages: list, partitions: int) -> Batch:
+    """Parse consumed buffer records into store ops, in order (the reader's hot path)."""
+    ops: list[tuple] = []
+    offsets: dict[int, int] = {}
+    settled: list[str] = []
+    earliest_put: int | None = None
+    counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
+    pack = stored.pack
+    records = 0
+    for message in messages:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("buffer consumer: %s", error.str())
+            continue
+        records += 1
+        partition, offset = message.partition(), message.offset()
+        headers = message.headers()
+        offsets[partition] = offset + 1
+        try:
+            record = parse_buffer_record(message.key(), message.value(), headers, message.timestamp()[1],
+                                         partition=partition, partitions=partitions)
+        except MalformedRecord as bad:
+            ops.append(_malformed(message, partition, offset, headers, bad))
+            counts[b"malformed"] += 1
+            continue
+        counts[record.op] += 1
+        env = record.envelope
+        if env is not None:  # a put: only a put has an envelope
+            ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset,
+                        record.restores))
+            if record.restores is not None:
+                settled.append(record.delay_id)
+            if earliest_put is None or env.deliver_at_ms < earliest_put:
+                earliest_put = env.deliver_at_ms
+        else:
+            ops.append((REMOVE, record.delay_id, record.closes_version))
+            settled.append(record.delay_id)
+    return Batch(ops, offsets, counts, settled, earliest_put, records)
+
+
+def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers | None,
+               bad: MalformedRecord) -> tuple:
+    """The op that keeps a malformed record until the master has dead-lettered it."""
+    key = message.key()
+    # A valid id on its own partition: the record is the id's newest, which matters to compaction.
+    # (A record without a key is BAD_ID.)
+    own_id = (key.decode() if key is not None and bad.code not in (wire.Reason.BAD_ID, wire.Reason.WRONG_PARTITION)
+              else None)
+    log.debug("buffer record %s/%d/%d is malformed (%s)", message.topic(), partition, offset, bad.reason)
+    record = stored.MalformedBufferRecord(key, message.value(), list(headers or []), message.timestamp()[1],
+                                          bad.code.value, bad.reason)
+    return (MALFORMED, partition, offset, stored.pack_malformed(record), own_id)
+
+
+def _frame(positions: list[tuple[int, int]], batch: Batch | None) -> bytes:
+    fields = None if batch is None else (batch.ops, batch.offsets, batch.counts, batch.settled, batch.earliest_put,
+                                         batch.records)
+    return marshal.dumps((positions, fields))
+
+
+def read(config: ReaderConfig, connection: Connection) -> None:
+    """Consume the buffer and send frames until the node is gone."""
+    parent = os.getppid()
+    consumer = Consumer({**config.consumer, "logger": KAFKA_LOGGER})
+    consumer.assign([TopicPartition(config.topic, p, config.start[p]) for p in config.partitions])
+    place = [TopicPartition(config.topic, p) for p in config.partitions]
+    count = len(config.partitions)
+    sent: list[tuple[int, int]] | None = None
+    try:
+        while os.getppid() == parent:
+            messages = consumer.consume(config.batch_size, config.poll_s)
+            # position() moves past transaction markers; the last message's offset + 1 would not.
+            positions = [(tp.partition, tp.offset) for tp in consumer.position(place) if tp.offset >= 0]
+            if messages:
+                connection.send_bytes(_frame(positions, parse_batch(messages, count)))
+            elif positions != sent:
+                connection.send_bytes(_frame(positions, None))
+            else:
+                continue
+            sent = positions
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the node is gone
+    finally:
+        consumer.close()
+
+
+def main(argv: list[str]) -> int:
+    config_fields = json.loads(sys.stdin.buffer.read())
+    config_fields["start"] = {int(p): o for p, o in config_fields["start"].items()}
+    config = ReaderConfig(**config_fields)
+    logging.basicConfig(level=config.log_level, format=config.log_format)
+    # SIGTERM from the node: leave the loop through the finally (the consumer closes).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the node, which stops the reader
+    with Connection(int(argv[0]), readable=False) as connection:
+        read(config, connection)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

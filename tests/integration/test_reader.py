@@ -1,0 +1,99 @@
+"""The buffer reader process of a node (delay_service/reader.py), killed and replaced, on the real stack.
+
+A node consumes and parses the buffer in a child process. Killing that child must cost
+nothing: the node starts another from its store's offsets, every message is delivered
+once, none early; and a node that dies takes its reader with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from kafka_testing import create_topics, read_topic
+from service_testing import Feeder, now_ms
+
+from delayq import wire
+
+pytestmark = pytest.mark.integration
+
+
+def readers_of(pid: int) -> list[int]:
+    """The node's buffer reader processes (its children running delayq.delay_service.reader)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    found = []
+    for child in children:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"delayq.delay_service.reader" in command:
+            found.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_a_reader_killed_mid_stream_is_replaced_and_every_message_is_delivered_once(cluster, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    first = wait_for(lambda: readers_of(node.running.pid), 10, "the node's reader")[0]
+    feeder = Feeder(settings)
+    due = now_ms() + 6000
+    sent = []
+    for i in range(4000):
+        sent.append(feeder.put(target, f"v{i}".encode(), due + i % 200, key=f"k{i}".encode()))
+        if i == 2000:
+            feeder.flush()
+            os.kill(first, signal.SIGKILL)  # while the node is storing what came before
+    feeder.flush()
+    second = wait_for(lambda: [p for p in readers_of(node.running.pid) if p != first], 10, "a new reader")[0]
+    assert not alive(first)
+
+    records = read_topic(settings.bootstrap_servers, target, expect=len(sent), timeout_s=60)
+    delivered = [dict(r.headers())[wire.ID].decode() for r in records]
+    assert sorted(delivered) == sorted(sent), (f"{len(set(sent) - set(delivered))} missing, "
+                                               f"{len(delivered) - len(set(delivered))} delivered twice")
+    early = [r for r in records if r.timestamp()[1] < int(dict(r.headers())[wire.DELIVER_AT])]
+    assert not early
+    assert node.running.poll() is None, "the node exited"
+    assert "starting another from the store's offsets" in node.log_tail(400)
+    assert node.metric("delayq_pending") == 0
+    assert readers_of(node.running.pid) == [second]
+
+
+def test_a_node_killed_takes_its_reader_with_it_and_a_stopped_one_stops_it(cluster):
+    killed = cluster.start("node-a")
+    reader = wait_for(lambda: readers_of(killed.running.pid), 10, "the node's reader")[0]
+    killed.kill()
+    wait_for(lambda: not alive(reader), 5, f"reader {reader} to exit after its node's SIGKILL")
+
+    stopped = cluster.start("node-b")
+    reader = wait_for(lambda: readers_of(stopped.running.pid), 10, "the node's reader")[0]
+    assert stopped.stop() == 0
+    assert not alive(reader), "the reader outlived its node's clean stop"

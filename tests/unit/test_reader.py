@@ -1,0 +1,106 @@
+"""The buffer reader's parse (delay_service/reader.py): consumed records in, store ops out, as ingest applies them.
+
+confluent_kafka.Message is built directly (it has a constructor): no broker needed.
+The reader process itself, killed and replaced, is in tests/integration/test_reader.py.
+"""
+
+from __future__ import annotations
+
+import marshal
+
+import wire_cases
+from confluent_kafka import KafkaError, Message
+
+from delayq import wire
+from delayq.delay_service import stored
+from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, Batch, _frame, parse_batch
+
+P = wire_cases.PARTITIONS
+ID = wire_cases.ID
+OWN = wire_cases.OWN
+
+
+def record(offset: int, value: bytes | None, headers: list | None = None, *, key: bytes | None = ID.encode(),
+           partition: int = OWN, timestamp: int = 1_700_000_000_000) -> Message:
+    return Message(topic="buffer", partition=partition, offset=offset, key=key, value=value, headers=headers,
+                   timestamp=(1, timestamp))
+
+
+def put_value(due: int, topic: str = "orders", *, restores: int | None = None) -> bytes:
+    return wire.put_value(due, topic, b"k", b"payload", None, None, restores)
+
+
+def test_a_put_becomes_a_put_op_with_its_stored_form_offset_as_version_and_earliest_due():
+    batch = parse_batch([record(7, put_value(1_800_000_000_500)), record(8, put_value(1_800_000_000_100))], P)
+
+    assert [op[:3] for op in batch.ops] == [(PUT, ID, 1_800_000_000_500), (PUT, ID, 1_800_000_000_100)]
+    _tag, _id, _due, packed, version, restores = batch.ops[0]
+    assert (version, restores) == (7, None)
+    pending = stored.unpack(packed)
+    assert (pending.buffer_partition, pending.version) == (OWN, 7)
+    assert (pending.message.topic, pending.message.key, pending.message.value) == ("orders", b"k", b"payload")
+    assert pending.message.created_at_ms == 1_700_000_000_000
+    assert batch.offsets == {OWN: 9}
+    assert batch.earliest_put == 1_800_000_000_100
+    assert batch.settled == []  # a producer's put settles nothing of the master's
+    assert batch.counts[b"put"] == 2 and batch.records == 2
+
+
+def test_cancel_done_and_a_masters_copy_settle_their_ids():
+    done = wire.done_headers(ID, 7, 9)
+    batch = parse_batch([
+        record(10, None, wire.control_headers(wire.OP_CANCEL, ID)),
+        record(11, None, done),
+        record(12, put_value(1_800_000_000_000, restores=7)),
+    ], P)
+
+    assert batch.ops[0] == (REMOVE, ID, None)
+    assert batch.ops[1] == (REMOVE, ID, 7)
+    assert batch.ops[2][0] == PUT and batch.ops[2][5] == 7
+    assert batch.settled == [ID, ID, ID]
+    assert (batch.counts[b"cancel"], batch.counts[b"done"], batch.counts[b"put"]) == (1, 1, 1)
+
+
+def test_malformed_records_become_malformed_ops_with_the_reason_and_own_id_only_when_valid():
+    other = wire_cases.OTHER
+    batch = parse_batch([
+        record(3, b"bogus"),  # bad frame of a valid id on its own partition: the id's newest record
+        record(4, put_value(1_800_000_000_000), partition=other),  # wrong partition: not this id's
+    ], P)
+
+    (tag, partition, offset, payload, own_id), second = batch.ops
+    assert (tag, partition, offset, own_id) == (MALFORMED, OWN, 3, ID)
+    kept = stored.unpack_malformed(payload)
+    assert (kept.key, kept.value, kept.code) == (ID.encode(), b"bogus", wire.Reason.BAD_FRAME.value)
+    assert second[0] == MALFORMED and second[1:3] == (other, 4) and second[4] is None
+    assert stored.unpack_malformed(second[3]).code == wire.Reason.WRONG_PARTITION.value
+    assert batch.counts[b"malformed"] == 2
+    assert batch.offsets == {OWN: 4, other: 5}
+
+
+def test_partition_eof_and_errors_are_not_records():
+    eof = Message(topic="buffer", partition=OWN, offset=5, error=KafkaError(KafkaError._PARTITION_EOF))
+    batch = parse_batch([eof, record(5, put_value(1_800_000_000_000))], P)
+    assert batch.records == 1 and batch.offsets == {OWN: 6} and len(batch.ops) == 1
+
+
+def test_every_case_of_the_wire_table_parses_as_the_node_reads_it():
+    """Each valid record of the shared table becomes the op of its kind; each malformed one a MALFORMED op."""
+    for offset, case in enumerate(wire_cases.CASES):
+        batch = parse_batch([record(offset, case.value, case.headers or None, key=case.key,
+                                    partition=case.partition)], P)
+        (op,) = batch.ops
+        if isinstance(case.expected, wire.Reason):
+            assert op[0] == MALFORMED, case.name
+            assert stored.unpack_malformed(op[3]).code == case.expected.value, case.name
+        else:
+            assert op[0] == (PUT if case.expected == wire.OP_PUT else REMOVE), case.name
+
+
+def test_a_frame_carries_the_batch_and_positions_through_marshal_unchanged():
+    batch = parse_batch([record(1, put_value(1_800_000_000_000)),
+                         record(2, None, wire.control_headers(wire.OP_CANCEL, ID))], P)
+    positions, fields = marshal.loads(_frame([(OWN, 3)], batch))
+    assert positions == [(OWN, 3)]
+    assert Batch(*fields) == batch
+    assert marshal.loads(_frame([(0, 1)], None)) == ([(0, 1)], None)
