@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException
 
@@ -28,7 +29,7 @@ from delayq.store import Malformed, Put, Remove, StoreOp, TimeIndex
 
 from .dead_letters import DeadLetterLedger
 from .metrics import NodeMetrics
-from .reader import PUT, REMOVE, Batch, BufferReader, ReaderConfig, ReaderGone
+from .reader import MALFORMED, PUT, REMOVE, Batch, BufferReader, ReaderConfig, ReaderGone
 from .topics import EndOffsets
 
 log = logging.getLogger("delayq.ingest")
@@ -45,6 +46,10 @@ LEDGER_CHECK_S = 5.0
 # How often ingest persists what it applied (store batches skip the WAL: TimeIndex.flush), so a
 # crash rolls the store back by at most this, and never past the buffer's delete.retention.ms.
 STORE_FLUSH_S = 300.0
+
+# The store op each tag of a reader's frame stands for.
+_OP_MAKERS: dict[int, Callable[[Iterable[Any]], StoreOp]] = {
+    PUT: Put._make, REMOVE: Remove._make, MALFORMED: Malformed._make}
 
 
 class Ingest:
@@ -159,15 +164,9 @@ class Ingest:
         return batch.records if batch is not None else 0
 
     def _apply(self, batch: Batch) -> None:
-        ops: list[StoreOp] = []
-        for op in batch.ops:
-            tag = op[0]
-            if tag == PUT:
-                ops.append(Put(op[1], op[2], op[3], op[4], op[5]))
-            elif tag == REMOVE:
-                ops.append(Remove(op[1], op[2]))
-            else:
-                ops.append(Malformed(op[1], op[2], op[3], op[4]))
+        # The reader parsed each record by the wire contract: the ops are built from its fields unchecked.
+        make = _OP_MAKERS
+        ops: list[StoreOp] = [make[op[0]](op[1:]) for op in batch.ops]
         if batch.offsets:
             self.store.apply(ops, batch.offsets, ingested_at_ms=now_ms())
             self._unflushed = True

@@ -31,7 +31,7 @@ from collections.abc import Container, Generator, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, cast, final
+from typing import NamedTuple, Protocol, cast, final
 
 import rocksdict
 
@@ -77,10 +77,23 @@ def _check_id(value: object, argument: str = "delay_id") -> str:
     return value
 
 
-# Final, as Remove and Malformed: apply() takes these exact types (it tells them apart by `type(op) is`).
+# The ops are named tuples: one is built per buffer record a node ingests, and a tuple costs a
+# fifth of a frozen dataclass. Built by name (``Put(...)``) an op checks its fields; ingest, whose
+# reader has parsed each record by the wire contract already, builds them with ``_make`` (the
+# named tuple's own constructor from a sequence of fields), which does not check again.
+# apply() tells them apart by ``type(op) is``: they are final.
+
+
+class _PutFields(NamedTuple):
+    delay_id: str
+    deliver_at_ms: int
+    payload: bytes
+    version: int = 0
+    restores: int | None = None
+
+
 @final
-@dataclass(frozen=True, slots=True)
-class Put:
+class Put(_PutFields):
     """A buffer `put`: add ``delay_id``, or replace what is stored of it (reschedule).
 
     ``version`` is the put's buffer offset: a later put of one id has a higher one.
@@ -93,25 +106,27 @@ class Put:
         ValueError: ``delay_id`` is empty or not ASCII, or ``deliver_at_ms`` or ``version`` is outside [0, 2**63).
     """
 
-    delay_id: str
-    deliver_at_ms: int
-    payload: bytes
-    version: int = 0
-    restores: int | None = None
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        _check_id(self.delay_id)
-        _check_ms(self.deliver_at_ms, "deliver_at_ms")
-        _check_ms(self.version, "version")
-        if self.restores is not None:
-            _check_ms(self.restores, "restores")
-        if not isinstance(self.payload, bytes):
-            raise TypeError(f"payload must be bytes, not {type(self.payload).__name__}")
+    def __new__(cls, delay_id: str, deliver_at_ms: int, payload: bytes, version: int = 0,
+                restores: int | None = None) -> Put:
+        _check_id(delay_id)
+        _check_ms(deliver_at_ms, "deliver_at_ms")
+        _check_ms(version, "version")
+        if restores is not None:
+            _check_ms(restores, "restores")
+        if not isinstance(payload, bytes):
+            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+        return tuple.__new__(cls, (delay_id, deliver_at_ms, payload, version, restores))
+
+
+class _RemoveFields(NamedTuple):
+    delay_id: str
+    version: int | None = None
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class Remove:
+class Remove(_RemoveFields):
     """A buffer `cancel` (``version`` None: whatever is stored) or `done` (the version it closes).
 
     A remove of an older version than the one stored keeps the stored one: the put that
@@ -124,18 +139,24 @@ class Remove:
         TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str, or ``version`` not None or an offset.
     """
 
-    delay_id: str
-    version: int | None = None
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        _check_id(self.delay_id)
-        if self.version is not None:
-            _check_ms(self.version, "version")
+    def __new__(cls, delay_id: str, version: int | None = None) -> Remove:
+        _check_id(delay_id)
+        if version is not None:
+            _check_ms(version, "version")
+        return tuple.__new__(cls, (delay_id, version))
+
+
+class _MalformedFields(NamedTuple):
+    partition: int
+    offset: int
+    payload: bytes
+    delay_id: str | None = None
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class Malformed:
+class Malformed(_MalformedFields):
     """A buffer record no node may apply: kept, by its place in the buffer, until the cluster has dead-lettered it.
 
     ``payload`` is what the dead-letter copy needs (the caller's form). ``delay_id`` is
@@ -147,19 +168,17 @@ class Malformed:
         TypeError, ValueError: a partition, offset or id out of range, or a payload that is not bytes.
     """
 
-    partition: int
-    offset: int
-    payload: bytes
-    delay_id: str | None = None
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.partition, int) or not 0 <= self.partition <= _MAX_PARTITION:
-            raise ValueError(f"partition {self.partition!r} is outside [0, 2**31)")
-        _check_ms(self.offset, "offset")
-        if not isinstance(self.payload, bytes):
-            raise TypeError(f"payload must be bytes, not {type(self.payload).__name__}")
-        if self.delay_id is not None:
-            _check_id(self.delay_id)
+    def __new__(cls, partition: int, offset: int, payload: bytes, delay_id: str | None = None) -> Malformed:
+        if not isinstance(partition, int) or not 0 <= partition <= _MAX_PARTITION:
+            raise ValueError(f"partition {partition!r} is outside [0, 2**31)")
+        _check_ms(offset, "offset")
+        if not isinstance(payload, bytes):
+            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+        if delay_id is not None:
+            _check_id(delay_id)
+        return tuple.__new__(cls, (partition, offset, payload, delay_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +193,8 @@ class MalformedEntry:
 StoreOp = Put | Remove | Malformed
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    """One pending message as stored."""
+class StoredEntry(NamedTuple):
+    """One pending message as stored (a named tuple: due() builds one per entry it returns)."""
 
     delay_id: str
     deliver_at_ms: int
@@ -457,8 +475,9 @@ class TimeIndex:
 
     @staticmethod
     def _check_ops(ops: Iterable[StoreOp]) -> list[StoreOp]:
-        if isinstance(ops, (str, bytes)) or not isinstance(ops, Iterable):
-            raise TypeError(f"ops must be an iterable of Put/Remove, not {type(ops).__name__}")
+        # A lone op is a (named) tuple, iterable too: refused as what it is, not read as its fields.
+        if isinstance(ops, (str, bytes, Put, Remove, Malformed)) or not isinstance(ops, Iterable):
+            raise TypeError(f"ops must be an iterable of Put/Remove/Malformed, not {type(ops).__name__}")
         ops = list(ops)
         for index, op in enumerate(ops):
             if type(op) is not Put and type(op) is not Remove and type(op) is not Malformed:

@@ -1,7 +1,7 @@
 """The buffer reader's parse (delay_service/reader.py): consumed records in, store ops out, as ingest applies them.
 
 confluent_kafka.Message is built directly (it has a constructor): no broker needed.
-The reader process itself, killed and replaced, is in tests/integration/test_reader.py.
+The reader process itself, killed and replaced, is in tests/integration/test_reader_process.py.
 """
 
 from __future__ import annotations
