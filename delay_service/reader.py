@@ -212,7 +212,14 @@ def read(config: ReaderConfig, connection: Connection) -> None:
     sent: list[tuple[int, int]] | None = None
     try:
         while os.getppid() == parent:
-            messages = consumer.consume(config.batch_size, config.poll_s)
+            # What has come in, at once; if nothing, wait for the first record only: consume()
+            # returns when its batch is full or its timeout passes, so a batch-sized wait would hold
+            # a lone record (a cancel, a master's done that a cover waits for) for the whole timeout.
+            messages = consumer.consume(config.batch_size, 0)
+            if not messages:
+                messages = consumer.consume(1, config.poll_s)
+                if messages:
+                    messages += consumer.consume(config.batch_size - 1, 0)
             # position() moves past transaction markers; the last message's offset + 1 would not.
             positions = [(tp.partition, tp.offset) for tp in consumer.position(place) if tp.offset >= 0]
             if messages:
