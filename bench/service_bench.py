@@ -169,6 +169,9 @@ def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
         admin = admin_client(settings)
         info = buffer_info(settings, admin)
         ingest = Ingest(settings, store, NodeMetrics(), EndOffsets(settings, info.partitions, admin))
+        # Timed from when the reader process is up (its first, empty frame), as the consumer was
+        # created before the clock when ingest consumed in the node's own process.
+        ingest.poll_once(30)
         task = progress.add_task("ingesting", total=count)
         started = time.perf_counter()
         while store.pending_count() < count:
@@ -376,13 +379,17 @@ def bench_capacity(stack: DevStack, count: int, progress: Progress, settle_s: fl
         try:
             node = pending_node(cluster, "capacity", count, progress)
             time.sleep(settle_s)
-            memory = process_memory(node.process.pid)
+            memory = process_memory(node.running.pid)
+            # The node's buffer reader is part of the node: its memory counts too.
+            readers = [process_memory(pid) for pid in node.readers()]
+            reader_rss = sum(r["rss"] for r in readers)
             disk = dir_bytes(node.data_dir)
         finally:
             cluster.close()
+    rss = memory["rss"] + reader_rss
     return {"pending": count, "disk_bytes": disk, "disk_bytes_per_message": disk / count,
-            "rss_bytes": memory["rss"], "rss_bytes_per_message": memory["rss"] / count,
-            "peak_rss_bytes": memory["peak_rss"]}
+            "rss_bytes": rss, "rss_bytes_per_message": rss / count, "node_rss_bytes": memory["rss"],
+            "reader_rss_bytes": reader_rss, "peak_rss_bytes": memory["peak_rss"] + sum(r["peak_rss"] for r in readers)}
 
 
 def bench_rebuild(stack: DevStack, count: int, runs: int, progress: Progress) -> list[float]:

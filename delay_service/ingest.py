@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException
 
@@ -46,8 +46,7 @@ LEDGER_CHECK_S = 5.0
 STORE_FLUSH_S = 300.0
 
 # The store op each tag of a reader's frame stands for.
-_OP_MAKERS: dict[int, Callable[[Iterable[Any]], StoreOp]] = {
-    PUT: Put._make, REMOVE: Remove._make, MALFORMED: Malformed._make}
+_OP_KINDS: dict[int, type[StoreOp]] = {PUT: Put, REMOVE: Remove, MALFORMED: Malformed}
 
 
 class Ingest:
@@ -162,9 +161,10 @@ class Ingest:
         return batch.records if batch is not None else 0
 
     def _apply(self, batch: Batch) -> None:
-        # The reader parsed each record by the wire contract: the ops are built from its fields unchecked.
-        make = _OP_MAKERS
-        ops: list[StoreOp] = [make[op[0]](op[1:]) for op in batch.ops]
+        # The reader parsed each record by the wire contract: the ops are built from its fields
+        # unchecked, as the named tuples' _make() builds them, without its Python-level call.
+        kinds, new = _OP_KINDS, tuple.__new__
+        ops = cast("list[StoreOp]", [new(kinds[op[0]], op[1:]) for op in batch.ops])
         if batch.offsets:
             self.store.apply(ops, batch.offsets, ingested_at_ms=now_ms())
             self._unflushed = True

@@ -12,7 +12,7 @@ core, and hands the node each consumed batch as store ops, ready to apply:
   offset per partition the batch reached, op counts, the ids whose record settles a
   master's write, the earliest due time of a put, and the consumer positions after it;
 - a positions-only frame when the positions moved without a record (past transaction
-  markers, which a cover waits for).
+  markers, which a cover waits for), and an empty one once the consumer is assigned.
 
 Frames are ``marshal`` data over a pipe (:class:`multiprocessing.connection.Connection`
 on a file descriptor the node passed): both ends are the same delayq, started together.
@@ -211,6 +211,7 @@ def read(config: ReaderConfig, connection: Connection) -> None:
     count = len(config.partitions)
     sent: list[tuple[int, int]] | None = None
     try:
+        connection.send_bytes(_frame([], None))  # started: the node's first receive() returns
         while os.getppid() == parent:
             # What has come in, at once; if nothing, wait for the first record only: consume()
             # returns when its batch is full or its timeout passes, so a batch-sized wait would hold

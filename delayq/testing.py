@@ -130,6 +130,24 @@ class NodeProcess:
             self.process.kill()
             self.process.wait(10)
 
+    def readers(self) -> list[int]:
+        """Pids of this node's buffer reader processes (its children running delayq.delay_service.reader)."""
+        pid = self.running.pid
+        children: list[int] = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                children += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:  # the thread or the node ended meanwhile
+                continue
+        found = []
+        for child in children:
+            try:
+                if b"delayq.delay_service.reader" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(child)
+            except OSError:
+                continue
+        return found
+
     def log_tail(self, lines: int = 40) -> str:
         self.log.flush()
         path = self.data_dir.parent / f"{self.node_id}.log"

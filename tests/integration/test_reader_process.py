@@ -21,25 +21,6 @@ from delayq import wire
 pytestmark = pytest.mark.integration
 
 
-def readers_of(pid: int) -> list[int]:
-    """The node's buffer reader processes (its children running delayq.delay_service.reader)."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    found = []
-    for child in children:
-        try:
-            command = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"delayq.delay_service.reader" in command:
-            found.append(child)
-    return found
-
-
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -62,7 +43,7 @@ def test_a_reader_killed_mid_stream_is_replaced_and_every_message_is_delivered_o
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
     node = cluster.start("node-a")
-    first = wait_for(lambda: readers_of(node.running.pid), 10, "the node's reader")[0]
+    first = wait_for(lambda: node.readers(), 10, "the node's reader")[0]
     feeder = Feeder(settings)
     due = now_ms() + 6000
     sent = []
@@ -72,7 +53,7 @@ def test_a_reader_killed_mid_stream_is_replaced_and_every_message_is_delivered_o
             feeder.flush()
             os.kill(first, signal.SIGKILL)  # while the node is storing what came before
     feeder.flush()
-    second = wait_for(lambda: [p for p in readers_of(node.running.pid) if p != first], 10, "a new reader")[0]
+    second = wait_for(lambda: [p for p in node.readers() if p != first], 10, "a new reader")[0]
     assert not alive(first)
 
     records = read_topic(settings.bootstrap_servers, target, expect=len(sent), timeout_s=60)
@@ -84,16 +65,16 @@ def test_a_reader_killed_mid_stream_is_replaced_and_every_message_is_delivered_o
     assert node.running.poll() is None, "the node exited"
     assert "starting another from the store's offsets" in node.log_tail(400)
     assert node.metric("delayq_pending") == 0
-    assert readers_of(node.running.pid) == [second]
+    assert node.readers() == [second]
 
 
 def test_a_node_killed_takes_its_reader_with_it_and_a_stopped_one_stops_it(cluster):
     killed = cluster.start("node-a")
-    reader = wait_for(lambda: readers_of(killed.running.pid), 10, "the node's reader")[0]
+    reader = wait_for(lambda: killed.readers(), 10, "the node's reader")[0]
     killed.kill()
     wait_for(lambda: not alive(reader), 5, f"reader {reader} to exit after its node's SIGKILL")
 
     stopped = cluster.start("node-b")
-    reader = wait_for(lambda: readers_of(stopped.running.pid), 10, "the node's reader")[0]
+    reader = wait_for(lambda: stopped.readers(), 10, "the node's reader")[0]
     assert stopped.stop() == 0
     assert not alive(reader), "the reader outlived its node's clean stop"
