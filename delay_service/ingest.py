@@ -39,6 +39,8 @@ log = logging.getLogger("delayq.ingest")
 POLL_S = 0.002
 # How long the ingest loop waits for the reader's next frame before it looks at its chores (flush, lag, ledger).
 CHORES_S = 0.05
+# How long ingest waits before it replaces a reader that died.
+READER_RESTART_S = 0.5
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0
 # How often ingest persists what it applied (store batches skip the WAL: TimeIndex.flush), so a
@@ -148,6 +150,7 @@ class Ingest:
         except ReaderGone as gone:
             log.warning("%s; starting another from the store's offsets", gone)
             self._reader.stop()
+            time.sleep(READER_RESTART_S)  # a reader that keeps dying must not spin the node
             self._reader = self._start_reader()
             return 0
         if frame is None:

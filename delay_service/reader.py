@@ -41,6 +41,7 @@ from typing import Any, cast
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from delayq import wire
+from delayq.errors import DelayqError
 from delayq.settings import KAFKA_LOGGER
 from delayq.wire import MalformedRecord, parse_buffer_record
 
@@ -54,10 +55,18 @@ log = logging.getLogger("delayq.ingest.reader")
 PUT, REMOVE, MALFORMED = 0, 1, 2
 # How long the node waits for the reader to stop on SIGTERM before it kills it.
 STOP_WAIT_S = 5.0
+# How long the node waits for a new reader's first frame (interpreter start-up, consumer assigned).
+START_WAIT_S = 60.0
+# The first field of the frame a reader sends, in place of positions, when it cannot go on.
+_FAILED = "failed"
 
 
-class ReaderGone(RuntimeError):
-    """The reader process exited (or its pipe broke): the node starts another from the store's offsets."""
+class ReaderGone(DelayqError):
+    """The reader process exited, broke its pipe or could not start; the message says why.
+
+    Once it was running, the node starts another from the store's offsets; one that cannot
+    start stops the node (a librdkafka setting the consumer refuses, say).
+    """
 
 
 @dataclass(frozen=True)
@@ -105,9 +114,11 @@ class BufferReader:
         try:
             stdin.write(json.dumps(config.__dict__).encode())
             stdin.close()
-        except OSError as err:  # it died at once: say so as a reader that is gone
+            if self.receive(START_WAIT_S) is None:
+                raise ReaderGone(f"the buffer reader did not start within {START_WAIT_S:.0f} s")
+        except (OSError, ReaderGone) as err:  # it died at once (BrokenPipe), or said why
             self.stop()
-            raise ReaderGone(f"the buffer reader exited at start ({err})") from err
+            raise ReaderGone(f"the buffer reader could not start: {err}") from None
 
     def receive(self, timeout_s: float) -> tuple[dict[int, int], Batch | None] | None:
         """The next frame (positions, and a batch or None), or None if none came within ``timeout_s``.
@@ -124,6 +135,8 @@ class BufferReader:
             raise ReaderGone(f"the buffer reader {'exited with ' + str(code) if code is not None else 'broke its pipe'}"
                              f" ({type(err).__name__})") from err
         positions, batch = marshal.loads(data)
+        if positions == _FAILED:
+            raise ReaderGone(batch)
         return dict(positions), (Batch(*batch) if batch is not None else None)
 
     def stop(self) -> None:
@@ -205,8 +218,12 @@ def _frame(positions: list[tuple[int, int]], batch: Batch | None) -> bytes:
 def read(config: ReaderConfig, connection: Connection) -> None:
     """Consume the buffer and send frames until the node is gone."""
     parent = os.getppid()
-    consumer = Consumer({**config.consumer, "logger": KAFKA_LOGGER})
-    consumer.assign([TopicPartition(config.topic, p, config.start[p]) for p in config.partitions])
+    try:
+        consumer = Consumer({**config.consumer, "logger": KAFKA_LOGGER})
+        consumer.assign([TopicPartition(config.topic, p, config.start[p]) for p in config.partitions])
+    except Exception as err:  # a setting librdkafka refuses: the node says so in one line and stops
+        connection.send_bytes(marshal.dumps((_FAILED, f"its consumer refused to start: {err}")))
+        return
     place = [TopicPartition(config.topic, p) for p in config.partitions]
     count = len(config.partitions)
     sent: list[tuple[int, int]] | None = None

@@ -78,3 +78,29 @@ def test_a_node_killed_takes_its_reader_with_it_and_a_stopped_one_stops_it(clust
     reader = wait_for(lambda: stopped.readers(), 10, "the node's reader")[0]
     assert stopped.stop() == 0
     assert not alive(reader), "the reader outlived its node's clean stop"
+
+
+def test_a_reader_that_cannot_start_says_why_in_one_line_and_leaves_no_process(settings):
+    """A consumer setting librdkafka refuses: starting the reader fails at once with the reason, no restart loop."""
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from delayq.delay_service.reader import BufferReader, ReaderConfig, ReaderGone
+
+    config = ReaderConfig(consumer={"bootstrap.servers": settings.bootstrap_servers, "group.id": "refused",
+                                    "partition.assignment.strategy": "bogus"},
+                          topic=settings.buffer_topic, partitions=[0], start={0: OFFSET_BEGINNING}, batch_size=10,
+                          poll_s=0.002, log_level="WARNING", log_format="%(message)s")
+    started = time.monotonic()
+    with pytest.raises(ReaderGone, match=r"^the buffer reader could not start: .*partition\.assignment\.strategy"):
+        BufferReader(config)
+    assert time.monotonic() - started < 30
+    mine = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _reader_of(p, os.getpid())]
+    assert not mine, f"reader processes left behind: {mine}"
+
+
+def _reader_of(proc: Path, parent: int) -> bool:
+    try:
+        stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(stat[1]) == parent and stat[0] != "Z" and b"delay_service.reader" in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
