@@ -171,14 +171,16 @@ def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
         # Returns once its reader process is up (consumer assigned), as it returned once the consumer was
         # made when ingest consumed in the node's own process: the clock starts at the first poll either way.
         ingest = Ingest(settings, store, NodeMetrics(), EndOffsets(settings, info.partitions, admin))
-        task = progress.add_task("ingesting", total=count)
-        started = time.perf_counter()
-        while store.pending_count() < count:
-            ingest.poll_once(0.1)
-            progress.update(task, completed=store.pending_count())
-        elapsed = time.perf_counter() - started
-        ingest.close()
-        store.close()
+        try:
+            task = progress.add_task("ingesting", total=count)
+            started = time.perf_counter()
+            while store.pending_count() < count:
+                ingest.poll_once(0.1)
+                progress.update(task, completed=store.pending_count())
+            elapsed = time.perf_counter() - started
+        finally:
+            ingest.close()  # its reader process too: a failed run must not leave one consuming
+            store.close()
     return count / elapsed
 
 

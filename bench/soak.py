@@ -28,14 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from delayq import Producer
+from delayq.delay_service.topics import committed_end_offsets
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
 from delayq.settings import Settings
@@ -334,19 +335,16 @@ class Soak:
         found: dict[str, Any] = {}
         topics = [(settings.buffer_topic, settings.buffer_partitions), *((t, TARGET_PARTITIONS) for t in self.topics)]
         for topic, count in topics:
-            requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(count)}
+            partitions = list(range(count))
             try:
-                ends = {isolation: {tp.partition: future.result().offset for tp, future in
-                                    admin.list_offsets(requests, isolation_level=isolation,
-                                                       request_timeout=10).items()}
-                        for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)}
+                stable = committed_end_offsets(admin, topic, partitions, 10)
+                high = committed_end_offsets(admin, topic, partitions, 10, committed=False)
             except KafkaException as err:
                 found[topic] = f"end offsets not read: {err.args[0].str()}"
                 continue
-            for p in range(count):
-                stable, high = ends[IsolationLevel.READ_COMMITTED][p], ends[IsolationLevel.READ_UNCOMMITTED][p]
-                if stable != high:
-                    found[f"{topic}/{p}"] = {"stable": stable, "high": high}
+            for p in partitions:
+                if stable[p] != high[p]:
+                    found[f"{topic}/{p}"] = {"stable": stable[p], "high": high[p]}
         return found
 
     def _stall_evidence(self, stall: Stall | None) -> dict[str, Any] | None:

@@ -97,18 +97,48 @@ class Ingest:
         self._consumer_conf.pop("logger", None)  # a Python object: the reader sets its own
         self.ledger = DeadLetterLedger(settings)
         self._positions = {p: store.offsets().get(p, 0) for p in partitions}
-        self._reader = self._start_reader()
+        # The reader in use; None between one that died and its replacement. Swapped under
+        # _reader_lock, so close() never misses one the ingest thread is starting.
+        self._reader_lock = threading.Lock()
+        self._closed = False
+        self._reader: BufferReader | None = self._start_reader()
 
     def _start_reader(self) -> BufferReader:
         """A reader process that consumes from where the store is (every record it has applied is below)."""
         stored_offsets = self.store.offsets()
         root = logging.getLogger()
-        formats = [h.formatter._fmt for h in root.handlers if h.formatter is not None and h.formatter._fmt]
+        # The node's own log line format (a %-style one; the reader falls back to logging's default).
+        formats = [h.formatter._fmt for h in root.handlers if h.formatter is not None and h.formatter._fmt
+                   and isinstance(h.formatter._style, logging.PercentStyle)]
         return BufferReader(ReaderConfig(
             consumer=self._consumer_conf, topic=self.settings.buffer_topic, partitions=list(self.partitions),
             start={p: stored_offsets.get(p, OFFSET_BEGINNING) for p in self.partitions},
-            batch_size=self.batch_size, poll_s=POLL_S, log_level=logging.getLevelName(root.getEffectiveLevel()),
+            batch_size=self.batch_size, poll_s=POLL_S, log_level=root.getEffectiveLevel(),
             log_format=formats[0] if formats else logging.BASIC_FORMAT))
+
+    def _replace_reader(self, gone: ReaderGone | None) -> None:
+        """Stop the reader that is gone (if any) and start another from the store's offsets; never raises.
+
+        A reader that cannot start is tried again at the next poll, READER_RESTART_S later:
+        ingest waits (covers hold, /readyz says ingest lags), the node does not die of it.
+        """
+        with self._reader_lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop()
+        if gone is not None:
+            log.warning("%s; starting another from the store's offsets", gone)
+        time.sleep(READER_RESTART_S)  # a reader that keeps dying must not spin the node
+        try:
+            started = self._start_reader()
+        except ReaderGone as err:
+            log.warning("%s; trying again", err)
+            return
+        with self._reader_lock:
+            if not self._closed:
+                self._reader = started
+                return
+        started.stop()  # close() ran meanwhile
 
     # -- the loop --------------------------------------------------------
 
@@ -145,13 +175,16 @@ class Ingest:
 
         A reader that exited is replaced by one that reads on from the store's offsets.
         """
+        reader = self._reader
+        if reader is None:
+            if not self._closed:
+                self._replace_reader(None)
+            return 0
         try:
-            frame = self._reader.receive(timeout_s)
+            frame = reader.receive(timeout_s)
         except ReaderGone as gone:
-            log.warning("%s; starting another from the store's offsets", gone)
-            self._reader.stop()
-            time.sleep(READER_RESTART_S)  # a reader that keeps dying must not spin the node
-            self._reader = self._start_reader()
+            if not self._closed:
+                self._replace_reader(gone)
             return 0
         if frame is None:
             return 0
@@ -232,5 +265,9 @@ class Ingest:
                           if stable.get(p, end) <= self._positions.get(p, 0) < end)
 
     def close(self) -> None:
-        self._reader.stop()
+        with self._reader_lock:
+            self._closed = True
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop()
         self.ledger.close()

@@ -83,8 +83,18 @@ class Node:
         self.admin = admin_client(s)
         info = buffer_info(s, self.admin)
         self.store = self._open_store(info)
-        self.ingest = Ingest(s, self.store, self.metrics, EndOffsets(s, info.partitions, self.admin),
-                             on_earlier_due=self.wakeup.earlier_due, on_settled=self.in_flight.discard)
+        self.ingest = ingest = Ingest(s, self.store, self.metrics, EndOffsets(s, info.partitions, self.admin),
+                                      on_earlier_due=self.wakeup.earlier_due, on_settled=self.in_flight.discard)
+        try:
+            self._start_serving(ingest)
+        except BaseException:
+            # stop() never runs for a node that did not start: its buffer reader must not outlive it.
+            ingest.close()
+            raise
+
+    def _start_serving(self, ingest: Ingest) -> None:
+        """HTTP, ZooKeeper, membership and the loops, once the store and ingest are open."""
+        s = self.settings
         try:
             self.http = NodeHTTPServer(self, s.http_host, s.http_port)
         except OSError as err:
@@ -100,11 +110,11 @@ class Node:
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)
         self.leadership = Leadership(self.zk, s.zk_root, s.node_id)
         self.cursor = Cursor(self.zk, s.zk_root)
-        self._spawn("ingest", lambda: self.ingest.run(self.stopping))
+        self._spawn("ingest", lambda: ingest.run(self.stopping))
         self._spawn("membership", self._publish_membership)
         self._spawn("election", lambda: self.leadership.run(self._lead))
         log.info("node %s started: buffer %s (%d partitions), http on %s:%d", s.node_id, s.buffer_topic,
-                 len(info.partitions), s.http_host, self.http.port)
+                 len(ingest.partitions), s.http_host, self.http.port)
 
     def stop(self) -> None:
         """Finish the batch in flight, give up leadership at once, stop every loop."""

@@ -79,8 +79,8 @@ class ReaderConfig:
     start: dict[int, int]  # partition -> first offset to read (OFFSET_BEGINNING for none stored)
     batch_size: int
     poll_s: float
-    log_level: str
-    log_format: str
+    log_level: int
+    log_format: str  # %-style
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,12 @@ class BufferReader:
     def __init__(self, config: ReaderConfig):
         read_fd, write_fd = os.pipe()
         try:
+            # A session of its own: a signal to the node's process group (a terminal's Ctrl-C, a
+            # supervisor stopping the group) reaches the node, which stops its reader itself; -P:
+            # the working directory never shadows the installed delayq.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "delayq.delay_service.reader", str(write_fd)],
-                stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True)
+                [sys.executable, "-P", "-m", "delayq.delay_service.reader", str(write_fd)],
+                stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, start_new_session=True)
         except BaseException:
             os.close(read_fd)
             raise
@@ -257,10 +260,12 @@ def main(argv: list[str]) -> int:
     config_fields = json.loads(sys.stdin.buffer.read())
     config_fields["start"] = {int(p): o for p, o in config_fields["start"].items()}
     config = ReaderConfig(**config_fields)
-    logging.basicConfig(level=config.log_level, format=config.log_format)
+    try:
+        logging.basicConfig(level=config.log_level, format=config.log_format)
+    except ValueError:  # a format or level this logging does not take: its defaults, rather than no reader
+        logging.basicConfig(level=logging.INFO, force=True)
     # SIGTERM from the node: leave the loop through the finally (the consumer closes).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the node, which stops the reader
     with Connection(int(argv[0]), readable=False) as connection:
         read(config, connection)
     return 0

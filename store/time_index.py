@@ -79,8 +79,8 @@ def _check_id(value: object, argument: str = "delay_id") -> str:
 
 # The ops are named tuples: one is built per buffer record a node ingests, and a tuple costs a
 # fifth of a frozen dataclass. Built by name (``Put(...)``) an op checks its fields; ingest, whose
-# reader has parsed each record by the wire contract already, builds them with ``_make`` (the
-# named tuple's own constructor from a sequence of fields), which does not check again.
+# reader has parsed each record by the wire contract already, builds them from the reader's field
+# tuples with ``tuple.__new__`` (what the named tuple's ``_make`` does), which checks nothing.
 # apply() tells them apart by ``type(op) is``: they are final.
 
 

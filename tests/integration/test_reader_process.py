@@ -104,3 +104,54 @@ def _reader_of(proc: Path, parent: int) -> bool:
         return int(stat[1]) == parent and stat[0] != "Z" and b"delay_service.reader" in (proc / "cmdline").read_bytes()
     except OSError:
         return False
+
+
+def test_a_reader_has_a_session_of_its_own_so_a_signal_to_the_nodes_group_reaches_the_node_only(cluster):
+    node = cluster.start("node-a")
+    reader = wait_for(node.readers, 10, "the node's reader")[0]
+    # Not in the node's process group: a group signal (Ctrl-C, a supervisor stopping the group) misses it.
+    assert os.getsid(reader) == reader == os.getpgid(reader) != os.getpgid(node.running.pid)
+    assert node.stop() == 0
+    wait_for(lambda: not alive(reader), 10, "the reader to be stopped by its node")
+    assert "starting another" not in node.log_tail(400), "the node replaced a reader while stopping"
+
+
+def test_a_reader_that_cannot_be_replaced_is_tried_again_and_ingest_goes_on(settings, tmp_path, monkeypatch):
+    from delayq.delay_service import ensure_topics
+    from delayq.delay_service.ingest import Ingest
+    from delayq.delay_service.metrics import NodeMetrics
+    from delayq.delay_service.reader import ReaderGone
+    from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
+    from delayq.store import TimeIndex
+
+    ensure_topics(settings)
+    admin = admin_client(settings)
+    info = buffer_info(settings, admin)
+    attempts = []
+    start = Ingest._start_reader
+
+    def fails_the_first_time(self):
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise ReaderGone("the buffer reader could not start: refused for this test")
+        return start(self)
+
+    with TimeIndex(tmp_path / "store") as store:
+        ingest = Ingest(settings, store, NodeMetrics(), EndOffsets(settings, info.partitions, admin))
+        try:
+            first = ingest._reader.process.pid
+            monkeypatch.setattr(Ingest, "_start_reader", fails_the_first_time)
+            os.kill(first, signal.SIGKILL)
+            feeder = Feeder(settings)
+            for i in range(10):
+                feeder.put("somewhere", f"v{i}".encode(), now_ms() + 3_600_000)
+            feeder.flush()
+            deadline = time.monotonic() + 30
+            while store.pending_count() < 10 and time.monotonic() < deadline:
+                ingest.poll_once(0.1)  # never raises: a reader that cannot start is tried again
+            assert store.pending_count() == 10
+            assert len(attempts) == 2, attempts
+            second = ingest._reader.process.pid
+        finally:
+            ingest.close()
+    assert not alive(second), "close() left the reader running"
