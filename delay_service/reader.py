@@ -64,8 +64,9 @@ _FAILED = "failed"
 class ReaderGone(DelayqError):
     """The reader process exited, broke its pipe or could not start; the message says why.
 
-    Once it was running, the node starts another from the store's offsets; one that cannot
-    start stops the node (a librdkafka setting the consumer refuses, say).
+    Once one was running, ingest starts another from the store's offsets (and tries again
+    while one cannot start); the node's first one that cannot start stops the node, in one
+    line (a librdkafka setting the consumer refuses, say).
     """
 
 
