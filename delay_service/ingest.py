@@ -63,7 +63,7 @@ class Ingest:
         *,
         on_earlier_due: Callable[[int], None] = lambda _ms: None,
         on_settled: Callable[[list[str]], None] = lambda _ids: None,
-        batch_size: int = 10_000,
+        batch_size: int = 2_000,  # records per frame: one frame fits the reader's pipe (reader.PIPE_BYTES)
     ):
         self.settings = settings
         self.store = store
