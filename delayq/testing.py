@@ -28,6 +28,25 @@ class NodeError(RuntimeError):
     """A local node exited, did not get ready, or ignored SIGTERM; the message carries its log's tail."""
 
 
+def reader_processes(parent: int) -> list[int]:
+    """Pids of ``parent``'s children running the buffer reader (delayq.delay_service.reader), zombies left out."""
+    children: list[int] = []
+    for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread or the parent ended meanwhile
+            continue
+    found = []
+    for child in children:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and b"delayq.delay_service.reader" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            continue
+    return found
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     return {
         "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
@@ -131,22 +150,8 @@ class NodeProcess:
             self.process.wait(10)
 
     def readers(self) -> list[int]:
-        """Pids of this node's buffer reader processes (its children running delayq.delay_service.reader)."""
-        pid = self.running.pid
-        children: list[int] = []
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                children += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:  # the thread or the node ended meanwhile
-                continue
-        found = []
-        for child in children:
-            try:
-                if b"delayq.delay_service.reader" in Path(f"/proc/{child}/cmdline").read_bytes():
-                    found.append(child)
-            except OSError:
-                continue
-        return found
+        """Pids of this node's buffer reader processes."""
+        return reader_processes(self.running.pid)
 
     def log_tail(self, lines: int = 40) -> str:
         self.log.flush()

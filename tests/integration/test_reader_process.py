@@ -17,6 +17,7 @@ from kafka_testing import create_topics, read_topic
 from service_testing import Feeder, now_ms
 
 from delayq import wire
+from delayq.testing import reader_processes
 
 pytestmark = pytest.mark.integration
 
@@ -94,16 +95,7 @@ def test_a_reader_that_cannot_start_says_why_in_one_line_and_leaves_no_process(s
     with pytest.raises(ReaderGone, match=r"^the buffer reader could not start: .*partition\.assignment\.strategy"):
         BufferReader(config)
     assert time.monotonic() - started < 30
-    mine = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _reader_of(p, os.getpid())]
-    assert not mine, f"reader processes left behind: {mine}"
-
-
-def _reader_of(proc: Path, parent: int) -> bool:
-    try:
-        stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        return int(stat[1]) == parent and stat[0] != "Z" and b"delay_service.reader" in (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
+    assert not reader_processes(os.getpid()), "reader processes left behind"
 
 
 def test_a_reader_has_a_session_of_its_own_so_a_signal_to_the_nodes_group_reaches_the_node_only(cluster):
