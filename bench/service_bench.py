@@ -170,7 +170,9 @@ def bench_ingest(stack: DevStack, count: int, progress: Progress) -> float:
         info = buffer_info(settings, admin)
         # Returns once its reader process is up (consumer assigned), as it returned once the consumer was
         # made when ingest consumed in the node's own process: the clock starts at the first poll either way.
-        ingest = Ingest(settings, store, NodeMetrics(), EndOffsets(settings, info.partitions, admin))
+        metrics = NodeMetrics()
+        ingest = Ingest(settings, 1, metrics, EndOffsets(settings, info.partitions, admin))
+        ingest.hold([ingest.feed(0, store, metrics.shard(0))])  # one shard: the whole buffer
         try:
             task = progress.add_task("ingesting", total=count)
             started = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Public surface::
 
-    from delayq.delay_service import Node, ensure_topics, cluster_status
+    from delayq.delay_service import Node, ensure_topics, ensure_shards, cluster_status
 
 Nodes as child processes, for tests, bench and the demo, are scaffolding: ``delayq.testing``.
 The names load on first use, so a command that only needs ``ensure_topics`` (or only
@@ -15,12 +15,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .layout import ensure_shards
     from .node import Node
     from .status import cluster_status
     from .topics import TopicCheck, ensure_topics
 
-_HOMES = {"Node": ".node", "cluster_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics"}
-__all__ = ["Node", "TopicCheck", "cluster_status", "ensure_topics"]
+_HOMES = {"Node": ".node", "cluster_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics",
+          "ensure_shards": ".layout"}
+__all__ = ["Node", "TopicCheck", "cluster_status", "ensure_shards", "ensure_topics"]
 
 
 def __getattr__(name: str) -> Any:

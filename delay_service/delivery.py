@@ -1,9 +1,9 @@
-"""Delivery, on the master only: due messages out, in Kafka transactions, exactly once.
+"""Delivery, on a shard's master only: the shard's due messages out, in Kafka transactions, exactly once.
 
 Each batch is one transaction holding the deliveries to their target topics and a
 ``done`` tombstone per message on the buffer partition its put came from. The
-producer uses the cluster's one ``transactional.id``, so a new master's
-``init_transactions`` fences the old one at the broker. The master removes nothing
+producer uses the shard's ``transactional.id``, so a new master of the shard's
+``init_transactions`` fences the shard's old one at the broker (and no other shard's). The master removes nothing
 from its store itself: ingest does that when it reads the ``done`` back, so the
 store stays a pure view of the buffer; until then, ids already delivered are skipped.
 
@@ -39,8 +39,7 @@ from delayq.store import StoredEntry, TimeIndex
 
 from . import stored
 from .dead_letters import produce_copy
-from .ingest import Ingest
-from .metrics import NodeMetrics
+from .ingest import ShardFeed
 from .partitioners import partition_for
 
 log = logging.getLogger("delayq.delivery")
@@ -74,6 +73,17 @@ DEAD_LETTER_BATCH = 1000
 # How often the master records its progress in ZooKeeper (`delayq status` shows it): a write per
 # transaction would cost a ZooKeeper round trip per batch.
 CURSOR_WRITE_S = 1.0
+
+
+class ShardLog(logging.LoggerAdapter):
+    """The delivery logger, each line starting with the shard it is about: ``shard 3: epoch 7: ...``."""
+
+    def __init__(self, logger: logging.Logger, shard: int):
+        super().__init__(logger, {"shard": shard})
+        self.prefix = f"shard {shard}: "
+
+    def process(self, msg, kwargs):
+        return self.prefix + str(msg), kwargs
 
 
 class LeadershipLost(Exception):
@@ -283,19 +293,24 @@ class Wakeup:
 
 
 class Delivery:
-    """The master's loop for one term; build a new one per term."""
+    """A shard master's loop for one term; build a new one per term.
 
-    def __init__(self, settings: Settings, store: TimeIndex, ingest: Ingest, metrics: NodeMetrics,
-                 cursor: Cursor, wakeup: Wakeup, in_flight: InFlight):
+    It sees the shard through its :class:`~delayq.delay_service.ingest.ShardFeed`: the
+    shard's store, partitions and metrics, and where ingest stands there.
+    """
+
+    def __init__(self, settings: Settings, feed: ShardFeed, cursor: Cursor, wakeup: Wakeup, in_flight: InFlight):
         self.settings = settings
-        self.store = store
-        self.ingest = ingest
-        self.metrics = metrics
+        self.feed = feed
+        self.shard = feed.shard
+        self.store: TimeIndex = feed.store
+        self.metrics = feed.metrics
+        self.log = ShardLog(log, feed.shard)
         self.cursor = cursor
         self.wakeup = wakeup
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
-        self.cutoff = Cutoff(ingest.partitions)
+        self.cutoff = Cutoff(feed.partitions)
         # Due ids of each held partition, not covered yet: left out of picks until it moves on
         # (kept across covers: a long hold's backlog is not walked again by every cover).
         self._uncovered: dict[int, set[str]] = {}
@@ -333,7 +348,7 @@ class Delivery:
             while term.active:
                 if not self._start(term):
                     return
-                log.info("epoch %d: buffer read to its end; delivering", term.epoch)
+                self.log.info("epoch %d: buffer read to its end; delivering", term.epoch)
                 try:
                     while term.active:
                         self.deliver_due(term)
@@ -344,9 +359,9 @@ class Delivery:
                     self._close_producer()
                     self._passing_error(term, err)
         except (LeadershipLost, FencedError) as err:
-            log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
+            self.log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
         except KafkaException as err:
-            log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err.args[0].str())
+            self.log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err.args[0].str())
         finally:
             self._committer.shutdown(wait=True)
             self._committer = None
@@ -367,7 +382,7 @@ class Delivery:
                 # Nothing is covered until read again now: a transaction of this term whose
                 # commit failed may have committed after all (init_transactions settled it),
                 # and its `done`s must be read before its ids, no longer in flight, are picked.
-                self.cutoff = Cutoff(self.ingest.partitions)
+                self.cutoff = Cutoff(self.feed.partitions)
                 self._uncovered.clear()
                 self._prepared = self._early_ends = None
                 # After init_transactions no older master can commit, so once ingest reaches the
@@ -375,7 +390,7 @@ class Delivery:
                 # one included) every `done` of every committed delivery is in the store.
                 if self._cover(term):
                     # After init_transactions: no older master's transaction can still move the mark.
-                    self._handled = self.ingest.ledger.handled(self.ingest.partitions)
+                    self._handled = self.feed.ledger.handled(self.feed.partitions)
                     self._ledger_due = 0.0
                     self._recovered()
                     return True
@@ -390,8 +405,8 @@ class Delivery:
 
     def _new_producer(self) -> Producer:
         return Producer(self.settings.kafka_conf(**{
-            "transactional.id": self.settings.transactional_id,
-            "client.id": f"delayq-master-{self.settings.node_id}",
+            "transactional.id": self.settings.transactional_id(self.shard),
+            "client.id": f"delayq-master-{self.shard}-{self.settings.node_id}",
             "linger.ms": 1,
             "transaction.timeout.ms": 60_000,
             "message.timeout.ms": 30_000,
@@ -430,12 +445,12 @@ class Delivery:
         awaited = self.cutoff.awaited(targets)
         settle_at = time.monotonic() + PARTIAL_COVER_S
         while term.active:
-            done = self.ingest.wait_until_read(awaited, PARTIAL_COVER_S, abandon=lambda: not term.active)
+            done = self.feed.wait_until_read(awaited, PARTIAL_COVER_S, abandon=lambda: not term.active)
             if not done and time.monotonic() < settle_at:
                 continue
             # Never covered short of its targets: a cancel acknowledged behind an open
             # transaction would lose to its message (see Ends).
-            moved = self.cutoff.settle(ends, self.ingest.positions(), time.monotonic())
+            moved = self.cutoff.settle(ends, self.feed.positions(), time.monotonic())
             self.metrics.held_partitions.set(self.cutoff.stuck_for(HELD_GAUGE_S, time.monotonic()))
             to_mark = self.cutoff.due_for_mark(MARK_HELD_AFTER_S, MARK_AGAIN_S, time.monotonic())
             if to_mark:
@@ -468,7 +483,7 @@ class Delivery:
         held = self._held_by_transactions(partitions, targets)
         if not held:
             return  # ingest lags there: nothing to end
-        count = len(self.ingest.partitions)
+        count = self.feed.partition_count
         self._txn_producer().begin_transaction()
         for partition in held:
             mark = wire.mark_id(partition, count)
@@ -476,7 +491,7 @@ class Delivery:
         self._commit_transaction(term, [])
         self.metrics.partition_marks.inc(len(held))
         first = any(p in self.cutoff.held and self.cutoff.held[p].marks == 1 for p in held)
-        log.log(logging.WARNING if first else logging.INFO,
+        self.log.log(logging.WARNING if first else logging.INFO,
                 "buffer partitions %s: a transaction held them open for %.0fs; committed the partition mark "
                 "there, which ends one of this master's producer that Kafka left open (its markers lost, as over "
                 "a broker restart); if the hold lasts, it is another producer's", held, MARK_HELD_AFTER_S)
@@ -487,25 +502,25 @@ class Delivery:
         Raises:
             KafkaException: the last stable offsets could not be read.
         """
-        stable = self.ingest.end_offsets.read(timeout_s=5.0)
-        return self.ingest.held_back({p: targets[p] for p in partitions}, stable)
+        stable = self.feed.read_ends(timeout_s=5.0)
+        return self.feed.held_back({p: targets[p] for p in partitions}, stable)
 
     def _say_what_holds_back(self, long_held: list[int], targets: dict[int, int]) -> None:
         """Warn of partitions held back for long, and by what: an open transaction, or ingest lagging."""
         try:
             held = self._held_by_transactions(long_held, targets)
         except KafkaException as err:
-            log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs (the last "
+            self.log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs (the last "
                         "stable offsets cannot be read: %s); what falls due there waits", long_held,
                         OPEN_TRANSACTION_WARN_S, err.args[0].str())
             return
         if held:
-            log.warning("buffer partitions %s: a transaction is open there (a producer's, or a master's being "
+            self.log.warning("buffer partitions %s: a transaction is open there (a producer's, or a master's being "
                         "committed or aborted) with acknowledged writes behind it; for %.0fs what falls due there "
                         "has waited for it to end (the other partitions deliver)", held, OPEN_TRANSACTION_WARN_S)
         behind = [p for p in long_held if p not in held]
         if behind:
-            log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs: it is "
+            self.log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs: it is "
                         "behind; what falls due there waits", behind, OPEN_TRANSACTION_WARN_S)
 
     def _read_ends(self) -> Ends:
@@ -517,7 +532,7 @@ class Delivery:
             KafkaException: the end offsets could not be read.
         """
         read_at = now_ms()
-        return Ends(read_at, self.ingest.end_offsets.read(timeout_s=10.0, committed=False))
+        return Ends(read_at, self.feed.read_ends(timeout_s=10.0, committed=False))
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
@@ -527,13 +542,14 @@ class Delivery:
         reason = f"Kafka error, retrying: {error.str()}"
         if self.failing is None:
             self.failing_since = time.monotonic()
-            log.warning("epoch %d: %s", term.epoch, reason)
+            self.log.warning("epoch %d: %s", term.epoch, reason)
         self.failing = reason
         self.wakeup.sleep_until(now_ms() + int(KAFKA_RETRY_S * 1000), term)
 
     def _recovered(self) -> None:
         if self.failing is not None:
-            log.info("delivery going again after %.1fs of Kafka errors", time.monotonic() - (self.failing_since or 0))
+            self.log.info("delivery going again after %.1fs of Kafka errors",
+                          time.monotonic() - (self.failing_since or 0))
             self.failing = self.failing_since = None
 
     # -- one batch -------------------------------------------------------
@@ -594,7 +610,7 @@ class Delivery:
         entries = self.store.due(cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
         if cutoff.uniform or not entries:
             return entries
-        count = len(self.ingest.partitions)
+        count = self.feed.partition_count
         covered = cutoff.partition_ms
         picked = []
         for entry in entries:
@@ -633,7 +649,7 @@ class Delivery:
             try:
                 pending = stored.unpack(entry.payload)
             except stored.MalformedStoredEntry as err:
-                log.error("message %s: %s; leaving it out", entry.delay_id, err)
+                self.log.error("message %s: %s; leaving it out", entry.delay_id, err)
                 self._unreadable.add(entry.delay_id)
                 continue
             message = pending.message
@@ -667,7 +683,7 @@ class Delivery:
             return True
         backoff = self.settings.delivery_retry_backoff_ms * 2 ** (attempts - 1)
         self.retries[delay_id] = Retry(attempts, now + backoff, reason)
-        log.info("message %s: %s; attempt %d, retrying in %d ms", delay_id, reason, attempts, backoff)
+        self.log.info("message %s: %s; attempt %d, retrying in %d ms", delay_id, reason, attempts, backoff)
         return False
 
     def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
@@ -677,7 +693,8 @@ class Delivery:
             self._transaction(term, outgoing, dead)
         except RecordRejected as rejected:
             self._abort(term)
-            log.warning("message %s: Kafka refuses the record: %s", rejected.item.entry.delay_id, rejected.error.str())
+            self.log.warning("message %s: Kafka refuses the record: %s", rejected.item.entry.delay_id,
+                             rejected.error.str())
             rest = [item for item in outgoing if item is not rejected.item]
             self._commit(term, rest, [*dead, Undeliverable(rejected.item, wire.Reason.REJECTED,
                                                            f"Kafka refused the record: {rejected.error.str()}")])
@@ -694,7 +711,7 @@ class Delivery:
                 # An error that may pass (a commit is resumed in _commit_resuming, so this is
                 # one before it, or a commit given up as the term ended): deliver nothing of
                 # the batch again until a fresh cover has read whatever of it may have committed.
-                self.cutoff = Cutoff(self.ingest.partitions)
+                self.cutoff = Cutoff(self.feed.partitions)
                 self._uncovered.clear()
                 return
             if len(outgoing) + len(dead) > 1:
@@ -729,7 +746,7 @@ class Delivery:
             try:
                 writes.append((delay_id, stored.unpack(value), copy is None))
             except stored.MalformedStoredEntry as err:
-                log.error("message %s: %s; not repairing it", delay_id, err)
+                self.log.error("message %s: %s; not repairing it", delay_id, err)
                 self._unreadable.add(delay_id)
         if not writes:
             return
@@ -742,7 +759,7 @@ class Delivery:
             else:
                 self._write_done(delay_id, pending)
         self._commit_transaction(term, [delay_id for delay_id, _, _ in writes])
-        log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(writes))
+        self.log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(writes))
 
     def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
         producer = self._txn_producer()
@@ -845,8 +862,7 @@ class Delivery:
             self._prepared = self._early_ends = None
             raise
 
-    @staticmethod
-    def _commit_resuming(producer: Producer, term: Term) -> None:
+    def _commit_resuming(self, producer: Producer, term: Term) -> None:
         """``commit_transaction``, called again while it fails in a way that may pass (Kafka restarting).
 
         librdkafka resumes a commit that timed out when it is called again; an abort then
@@ -865,7 +881,8 @@ class Delivery:
                 error: KafkaError = err.args[0]
                 if error.fatal() or error.txn_requires_abort() or not error.retriable() or not term.active:
                     raise
-                log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch, error.str())
+                self.log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch,
+                                 error.str())
 
     def _while_committing(self, commit: Future[None]) -> None:
         """Use the time the broker takes to commit (the ids being committed are in flight already).
@@ -897,7 +914,7 @@ class Delivery:
                 self._early_ends = self._read_ends()
                 wait_for_future([commit], timeout=EARLY_ENDS_INTERVAL_S)
         except Exception as err:  # the commit's outcome decides; the next batch starts afresh
-            log.info("could not prepare the next batch during a commit: %s", err)
+            self.log.info("could not prepare the next batch during a commit: %s", err)
             self._prepared = self._early_ends = None
 
     def _write_done(self, delay_id: str, pending: stored.PendingMessage) -> None:
@@ -920,7 +937,7 @@ class Delivery:
                      [*m.buffer_headers(), (wire.EPOCH, str(epoch).encode()),
                       (wire.VERSION, str(item.pending.version).encode()),
                       (wire.DEAD_LETTER_REASON, reason.encode()), (wire.DEAD_LETTER_SOURCE, source.encode())])
-        log.warning("message %s dead-lettered: %s", m.delay_id, reason)
+        self.log.warning("message %s dead-lettered: %s", m.delay_id, reason)
 
     def _dead_letter_malformed(self, term: Term) -> None:
         """Dead-letter the malformed buffer records no master has yet, once per cluster (dead_letters.py).
@@ -954,7 +971,7 @@ class Delivery:
             try:
                 record = stored.unpack_malformed(entry.payload)
             except stored.MalformedStoredEntry as err:
-                log.error("malformed buffer record %s: %s; not dead-lettered (the original is still there)",
+                self.log.error("malformed buffer record %s: %s; not dead-lettered (the original is still there)",
                           source, err)
                 continue
             produce_copy(producer, self.settings.dead_letter_topic, record.key, record.value,
@@ -963,7 +980,7 @@ class Delivery:
             copies.append((source, record.reason))
         producer.send_offsets_to_transaction(
             [TopicPartition(self.settings.buffer_topic, p, o) for p, o in sorted(marks.items())],
-            self.ingest.ledger.group_metadata(), 30)
+            self.feed.ledger.group_metadata(), 30)
         if not term.active:
             raise LeadershipLost(term.ended_because or "term ended")
         self._commit_resuming(producer, term)
@@ -974,7 +991,7 @@ class Delivery:
         for source, reason in copies:
             code = wire.Reason.of(reason)
             self.metrics.dead_lettered.labels(code.value if code else "unknown").inc()
-            log.warning("buffer record %s is malformed, dead-lettered: %s", source, reason)
+            self.log.warning("buffer record %s is malformed, dead-lettered: %s", source, reason)
 
     def _abort(self, term: Term) -> None:
         try:
@@ -1000,4 +1017,4 @@ class Delivery:
         try:
             producer.flush(5)
         except Exception as err:  # a fenced producer raises on every call; it is done with either way
-            log.info("closing the master's producer: %s", err)
+            self.log.info("closing the master's producer: %s", err)

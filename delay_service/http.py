@@ -1,7 +1,7 @@
 """The node's HTTP endpoints: /livez, /readyz, /metrics, GET /v1/messages/{id}.
 
-The server sees the node only through :class:`NodeView`: health, metrics and the
-store's entry for an id; nothing else of it.
+The server sees the node only through :class:`NodeView`: health, metrics, which shard
+an id is in and whether the node holds it, and the store's entry for an id; nothing else.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ class NodeView(Protocol):
     def alive(self) -> bool: ...
 
     def ready(self) -> tuple[bool, str]: ...
+
+    def shard_of(self, delay_id: str) -> tuple[int, bool]:
+        """The shard ``delay_id`` is in, and whether this node holds it."""
+        ...
 
     def entry(self, delay_id: str) -> StoredEntry | None: ...
 
@@ -100,6 +104,13 @@ class _Handler(BaseHTTPRequestHandler):
             check_delay_id(delay_id, "id")
         except (TypeError, ValueError) as err:
             self._json(400, {"error": str(err)})
+            return
+        shard, held = self.node.shard_of(delay_id)
+        if not held:
+            # 421 Misdirected Request: another node holds the id's shard (delayq.lookup asks the next one).
+            self._json(421, {"id": delay_id, "status": "not_held", "shard": shard,
+                             "error": f"this node does not hold shard {shard}, where id {delay_id} is: ask a node "
+                                      "that does (delayq status lists them)"})
             return
         entry = self.node.entry(delay_id)
         if entry is None:

@@ -1,4 +1,4 @@
-"""Ingest, on every node: the buffer topic, all partitions, into the local store.
+"""Ingest, on every node: the partitions of the shards it holds, each shard into a store of its own.
 
 The buffer is consumed and parsed in a child process, the reader (reader.py), which
 hands this loop each batch as store ops: the node's GIL then spends only the store
@@ -23,12 +23,13 @@ from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException
 
+from delayq import wire
 from delayq.clock import now_ms
 from delayq.settings import Settings
 from delayq.store import Malformed, Put, Remove, StoreOp, TimeIndex
 
 from .dead_letters import DeadLetterLedger
-from .metrics import NodeMetrics
+from .metrics import NodeMetrics, ShardMetrics
 from .reader import MALFORMED, PUT, REMOVE, Batch, BufferReader, ReaderConfig, ReaderGone
 from .topics import EndOffsets
 
@@ -51,37 +52,90 @@ STORE_FLUSH_S = 300.0
 _OP_KINDS: dict[int, type[StoreOp]] = {PUT: Put, REMOVE: Remove, MALFORMED: Malformed}
 
 
+class ShardFeed:
+    """One shard as this node holds it: its store, where ingest stands in its partitions, what wakes its master.
+
+    The shard's master (:class:`delayq.delay_service.delivery.Delivery`) sees ingest only
+    through this: the shard's partitions, their end offsets, ingest's positions there.
+    """
+
+    def __init__(self, ingest: Ingest, shard: int, store: TimeIndex, metrics: ShardMetrics, *,
+                 on_earlier_due: Callable[[int], None] = lambda _ms: None,
+                 on_settled: Callable[[list[str]], None] = lambda _ids: None):
+        self.shard = shard
+        self.store = store
+        self.metrics = metrics
+        self.partitions = wire.shard_partitions(shard, ingest.shards, ingest.partition_count)
+        self.partition_count = ingest.partition_count
+        self.ledger = ingest.ledger
+        self.on_earlier_due = on_earlier_due
+        self.on_settled = on_settled
+        self.lag: int | None = None
+        # Caught up on this shard at least once since the node took it: it may master it from then on.
+        self.ready = False
+        self._kept_up = False
+        self._ingest = ingest
+
+    @property
+    def caught_up(self) -> bool:
+        """At the end of the shard's partitions, or (under steady traffic) past where they ended a refresh ago."""
+        return self.lag == 0 or self._kept_up
+
+    def read_ends(self, timeout_s: float, *, committed: bool = True) -> dict[int, int]:
+        """The end offsets of the shard's partitions (``committed=False``: the high watermarks).
+
+        Raises:
+            KafkaException: Kafka did not answer.
+        """
+        return self._ingest.end_offsets.read(timeout_s, committed=committed, partitions=self.partitions)
+
+    def wait_until_read(self, targets: dict[int, int], timeout_s: float, abandon: Callable[[], bool]) -> bool:
+        return self._ingest.wait_until_read(targets, timeout_s, abandon)
+
+    def positions(self) -> dict[int, int]:
+        """Partition -> the offset ingest has read the shard's partitions up to (a copy)."""
+        everywhere = self._ingest.positions()
+        return {p: everywhere.get(p, 0) for p in self.partitions}
+
+    def held_back(self, targets: dict[int, int], stable: dict[int, int]) -> list[int]:
+        return self._ingest.held_back(targets, stable)
+
+    def _saw_ends(self, ends: dict[int, int], previous: dict[int, int], positions: dict[int, int]) -> None:
+        mine = {p: ends[p] for p in self.partitions if p in ends}
+        self.lag = sum(max(0, end - positions.get(p, 0)) for p, end in mine.items())
+        self._kept_up = bool(previous) and all(positions.get(p, 0) >= previous.get(p, 0) for p in mine)
+        self.metrics.buffer_lag.set(self.lag)
+        if self.caught_up:
+            self.ready = True
+
+
 class Ingest:
-    """Reads the buffer into ``store``; tells the delivery loop about earlier due times and removals."""
+    """Reads the partitions of the shards it holds into their stores; tells each shard's master what it must know."""
 
     def __init__(
         self,
         settings: Settings,
-        store: TimeIndex,
+        shards: int,
         metrics: NodeMetrics,
         end_offsets: EndOffsets,
         *,
-        on_earlier_due: Callable[[int], None] = lambda _ms: None,
-        on_settled: Callable[[list[str]], None] = lambda _ids: None,
         batch_size: int = 2_000,  # records per frame: one frame fits the reader's pipe (reader.PIPE_BYTES)
     ):
         self.settings = settings
-        self.store = store
+        self.shards = shards
         self.metrics = metrics
         self.end_offsets = end_offsets
-        self.partitions = partitions = end_offsets.partitions
-        self.on_earlier_due = on_earlier_due
-        self.on_settled = on_settled
+        self.partition_count = len(end_offsets.partitions)
         self.batch_size = batch_size
+        self.feeds: dict[int, ShardFeed] = {}
+        self.partitions: list[int] = []  # those of the shards held
         self.lag: int | None = None
         # Why the buffer's end offsets cannot be read, since when (monotonic s); None while they can.
         self.failing: str | None = None
         self.failing_since: float | None = None
         self._positions: dict[int, int] = {}
         self._end_offsets: dict[int, int] = {}
-        self._unflushed = False  # batches applied since the store was last flushed
-        # Whether ingest had read up to the previous end offsets when the last ones were read.
-        self._kept_up = False
+        self._unflushed: set[int] = set()  # shards with batches applied since their store was last flushed
         self._progress = threading.Condition()
         self._consumer_conf = settings.kafka_conf(**{
             "group.id": f"delayq-{settings.cluster}-ingest-{settings.node_id}",
@@ -96,49 +150,77 @@ class Ingest:
         })
         self._consumer_conf.pop("logger", None)  # a Python object: the reader sets its own
         self.ledger = DeadLetterLedger(settings)
-        self._positions = {p: store.offsets().get(p, 0) for p in partitions}
-        # The reader in use; None between one that died and its replacement. Swapped under
-        # _reader_lock, so close() never misses one the ingest thread is starting.
-        self._reader_lock = threading.Lock()
+        # The reader and the held shards change only under this lock: the ingest thread holds it while
+        # it takes and applies a frame, hold() while it swaps them, close() while it stops the reader.
+        self._lock = threading.Lock()
         self._closed = False
-        self._reader: BufferReader | None = self._start_reader()
+        # The reader in use; None while no shard is held, or between one that died and its replacement.
+        self._reader: BufferReader | None = None
+
+    def feed(self, shard: int, store: TimeIndex, metrics: ShardMetrics, *,
+             on_earlier_due: Callable[[int], None] = lambda _ms: None,
+             on_settled: Callable[[list[str]], None] = lambda _ids: None) -> ShardFeed:
+        """A feed of ``shard`` into ``store``, for :meth:`hold`."""
+        return ShardFeed(self, shard, store, metrics, on_earlier_due=on_earlier_due, on_settled=on_settled)
+
+    def hold(self, feeds: list[ShardFeed]) -> None:
+        """Read exactly these shards from now on: a new reader, each partition from where its store is.
+
+        Raises:
+            ReaderGone: the reader could not start (the ingest loop tries again at its next poll).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                reader.stop()
+            self.feeds = {feed.shard: feed for feed in feeds}
+            self.partitions = sorted(p for feed in feeds for p in feed.partitions)
+            with self._progress:
+                self._positions = {p: offset for feed in feeds for p, offset in self._stored_offsets(feed).items()}
+                self._progress.notify_all()
+            if self.partitions:
+                self._reader = self._start_reader()
+
+    @staticmethod
+    def _stored_offsets(feed: ShardFeed) -> dict[int, int]:
+        stored_offsets = feed.store.offsets()
+        return {p: stored_offsets.get(p, 0) for p in feed.partitions}
 
     def _start_reader(self) -> BufferReader:
-        """A reader process that consumes from where the store is (every record it has applied is below)."""
-        stored_offsets = self.store.offsets()
+        """A reader process that consumes from where the stores are (every record they have applied is below)."""
+        start = {}
+        for feed in self.feeds.values():
+            stored_offsets = feed.store.offsets()
+            start.update({p: stored_offsets.get(p, OFFSET_BEGINNING) for p in feed.partitions})
         root = logging.getLogger()
         # The node's own log line format (a %-style one; the reader falls back to logging's default).
         formats = [h.formatter._fmt for h in root.handlers if h.formatter is not None and h.formatter._fmt
                    and isinstance(h.formatter._style, logging.PercentStyle)]
         return BufferReader(ReaderConfig(
             consumer=self._consumer_conf, topic=self.settings.buffer_topic, partitions=list(self.partitions),
-            start={p: stored_offsets.get(p, OFFSET_BEGINNING) for p in self.partitions},
+            partition_count=self.partition_count, shards=self.shards, start=start,
             batch_size=self.batch_size, poll_s=POLL_S, log_level=root.getEffectiveLevel(),
             log_format=formats[0] if formats else logging.BASIC_FORMAT))
 
     def _replace_reader(self, gone: ReaderGone | None) -> None:
-        """Stop the reader that is gone (if any) and start another from the store's offsets; never raises.
+        """Stop the reader that is gone (if any) and start another from the stores' offsets; never raises.
 
-        A reader that cannot start is tried again at the next poll, READER_RESTART_S later:
-        ingest waits (covers hold, /readyz says ingest lags), the node does not die of it.
+        Called with ``_lock`` held. A reader that cannot start is tried again at the next
+        poll, READER_RESTART_S later: ingest waits (covers hold, /readyz says ingest lags),
+        the node does not die of it.
         """
-        with self._reader_lock:
-            reader, self._reader = self._reader, None
+        reader, self._reader = self._reader, None
         if reader is not None:
             reader.stop()
         if gone is not None:
             log.warning("%s; starting another from the store's offsets", gone)
         time.sleep(READER_RESTART_S)  # a reader that keeps dying must not spin the node
         try:
-            started = self._start_reader()
+            self._reader = self._start_reader()
         except ReaderGone as err:
             log.warning("%s; trying again", err)
-            return
-        with self._reader_lock:
-            if not self._closed:
-                self._reader = started
-                return
-        started.stop()  # close() ran meanwhile
 
     # -- the loop --------------------------------------------------------
 
@@ -150,76 +232,96 @@ class Ingest:
             self.poll_once(timeout_s=CHORES_S)
             if time.monotonic() >= next_flush:
                 next_flush = time.monotonic() + STORE_FLUSH_S
-                if self._unflushed:
-                    self.store.flush()
-                    self._unflushed = False
+                self.flush()
             if time.monotonic() >= next_lag_check:
                 next_lag_check = time.monotonic() + 0.5
                 self.refresh_lag()
-            if self.store.malformed_count and time.monotonic() >= next_ledger_check:
+            if time.monotonic() >= next_ledger_check and any(f.store.malformed_count for f in self.feeds.values()):
                 next_ledger_check = time.monotonic() + LEDGER_CHECK_S
                 self.forget_dead_lettered()
 
+    def flush(self) -> None:
+        """Persist what was applied to each store since its last flush."""
+        with self._lock:
+            for shard in sorted(self._unflushed):
+                feed = self.feeds.get(shard)
+                if feed is not None:
+                    feed.store.flush()
+            self._unflushed.clear()
+
     def forget_dead_lettered(self) -> None:
-        """Drop the stored malformed records the cluster's master has dead-lettered."""
+        """Drop the stored malformed records the shards' masters have dead-lettered."""
+        feeds = list(self.feeds.values())
         try:
-            handled = self.ledger.handled(self.partitions)
+            handled = self.ledger.handled(sorted(p for feed in feeds for p in feed.partitions))
         except KafkaException as err:
             log.info("cannot read the dead-letter ledger: %s", err.args[0].str())
             return
-        self.store.forget_malformed(handled)
-        self.metrics.malformed_waiting.set(self.store.malformed_count)
+        for feed in feeds:
+            feed.store.forget_malformed({p: o for p, o in handled.items() if p in feed.partitions})
+            feed.metrics.malformed_waiting.set(feed.store.malformed_count)
 
     def poll_once(self, timeout_s: float = 0.05) -> int:
-        """Apply the reader's next batch (waiting up to ``timeout_s``) as one WriteBatch; the records it read.
+        """Apply the reader's next batch (waiting up to ``timeout_s``), each shard's as one WriteBatch; its records.
 
-        A reader that exited is replaced by one that reads on from the store's offsets.
+        A reader that exited is replaced by one that reads on from the stores' offsets.
         """
-        reader = self._reader
-        if reader is None:
-            if not self._closed:
-                self._replace_reader(None)
-            return 0
-        try:
-            frame = reader.receive(timeout_s)
-        except ReaderGone as gone:
-            if not self._closed:
+        with self._lock:
+            if self._closed:
+                return 0
+            reader = self._reader
+            if reader is None:
+                if self.partitions:
+                    self._replace_reader(None)
+                else:  # no shard held: nothing to read
+                    time.sleep(timeout_s)
+                return 0
+            try:
+                frame = reader.receive(timeout_s)
+            except ReaderGone as gone:
                 self._replace_reader(gone)
-            return 0
-        if frame is None:
-            return 0
-        positions, batch = frame
-        if batch is not None:
-            self._apply(batch)
-        with self._progress:
-            self._positions.update(positions)
-            self._progress.notify_all()
-        return batch.records if batch is not None else 0
+                return 0
+            if frame is None:
+                return 0
+            positions, batch = frame
+            if batch is not None:
+                self._apply(batch)
+            with self._progress:
+                self._positions.update(positions)
+                self._progress.notify_all()
+            return batch.records if batch is not None else 0
 
     def _apply(self, batch: Batch) -> None:
         # The reader parsed each record by the wire contract: the ops are built from its fields
         # unchecked, as the named tuples' _make() builds them, without its Python-level call.
         kinds, new = _OP_KINDS, tuple.__new__
-        ops = cast("list[StoreOp]", [new(kinds[op[0]], op[1:]) for op in batch.ops])
-        if batch.offsets:
-            self.store.apply(ops, batch.offsets, ingested_at_ms=now_ms())
-            self._unflushed = True
+        ingested_at = now_ms()
+        for shard, part in batch.shards.items():
+            feed = self.feeds.get(shard)
+            if feed is None:  # the reader reads only the held shards' partitions
+                continue
+            ops = cast("list[StoreOp]", [new(kinds[op[0]], op[1:]) for op in part.ops])
+            store = feed.store
+            if part.offsets:
+                store.apply(ops, part.offsets, ingested_at_ms=ingested_at)
+                self._unflushed.add(shard)
+            feed.metrics.pending.set(store.pending_count())
+            feed.metrics.malformed_waiting.set(store.malformed_count)
+            if part.settled:
+                feed.on_settled(part.settled)
+            if part.earliest_put is not None:
+                feed.on_earlier_due(part.earliest_put)
         for op_name, count in batch.counts.items():
             if count:
                 self.metrics.ingested.labels(op_name.decode()).inc(count)
-        self.metrics.pending.set(self.store.pending_count())
-        self.metrics.malformed_waiting.set(self.store.malformed_count)
-        if batch.settled:
-            self.on_settled(batch.settled)
-        if batch.earliest_put is not None:
-            self.on_earlier_due(batch.earliest_put)
 
     # -- where ingest stands ---------------------------------------------
 
     def refresh_lag(self) -> int | None:
         previous = self._end_offsets
+        partitions = list(self.partitions)
         try:
-            self._end_offsets = self.end_offsets.read(timeout_s=5.0)
+            self._end_offsets = self.end_offsets.read(timeout_s=5.0, partitions=partitions)
         except KafkaException as err:
             if self.failing is None:
                 self.failing_since = time.monotonic()
@@ -229,15 +331,16 @@ class Ingest:
         if self.failing is not None:
             log.info("buffer end offsets readable again after %.1fs", time.monotonic() - (self.failing_since or 0))
             self.failing = self.failing_since = None
-        self.lag = sum(max(0, end - self._positions.get(p, 0)) for p, end in self._end_offsets.items())
-        self._kept_up = bool(previous) and all(self._positions.get(p, 0) >= end for p, end in previous.items())
-        self.metrics.buffer_lag.set(self.lag)
+        positions = self.positions()
+        for feed in list(self.feeds.values()):
+            feed._saw_ends(self._end_offsets, previous, positions)
+        self.lag = sum(max(0, end - positions.get(p, 0)) for p, end in self._end_offsets.items())
         return self.lag
 
     @property
     def caught_up(self) -> bool:
-        """At the end of the buffer, or (under steady traffic, never quite at it) past where it ended a refresh ago."""
-        return self.lag == 0 or self._kept_up
+        """Caught up on every shard held (see :attr:`ShardFeed.caught_up`)."""
+        return all(feed.caught_up for feed in list(self.feeds.values()))
 
     def wait_until_read(self, targets: dict[int, int], timeout_s: float, abandon: Callable[[], bool]) -> bool:
         """Block until ingest has read every partition up to ``targets`` (or ``abandon()``); True if it did."""
@@ -265,7 +368,7 @@ class Ingest:
                           if stable.get(p, end) <= self._positions.get(p, 0) < end)
 
     def close(self) -> None:
-        with self._reader_lock:
+        with self._lock:
             self._closed = True
             reader, self._reader = self._reader, None
         if reader is not None:

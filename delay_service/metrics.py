@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -54,28 +55,86 @@ class BatchHistogram(Collector):
         yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
 
 
+@dataclass(frozen=True)
+class ShardMetrics:
+    """The series of one shard (label ``shard``): what its feed and its master update."""
+
+    shard: int
+    delivered: Counter
+    dead_lettered: _Labelled  # still wants .labels(reason)
+    malformed_waiting: Gauge
+    pending: Gauge
+    buffer_lag: Gauge
+    lateness: BatchHistogram
+    is_master: Gauge
+    epoch: Gauge
+    elections: Counter
+    held_partitions: Gauge
+    partition_marks: Counter
+    rebuilds: _Labelled  # still wants .labels(reason)
+
+
 class NodeMetrics:
+    """The node's registry. Series that mean something per shard carry the label ``shard``."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ingested = Counter("delayq_ingested", "buffer records applied to the store", ["op"], registry=r)
-        self.delivered = Counter("delayq_delivered", "messages delivered to their target topics", registry=r)
-        self.dead_lettered = Counter("delayq_dead_lettered", "records this node, as master, sent to the "
-                                     "dead-letter topic, by reason code", ["reason"], registry=r)
-        self.malformed_waiting = Gauge("delayq_malformed_waiting", "malformed buffer records in the store that "
-                                       "the master has not yet dead-lettered, as far as this node knows", registry=r)
-        self.pending = Gauge("delayq_pending", "messages in the store waiting to fall due", registry=r)
-        self.buffer_lag = Gauge("delayq_buffer_lag", "buffer records not yet ingested", registry=r)
+        self.ingested = Counter("delayq_ingested", "buffer records applied to the stores", ["op"], registry=r)
+        self.delivered = Counter("delayq_delivered", "messages delivered to their target topics", ["shard"],
+                                 registry=r)
+        self.dead_lettered = Counter("delayq_dead_lettered", "records this node, as a shard's master, sent to the "
+                                     "dead-letter topic, by reason code", ["reason", "shard"], registry=r)
+        self.malformed_waiting = Gauge("delayq_malformed_waiting", "malformed buffer records in a shard's store that "
+                                       "its master has not yet dead-lettered, as far as this node knows", ["shard"],
+                                       registry=r)
+        self.pending = Gauge("delayq_pending", "messages in a shard's store waiting to fall due", ["shard"],
+                             registry=r)
+        self.buffer_lag = Gauge("delayq_buffer_lag", "buffer records of a held shard not yet ingested", ["shard"],
+                                registry=r)
         self.lateness = BatchHistogram("delayq_delivery_lateness_seconds", "commit time minus due time",
                                        buckets=LATENESS_BUCKETS, registry=r)
-        self.is_master = Gauge("delayq_is_master", "1 while this node is the master", registry=r)
-        self.epoch = Gauge("delayq_epoch", "epoch of the current or last term this node held", registry=r)
-        self.elections = Counter("delayq_elections", "elections this node won", registry=r)
-        self.held_partitions = Gauge("delayq_held_partitions", "buffer partitions the master's last cover could "
-                                     "not read to their high watermark (an open transaction, or ingest lagging): "
-                                     "what falls due there waits", registry=r)
-        self.partition_marks = Counter("delayq_partition_marks", "partition marks the master committed to buffer "
-                                       "partitions an open transaction held back (see delayq.wire.mark_id)",
-                                       registry=r)
-        self.rebuilds = Counter("delayq_store_rebuilds", "times the store was wiped and rebuilt", ["reason"],
-                                registry=r)
+        self.is_master = Gauge("delayq_is_master", "1 while this node is the shard's master", ["shard"], registry=r)
+        self.epoch = Gauge("delayq_epoch", "epoch of the current or last term this node held of the shard", ["shard"],
+                           registry=r)
+        self.elections = Counter("delayq_elections", "elections of the shard this node won", ["shard"], registry=r)
+        self.held_partitions = Gauge("delayq_held_partitions", "buffer partitions of the shard its master's last "
+                                     "cover could not read to their high watermark (an open transaction, or ingest "
+                                     "lagging): what falls due there waits", ["shard"], registry=r)
+        self.partition_marks = Counter("delayq_partition_marks", "partition marks the shard's master committed to "
+                                       "buffer partitions an open transaction held back (see delayq.wire.mark_id)",
+                                       ["shard"], registry=r)
+        self.rebuilds = Counter("delayq_store_rebuilds", "times a shard's store was wiped and rebuilt",
+                                ["reason", "shard"], registry=r)
+        self.shards_held = Gauge("delayq_shards_held", "shards this node holds (ingests into a store of their own)",
+                                 registry=r)
+
+    def shard(self, shard: int) -> ShardMetrics:
+        """The series of ``shard`` (created at 0 on first use)."""
+        label = str(shard)
+        return ShardMetrics(
+            shard, self.delivered.labels(label), _Labelled(self.dead_lettered, label),
+            self.malformed_waiting.labels(label), self.pending.labels(label), self.buffer_lag.labels(label),
+            self.lateness, self.is_master.labels(label), self.epoch.labels(label), self.elections.labels(label),
+            self.held_partitions.labels(label), self.partition_marks.labels(label), _Labelled(self.rebuilds, label))
+
+    def forget_shard(self, shard: int) -> None:
+        """Drop the series of a shard this node no longer holds (its counters start again at 0 if it comes back)."""
+        label = str(shard)
+        for metric in (self.delivered, self.malformed_waiting, self.pending, self.buffer_lag, self.is_master,
+                       self.epoch, self.elections, self.held_partitions, self.partition_marks):
+            try:
+                metric.remove(label)
+            except KeyError:
+                pass
+
+
+class _Labelled:
+    """A labelled metric with its ``shard`` label bound: ``.labels(reason)`` gives the series of (reason, shard)."""
+
+    def __init__(self, metric: Counter, shard: str):
+        self._metric = metric
+        self._shard = shard
+
+    def labels(self, reason: str) -> Counter:
+        return self._metric.labels(reason, self._shard)

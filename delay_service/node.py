@@ -1,11 +1,13 @@
-"""One delay-service node: ingest always, delivery while master, HTTP, registration.
+"""One delay-service node: ingest of the shards it holds, delivery of those it masters, HTTP, registration.
 
-Threads: ``ingest`` (buffer -> store), ``election`` (contends; runs delivery while
-master), ``membership`` (publishes role/lag/pending to ZooKeeper every second),
-``http``. :meth:`Node.stop` ends the term at once (the batch in flight commits or
-aborts first), so a standby takes over without waiting for the session timeout.
+Threads: ``ingest`` (buffer -> the held shards' stores), ``election-<k>`` per held shard
+(contends while the placement says so; runs the shard's delivery while master),
+``placement`` (which shards this node should hold and master, from ZooKeeper
+membership, every half second: see placement.py), ``membership`` (publishes role,
+shards, lag and pending to ZooKeeper every second), ``http``. :meth:`Node.stop` ends
+every term at once (the batch in flight commits or aborts first), so other nodes take
+over without waiting for the session timeout.
 """
-
 from __future__ import annotations
 
 import enum
@@ -20,8 +22,19 @@ from pathlib import Path
 from kazoo.exceptions import KazooException
 from prometheus_client import CollectorRegistry
 
+from delayq import wire
 from delayq.clock import now_ms
-from delayq.election import Cursor, DuplicateNodeId, Leadership, Membership, NodeRecord, Role, Term, connect
+from delayq.election import (
+    Cursor,
+    DuplicateNodeId,
+    Leadership,
+    Membership,
+    NodeRecord,
+    Role,
+    ShardLayout,
+    Term,
+    connect,
+)
 from delayq.errors import ConfigurationError
 from delayq.settings import Settings
 from delayq.store import StoredEntry, StoreFormatError, StoreOptions, TimeIndex
@@ -29,8 +42,11 @@ from delayq.store import StoredEntry, StoreFormatError, StoreOptions, TimeIndex
 from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
 from .ingest import Ingest
+from .layout import ensure_layout
 from .metrics import NodeMetrics
-from .topics import BufferInfo, EndOffsets, admin_client, buffer_info, committed_end_offsets
+from .placement import holders, masters
+from .reader import ReaderGone
+from .topics import EndOffsets, admin_client, buffer_info, committed_end_offsets
 
 log = logging.getLogger("delayq.node")
 
@@ -43,10 +59,45 @@ class RebuildReason(enum.StrEnum):
     OFFSETS_AHEAD = "offsets-ahead"      # a stored offset is past the topic's end: the topic was recreated
 
 
-STORE_DIR = "store"
+SHARDS_DIR = "shards"  # <data_dir>/shards/<k>: one store per shard held
+LEGACY_STORE_DIR = "store"  # a node's one store, from before shards
 META_TOPIC_ID = "buffer_topic_id"
+# How often the placement looks at the membership (which shards to hold, to master, to hand over).
+PLACE_EVERY_S = 0.5
+# A shard without a master this long: every holder caught up on it contends, planned or not.
+MASTERLESS_S = 2.0
 # A loop failing this long makes the node not ready (a blip of one retry does not).
 FAILING_NOT_READY_S = 2.0
+
+
+class Seat:
+    """One shard this node holds: its store and feed, its election, and its master's loop while it leads."""
+
+    def __init__(self, node: Node, shard: int, store: TimeIndex, ingest: Ingest):
+        self.shard = shard
+        self.store = store
+        self.metrics = node.metrics.shard(shard)
+        self.in_flight = InFlight()
+        self.wakeup = Wakeup()
+        self.feed = ingest.feed(shard, store, self.metrics, on_earlier_due=self.wakeup.earlier_due,
+                                on_settled=self.in_flight.discard)
+        self.leadership = Leadership(node.zk, node.settings.zk_root, node.settings.node_id, shard)
+        self.cursor = Cursor(node.zk, node.settings.zk_root, shard)
+        self.delivery: Delivery | None = None
+        self.epoch = 0
+        # The placement wants this node to contend for the shard (it is its planned master, or the shard has
+        # had none for a while); it contends only once caught up on the shard (feed.ready).
+        self.wanted = False
+        self.thread: threading.Thread | None = None
+        self.metrics.pending.set(store.pending_count())
+
+    @property
+    def mastering(self) -> bool:
+        term = self.leadership.term
+        return term is not None and term.active
+
+    def may_contend(self) -> bool:
+        return self.wanted and self.feed.ready and not self.leadership.stopping
 
 
 class Node:
@@ -62,38 +113,39 @@ class Node:
         self.settings = settings
         self.metrics = NodeMetrics()
         self.stopping = threading.Event()
-        self.in_flight = InFlight()
-        self.wakeup = Wakeup()
-        self.delivery: Delivery | None = None
-        self.role = Role.STARTING
-        self.epoch = 0
-        self.store: TimeIndex | None = None
+        self.seats: dict[int, Seat] = {}
+        self.layout: ShardLayout | None = None
         self.ingest: Ingest | None = None
         self.http: NodeHTTPServer | None = None
         self.threads: list[threading.Thread] = []
         self.failure: BaseException | None = None
         self.stopping_requested = threading.Event()
+        self.epoch = 0  # of this node's latest term, of any shard
         # Since when (monotonic s) the registration could not be published; None while it can.
         self._unpublished: float | None = None
+        # Since when (monotonic s) each shard has had no master, as far as this node saw.
+        self._masterless_since: dict[int, float] = {}
+        self._seats_lock = threading.Lock()  # the placement thread changes seats; the others read them
 
     # -- lifecycle -------------------------------------------------------
 
     def start(self) -> None:
         s = self.settings
         self.admin = admin_client(s)
-        info = buffer_info(s, self.admin)
-        self.store = self._open_store(info)
-        self.ingest = ingest = Ingest(s, self.store, self.metrics, EndOffsets(s, info.partitions, self.admin),
-                                      on_earlier_due=self.wakeup.earlier_due, on_settled=self.in_flight.discard)
+        self.info = buffer_info(s, self.admin)
+        self.ingest = ingest = Ingest(s, 1, self.metrics, EndOffsets(s, self.info.partitions, self.admin))
         try:
             self._start_serving(ingest)
         except BaseException:
-            # stop() never runs for a node that did not start: its buffer reader must not outlive it.
+            # stop() never runs for a node that did not start: its buffer reader must not outlive it,
+            # nor its stores stay open.
             ingest.close()
+            for seat in self.seats.values():
+                seat.store.close()
             raise
 
     def _start_serving(self, ingest: Ingest) -> None:
-        """HTTP, ZooKeeper, membership and the loops, once the store and ingest are open."""
+        """HTTP, ZooKeeper, the shards to hold, membership and the loops, once ingest is open."""
         s = self.settings
         try:
             self.http = NodeHTTPServer(self, s.http_host, s.http_port)
@@ -105,27 +157,40 @@ class Node:
                                      "listens there") from None
         self.http.start()
         self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)
+        self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
+        ingest.shards = layout.shards
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
         # A registration of this id left by this node's previous process goes when its session expires.
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)
-        self.leadership = Leadership(self.zk, s.zk_root, s.node_id)
-        self.cursor = Cursor(self.zk, s.zk_root)
+        members = [m.node_id for m in Membership.members(self.zk, s.zk_root)]
+        targets = holders(s.cluster, layout.shards, {*members, s.node_id}, s.replicas)
+        self._remove_legacy_store()
+        for shard in sorted(k for k, nodes in targets.items() if s.node_id in nodes):
+            self.seats[shard] = Seat(self, shard, self._open_store(shard), ingest)
+        ingest.hold([seat.feed for seat in self.seats.values()])
+        self.metrics.shards_held.set(len(self.seats))
         self._spawn("ingest", lambda: ingest.run(self.stopping))
         self._spawn("membership", self._publish_membership)
-        self._spawn("election", lambda: self.leadership.run(self._lead))
-        log.info("node %s started: buffer %s (%d partitions), http on %s:%d", s.node_id, s.buffer_topic,
-                 len(ingest.partitions), s.http_host, self.http.port)
+        for seat in self.seats.values():
+            self._contend(seat)
+        self._spawn("placement", self._place_loop)
+        log.info("node %s started: buffer %s (%d partitions, %d shards, replicas %s), holding shards %s, http on "
+                 "%s:%d", s.node_id, s.buffer_topic, len(self.info.partitions), layout.shards,
+                 s.replicas or "all", sorted(self.seats), s.http_host, self.http.port)
 
     def stop(self) -> None:
-        """Finish the batch in flight, give up leadership at once, stop every loop."""
+        """Finish the batches in flight, give up every leadership at once, stop every loop."""
         if self.stopping.is_set():
             return
         log.info("node %s stopping", self.settings.node_id)
-        self.leadership.stop()
-        self.wakeup.poke()
-        election = next((t for t in self.threads if t.name == "election"), None)
-        if election is not None:
-            election.join(60)
+        self.stopping_requested.set()
+        seats = list(self.seats.values())
+        for seat in seats:
+            seat.leadership.stop()
+            seat.wakeup.poke()
+        for seat in seats:
+            if seat.thread is not None:
+                seat.thread.join(60)
         self.stopping.set()
         for thread in self.threads:
             thread.join(30)
@@ -137,8 +202,8 @@ class Node:
             self.http.stop()
         self.zk.stop()
         self.zk.close()
-        if self.store is not None:
-            self.store.close()
+        for seat in seats:
+            seat.store.close()
 
     def run(self) -> int:
         """Start, serve until SIGTERM/SIGINT, stop; the exit code (0 on a clean stop)."""
@@ -151,7 +216,7 @@ class Node:
         self.stop()
         return 0 if self.failure is None else 1
 
-    def _spawn(self, name: str, target) -> None:
+    def _spawn(self, name: str, target) -> threading.Thread:
         def guarded():
             try:
                 target()
@@ -163,36 +228,142 @@ class Node:
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
         self.threads.append(thread)
+        return thread
 
-    # -- the store -------------------------------------------------------
+    def _contend(self, seat: Seat) -> None:
+        seat.thread = self._spawn(f"election-{seat.shard}",
+                                  lambda: seat.leadership.run(lambda term: self._lead(seat, term), seat.may_contend))
 
-    def _open_store(self, info: BufferInfo) -> TimeIndex:
-        path = Path(self.settings.data_dir) / STORE_DIR
+    # -- placement: which shards to hold and master ----------------------------
+
+    def _place_loop(self) -> None:
+        while not self.stopping_requested.wait(PLACE_EVERY_S):
+            if not self.zk.connected:
+                continue  # nothing to decide on without the membership; terms ended with the session anyway
+            try:
+                self.place()
+            except KazooException as err:
+                log.info("placement: ZooKeeper did not answer (%s); trying again", str(err) or type(err).__name__)
+
+    def place(self) -> None:
+        """Hold, drop, contend for and hand over shards as the membership says (placement.py has the rules).
+
+        Raises:
+            KazooException: ZooKeeper did not answer.
+        """
+        s = self.settings
+        layout = self.layout
+        if layout is None or self.ingest is None:
+            return
+        records = {m.node_id: m for m in Membership.members(self.zk, s.zk_root)}
+        records[s.node_id] = self._record()  # this node as it is now, not as last published
+        targets = holders(s.cluster, layout.shards, records, s.replicas)
+        self._hold(targets, records)
+        ready = {k: [n for n, r in records.items() if k in r.ready] for k in range(layout.shards)}
+        eligible = {k: [n for n in targets[k] if n in ready[k]] or ready[k] for k in range(layout.shards)}
+        current = {k: next((n for n, r in sorted(records.items()) if k in r.masters), None)
+                   for k in range(layout.shards)}
+        plan = masters(s.cluster, layout.shards, eligible, current)
+        now = time.monotonic()
+        for shard, seat in list(self.seats.items()):
+            planned = plan.get(shard)
+            if current[shard] is None and Leadership.master(self.zk, s.zk_root, shard) is None:
+                self._masterless_since.setdefault(shard, now)
+            else:
+                self._masterless_since.pop(shard, None)
+            # Nobody leading for a while (the planned master cannot, or the plan is not agreed yet): any holder
+            # caught up contends, and the lock picks one.
+            masterless = now - self._masterless_since.get(shard, now) >= MASTERLESS_S
+            wanted = planned == s.node_id or masterless
+            if wanted != seat.wanted:
+                seat.wanted = wanted
+                if wanted:
+                    seat.leadership.recheck()
+                else:
+                    seat.leadership.withdraw()
+            if seat.mastering and planned not in (None, s.node_id) \
+                    and planned in Leadership.contenders(self.zk, s.zk_root, shard)[1:]:
+                # The planned master waits in line: hand the shard over as a stopping node would.
+                log.info("handing shard %d over to %s (balance)", shard, planned)
+                seat.leadership.hand_over(f"handed over to {planned} (balance)")
+
+    def _hold(self, targets: dict[int, list[str]], records: dict[str, NodeRecord]) -> None:
+        """Take the shards this node should hold now; drop those it should not once their new holders are ready."""
+        s = self.settings
+        ingest = self.ingest
+        if ingest is None:
+            return
+        mine = {k for k, nodes in targets.items() if s.node_id in nodes}
+        gained = sorted(mine - self.seats.keys())
+        dropped = sorted(k for k in self.seats.keys() - mine
+                         if not self.seats[k].mastering and not self.seats[k].leadership.waiting
+                         and all(n in records and k in records[n].ready for n in targets[k]))
+        if not gained and not dropped:
+            return
+        with self._seats_lock:
+            for shard in gained:
+                self.seats[shard] = Seat(self, shard, self._open_store(shard), ingest)
+            gone = [self.seats.pop(shard) for shard in dropped]
+        try:
+            ingest.hold([seat.feed for seat in self.seats.values()])
+        except ReaderGone as err:
+            log.warning("%s; ingest tries again", err)
+        for seat in gone:
+            seat.leadership.stop()
+            if seat.thread is not None:
+                seat.thread.join(60)
+                self.threads.remove(seat.thread)
+            seat.store.close()
+            TimeIndex.destroy(self._store_path(seat.shard))
+            self.metrics.forget_shard(seat.shard)
+        for shard in gained:
+            self._contend(self.seats[shard])
+        self.metrics.shards_held.set(len(self.seats))
+        log.info("holding shards %s (took %s, dropped %s)", sorted(self.seats), gained or "none", dropped or "none")
+
+    # -- the stores ------------------------------------------------------
+
+    def _store_path(self, shard: int) -> Path:
+        return Path(self.settings.data_dir) / SHARDS_DIR / str(shard)
+
+    def _remove_legacy_store(self) -> None:
+        """The one store of a node from before shards (``<data_dir>/store``): each shard's store replaces it."""
+        legacy = Path(self.settings.data_dir) / LEGACY_STORE_DIR
+        if TimeIndex.exists(legacy):
+            log.warning("store %s is of a node from before shards: removed; each shard's store is built from the "
+                        "buffer under %s", legacy, Path(self.settings.data_dir) / SHARDS_DIR)
+            TimeIndex.destroy(legacy)
+
+    def _open_store(self, shard: int) -> TimeIndex:
+        """Shard ``shard``'s store, rebuilt from the buffer if it cannot be trusted (see RebuildReason)."""
+        info = self.info
+        path = self._store_path(shard)
         path.parent.mkdir(parents=True, exist_ok=True)
         options = StoreOptions(block_cache_mb=self.settings.store_block_cache_mb,
                                write_buffer_mb=self.settings.store_write_buffer_mb,
                                sync_writes=self.settings.store_sync_writes)
+        rebuilds = self.metrics.shard(shard).rebuilds
         try:
             store = TimeIndex(path, options)
         except StoreFormatError as err:
             # The store is a view of the buffer: a store of another form is rebuilt, not migrated.
             log.warning("store %s will be rebuilt from the buffer: %s", path, err)
-            self.metrics.rebuilds.labels(RebuildReason.FORMAT.value).inc()
+            rebuilds.labels(RebuildReason.FORMAT.value).inc()
             TimeIndex.destroy(path)
             store = TimeIndex(path, options)
-        found = self._rebuild_reason(store, info)
+        found = self._rebuild_reason(store, shard)
         if found is not None:
             code, why = found
             log.warning("store %s will be rebuilt from the buffer: %s: %s", path, code.value, why)
-            self.metrics.rebuilds.labels(code.value).inc()
+            rebuilds.labels(code.value).inc()
             store.close()
             TimeIndex.destroy(path)
             store = TimeIndex(path, options)
         store.set_meta(META_TOPIC_ID, info.topic_id.encode())
-        self.metrics.pending.set(store.pending_count())
         return store
 
-    def _rebuild_reason(self, store: TimeIndex, info: BufferInfo) -> tuple[RebuildReason, str] | None:
+    def _rebuild_reason(self, store: TimeIndex, shard: int) -> tuple[RebuildReason, str] | None:
+        info = self.info
         known_id = store.get_meta(META_TOPIC_ID)
         if known_id is not None and known_id.decode() != info.topic_id:
             return RebuildReason.TOPIC_RECREATED, (f"the store was built from buffer topic id {known_id.decode()}, "
@@ -202,7 +373,9 @@ class Node:
             return RebuildReason.STALE, (f"last ingest {(now_ms() - last) / 1000:.0f}s ago is longer than the "
                                          f"buffer's delete.retention.ms {info.delete_retention_ms}: tombstones may "
                                          "have been compacted away")
-        ends = committed_end_offsets(self.admin, self.settings.buffer_topic, info.partitions)
+        layout = self.layout
+        partitions = wire.shard_partitions(shard, layout.shards if layout else 1, len(info.partitions))
+        ends = committed_end_offsets(self.admin, self.settings.buffer_topic, partitions)
         for partition, offset in store.offsets().items():
             if offset > ends.get(partition, 0):
                 return RebuildReason.OFFSETS_AHEAD, (f"persisted offset {offset} of partition {partition} is above "
@@ -212,31 +385,26 @@ class Node:
 
     # -- state shared by the loops ---------------------------------------
 
-    def _lead(self, term: Term) -> None:
-        if self.store is None or self.ingest is None:  # start() opens both before it joins the election
-            raise RuntimeError("the node was elected before start() opened its store and ingest")
-        self.role = Role.MASTER
-        self.epoch = term.epoch
-        self.metrics.is_master.set(1)
-        self.metrics.elections.inc()
+    def _lead(self, seat: Seat, term: Term) -> None:
+        seat.epoch = self.epoch = term.epoch
+        seat.metrics.is_master.set(1)
+        seat.metrics.elections.inc()
         self._publish_once()
-        self.delivery = Delivery(self.settings, self.store, self.ingest, self.metrics, self.cursor, self.wakeup,
-                                 self.in_flight)
+        seat.delivery = Delivery(self.settings, seat.feed, seat.cursor, seat.wakeup, seat.in_flight)
         try:
-            self.delivery.run(term)
-            # A stop asked for is routine; any other end of a term is worth an operator's look.
-            level = logging.INFO if self.leadership.stopping else logging.WARNING
-            log.log(level, "stepped down as master of %s, epoch %d: %s", self.settings.cluster, term.epoch,
+            seat.delivery.run(term)
+            # A stop or a handover asked for is routine; any other end of a term is worth an operator's look.
+            routine = seat.leadership.stopping or (term.ended_because or "").startswith("handed over")
+            log.log(logging.INFO if routine else logging.WARNING, "stepped down as master of %s shard %d, epoch "
+                    "%d: %s", self.settings.cluster, seat.shard, term.epoch,
                     term.ended_because or "delivery stopped (see above)")
         finally:
-            self.delivery = None
-            self.role = Role.STANDBY
-            self.metrics.is_master.set(0)
-            self.metrics.held_partitions.set(0)  # a standby holds nothing back
+            seat.delivery = None
+            seat.metrics.is_master.set(0)
+            seat.metrics.held_partitions.set(0)  # a standby holds nothing back
             self._publish_once()
 
     def _publish_membership(self) -> None:
-        self.role = Role.STANDBY
         while not self.stopping.is_set():
             self._publish_once()
             self.stopping.wait(1.0)
@@ -245,11 +413,21 @@ class Node:
         # Listening everywhere: advertise the FQDN, which other pods resolve (a StatefulSet
         # pod's short name alone does not resolve outside its own /etc/hosts).
         host = socket.getfqdn() if self.settings.http_host in ("0.0.0.0", "::") else self.settings.http_host
-        return NodeRecord(node_id=self.settings.node_id, role=self.role, host=host,
+        seats = list(self.seats.values())
+        masters = tuple(seat.shard for seat in seats if seat.mastering)
+        role = Role.MASTER if masters else Role.STANDBY if self.threads else Role.STARTING
+        return NodeRecord(node_id=self.settings.node_id, role=role, host=host,
                           http=f"http://{host}:{self.http.port}" if self.http is not None else None,
                           lag=self.ingest.lag if self.ingest is not None else None,
-                          pending=self.store.pending_count() if self.store is not None else None,
-                          epoch=self.epoch, updated_at_ms=now_ms())
+                          pending=sum(seat.store.pending_count() for seat in seats),
+                          epoch=self.epoch, updated_at_ms=now_ms(),
+                          shards=tuple(seat.shard for seat in seats),
+                          ready=tuple(seat.shard for seat in seats if seat.feed.ready), masters=masters)
+
+    @property
+    def role(self) -> Role:
+        """Master while it masters any shard."""
+        return self._record().role
 
     def _publish_once(self) -> None:
         try:
@@ -283,23 +461,35 @@ class Node:
     def registry(self) -> CollectorRegistry:
         return self.metrics.registry
 
+    def shard_of(self, delay_id: str) -> tuple[int, bool]:
+        shards = self.layout.shards if self.layout is not None else 1
+        shard = wire.shard_of(wire.buffer_partition(delay_id, len(self.info.partitions)), shards)
+        return shard, shard in self.seats
+
     def entry(self, delay_id: str) -> StoredEntry | None:
-        return self.store.get(delay_id) if self.store is not None else None
+        shard, _ = self.shard_of(delay_id)
+        seat = self.seats.get(shard)
+        return seat.store.get(delay_id) if seat is not None else None
 
     def alive(self) -> bool:
-        return self.failure is None and all(t.is_alive() for t in self.threads)
+        return self.failure is None and all(t.is_alive() for t in list(self.threads))
 
     def ready(self) -> tuple[bool, str]:
         if not self.alive():
             return False, "a loop stopped"
         if self.ingest is None or self.ingest.lag is None:
             return False, "buffer end offsets not known yet"
-        for loop in (self.ingest, self.delivery):
+        loops: list[Ingest | Delivery | None] = [self.ingest, *(seat.delivery for seat in list(self.seats.values()))]
+        for loop in loops:
             if loop is None:
                 continue
             since = loop.failing_since
             if since is not None and time.monotonic() - since > FAILING_NOT_READY_S:
                 return False, f"{loop.failing} (for {time.monotonic() - since:.0f}s)"
-        if not self.ingest.caught_up:
-            return False, f"ingest is {self.ingest.lag} records behind the buffer"
-        return True, f"caught up ({self.role.value})"
+        behind = {seat.shard: seat.feed.lag for seat in list(self.seats.values()) if not seat.feed.caught_up}
+        if behind:
+            return False, "ingest is behind the buffer on shards " + ", ".join(
+                f"{shard} ({lag if lag is not None else '?'} records)" for shard, lag in sorted(behind.items()))
+        record = self._record()
+        return True, (f"caught up on shards {list(record.shards)} ({record.role.value}"
+                      + (f" of {list(record.masters)})" if record.masters else ")"))

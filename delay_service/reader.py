@@ -8,9 +8,10 @@ node's one GIL with the master's delivery loop, which reads every delivered mess
 back as a `done`. The reader does the first half in a process of its own, on the other
 core, and hands the node each consumed batch as store ops, ready to apply:
 
-- one frame per ``consume()`` that returned records: the ops (tuples, below), the next
-  offset per partition the batch reached, op counts, the ids whose record settles a
-  master's write, the earliest due time of a put, and the consumer positions after it;
+- one frame per ``consume()`` that returned records: for each shard the batch touched,
+  the ops (tuples, below), the next offset per partition the batch reached, the ids whose
+  record settles a master's write and the earliest due time of a put; op counts, and
+  the consumer positions after it;
 - a positions-only frame when the positions moved without a record (past transaction
   markers, which a cover waits for), and an empty one once the consumer is assigned.
 
@@ -79,7 +80,9 @@ class ReaderConfig:
 
     consumer: dict[str, Any]  # librdkafka settings, without the logger (the reader sets its own)
     topic: str
-    partitions: list[int]
+    partitions: list[int]  # the ones to read: those of the shards the node holds
+    partition_count: int  # the buffer's: the partition rule of an id needs it
+    shards: int  # the cluster's shard count: partition p is shard p % shards
     start: dict[int, int]  # partition -> first offset to read (OFFSET_BEGINNING for none stored)
     batch_size: int
     poll_s: float
@@ -88,14 +91,21 @@ class ReaderConfig:
 
 
 @dataclass(frozen=True)
-class Batch:
-    """One consumed batch, parsed: what :meth:`Ingest.poll_once` applies."""
+class ShardBatch:
+    """What one consumed batch holds for one shard: the ops for its store, in order."""
 
     ops: list[tuple]
     offsets: dict[int, int]
-    counts: dict[bytes, int]
     settled: list[str]
     earliest_put: int | None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One consumed batch, parsed: what :meth:`Ingest.poll_once` applies, shard by shard."""
+
+    shards: dict[int, ShardBatch]
+    counts: dict[bytes, int]
     records: int
 
 
@@ -142,10 +152,7 @@ class BufferReader:
             code = self.process.poll()
             raise ReaderGone(f"the buffer reader {'exited with ' + str(code) if code is not None else 'broke its pipe'}"
                              f" ({type(err).__name__})") from err
-        positions, batch = marshal.loads(data)
-        if positions == _FAILED:
-            raise ReaderGone(batch)
-        return dict(positions), (Batch(*batch) if batch is not None else None)
+        return _unframe(data)
 
     def stop(self) -> None:
         """End the reader (SIGTERM, then SIGKILL) and close the pipe; safe to call twice."""
@@ -175,14 +182,12 @@ def _widen(fd: int) -> None:
 # -- the reader process ----------------------------------------------------
 
 
-def parse_batch(messages: list, partitions: int) -> Batch:
-    """Parse consumed buffer records into store ops, in order (the reader's hot path)."""
-    ops: list[tuple] = []
-    offsets: dict[int, int] = {}
-    settled: list[str] = []
-    earliest_put: int | None = None
+def parse_batch(messages: list, partitions: int, shards: int = 1) -> Batch:
+    """Parse consumed buffer records into store ops, in order, shard by shard (the reader's hot path)."""
+    # Per shard: [ops, offsets, settled, earliest put]
+    found: dict[int, list] = {}
     counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
-    pack = stored.pack
+    pack, shard_of = stored.pack, wire.shard_of
     records = 0
     for message in messages:
         error = message.error()
@@ -193,7 +198,11 @@ def parse_batch(messages: list, partitions: int) -> Batch:
         records += 1
         partition, offset = message.partition(), message.offset()
         headers = message.headers()
-        offsets[partition] = offset + 1
+        shard = found.get(shard_of(partition, shards))
+        if shard is None:
+            shard = found[shard_of(partition, shards)] = [[], {}, [], None]
+        ops = shard[0]
+        shard[1][partition] = offset + 1
         try:
             record = parse_buffer_record(message.key(), message.value(), headers, message.timestamp()[1],
                                          partition=partition, partitions=partitions)
@@ -207,13 +216,13 @@ def parse_batch(messages: list, partitions: int) -> Batch:
             ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset,
                         record.restores))
             if record.restores is not None:
-                settled.append(record.delay_id)
-            if earliest_put is None or env.deliver_at_ms < earliest_put:
-                earliest_put = env.deliver_at_ms
+                shard[2].append(record.delay_id)
+            if shard[3] is None or env.deliver_at_ms < shard[3]:
+                shard[3] = env.deliver_at_ms
         else:
             ops.append((REMOVE, record.delay_id, record.closes_version))
-            settled.append(record.delay_id)
-    return Batch(ops, offsets, counts, settled, earliest_put, records)
+            shard[2].append(record.delay_id)
+    return Batch({k: ShardBatch(*fields) for k, fields in found.items()}, counts, records)
 
 
 def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers | None,
@@ -231,9 +240,25 @@ def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers 
 
 
 def _frame(positions: list[tuple[int, int]], batch: Batch | None) -> bytes:
-    fields = None if batch is None else (batch.ops, batch.offsets, batch.counts, batch.settled, batch.earliest_put,
-                                         batch.records)
+    fields = None if batch is None else (
+        {k: (b.ops, b.offsets, b.settled, b.earliest_put) for k, b in batch.shards.items()}, batch.counts,
+        batch.records)
     return marshal.dumps((positions, fields))
+
+
+def _unframe(data: bytes) -> tuple[dict[int, int], Batch | None]:
+    """A frame back as positions and batch.
+
+    Raises:
+        ReaderGone: it is the frame of a reader that cannot go on.
+    """
+    positions, batch = marshal.loads(data)
+    if positions == _FAILED:
+        raise ReaderGone(batch)
+    if batch is None:
+        return dict(positions), None
+    shards, counts, records = batch
+    return dict(positions), Batch({shard: ShardBatch(*fields) for shard, fields in shards.items()}, counts, records)
 
 
 def read(config: ReaderConfig, connection: Connection) -> None:
@@ -246,7 +271,6 @@ def read(config: ReaderConfig, connection: Connection) -> None:
         connection.send_bytes(marshal.dumps((_FAILED, f"its consumer refused to start: {err}")))
         return
     place = [TopicPartition(config.topic, p) for p in config.partitions]
-    count = len(config.partitions)
     sent: list[tuple[int, int]] | None = None
     try:
         connection.send_bytes(_frame([], None))  # started: the node's first receive() returns
@@ -262,7 +286,7 @@ def read(config: ReaderConfig, connection: Connection) -> None:
             # position() moves past transaction markers; the last message's offset + 1 would not.
             positions = [(tp.partition, tp.offset) for tp in consumer.position(place) if tp.offset >= 0]
             if messages:
-                connection.send_bytes(_frame(positions, parse_batch(messages, count)))
+                connection.send_bytes(_frame(positions, parse_batch(messages, config.partition_count, config.shards)))
             elif positions != sent:
                 connection.send_bytes(_frame(positions, None))
             else:

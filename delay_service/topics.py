@@ -119,6 +119,22 @@ def describe_config(admin: AdminClient, topic: str) -> dict[str, str]:
     return {name: entry.value for name, entry in entries.items()}
 
 
+def buffer_partition_count(settings: Settings, admin: AdminClient) -> int | None:
+    """The buffer topic's partition count; None if it does not exist.
+
+    Raises:
+        UnavailableError: Kafka did not answer.
+    """
+    try:
+        metadata = admin.list_topics(settings.buffer_topic, timeout=15).topics.get(settings.buffer_topic)
+    except KafkaException as err:
+        raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()}): "
+                               "is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        return None
+    return len(metadata.partitions)
+
+
 @dataclass(frozen=True)
 class BufferInfo:
     """What a node must know about the buffer topic before trusting its store."""
@@ -183,16 +199,22 @@ class EndOffsets:
         self._admin = admin or admin_client(settings)
         self._lock = threading.Lock()
 
-    def read(self, timeout_s: float = 15.0, *, committed: bool = True) -> dict[int, int]:
+    def read(self, timeout_s: float = 15.0, *, committed: bool = True,
+             partitions: list[int] | None = None) -> dict[int, int]:
         """Partition -> last stable offset of the buffer (``committed=False``: high watermark).
+
+        Of ``partitions`` if given (a shard's), else of every partition.
 
         Raises:
             KafkaException: Kafka did not answer; the next call starts from a new client.
         """
         with self._lock:
             admin = self._admin
+        asked = self.partitions if partitions is None else partitions
+        if not asked:
+            return {}
         try:
-            ends = _offsets(_ask_end_offsets(admin, self.settings.buffer_topic, self.partitions, timeout_s, committed))
+            ends = _offsets(_ask_end_offsets(admin, self.settings.buffer_topic, asked, timeout_s, committed))
             unknown = sorted(p for p, offset in ends.items() if offset < 0)
             if unknown:
                 # librdkafka reports a partition it got no answer for as offset -1001 (invalid)

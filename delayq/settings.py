@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     buffer_replication_factor: int = Field(default=1, ge=1)
     min_compaction_lag_ms: int = Field(default=7 * DAY_MS, ge=0)
     delete_retention_ms: int = Field(default=7 * DAY_MS, ge=0)
+    shards: int = Field(
+        default=1, ge=1, le=1024,
+        description="shards of the buffer, each with its own master: recorded in ZooKeeper by the first "
+                    "`delayq init` (or node) and never changed after; a divisor of the buffer's partitions")
+    replicas: int = Field(
+        default=0, ge=0,
+        description="live nodes that hold each shard; 0: every node holds every shard")
 
     # This node.
     node_id: str = Field(default_factory=socket.gethostname)
@@ -131,10 +138,13 @@ class Settings(BaseSettings):
         """The ZooKeeper folder of this cluster (DESIGN.md: /delayq/<cluster>)."""
         return f"/delayq/{self.cluster}"
 
-    @property
-    def transactional_id(self) -> str:
-        """One per cluster: a new master's producer fences the old one at the broker."""
-        return f"delayq-{self.cluster}-master"
+    def transactional_id(self, shard: int = 0) -> str:
+        """One per shard: a new master's producer fences the shard's old one at the broker.
+
+        Shard 0's is the cluster's one id from before shards (``delayq-<cluster>-master``), so
+        a node of this version fences a master of an older one; shard k's adds ``-<k>``.
+        """
+        return f"delayq-{self.cluster}-master" + (f"-{shard}" if shard else "")
 
     @property
     def dead_letter_group(self) -> str:

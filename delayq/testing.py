@@ -53,6 +53,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "DELAYQ_ZK_CONNECT": settings.zk_connect,
         "DELAYQ_CLUSTER": settings.cluster,
         "DELAYQ_BUFFER_PARTITIONS": str(settings.buffer_partitions),
+        "DELAYQ_SHARDS": str(settings.shards),
+        "DELAYQ_REPLICAS": str(settings.replicas),
         "DELAYQ_ZK_SESSION_TIMEOUT_MS": str(settings.zk_session_timeout_ms),
         "DELAYQ_DELIVERY_MAX_ATTEMPTS": str(settings.delivery_max_attempts),
         "DELAYQ_DELIVERY_RETRY_BACKOFF_MS": str(settings.delivery_retry_backoff_ms),

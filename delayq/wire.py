@@ -202,6 +202,21 @@ def buffer_partition(delay_id: str | bytes, partitions: int) -> int:
     return zlib.crc32(key) % partitions
 
 
+def shard_of(partition: int, shards: int) -> int:
+    """The shard buffer partition ``partition`` belongs to: ``partition % shards``.
+
+    Every record of an id is on one partition, so in one shard. The buffer's partition
+    count is a multiple of ``shards``, so each shard has as many partitions as the others
+    (shard k: partitions k, k + S, k + 2S, ...). Recorded at ``delayq init`` and never changed.
+    """
+    return partition % shards
+
+
+def shard_partitions(shard: int, shards: int, partitions: int) -> list[int]:
+    """The buffer partitions of ``shard`` (of ``shards``) in a buffer of ``partitions`` partitions."""
+    return list(range(shard, partitions, shards))
+
+
 def check_delay_id(delay_id: object, argument: str = "delay_id") -> str:
     """Return ``delay_id`` if it is a delay id as delayq makes them, else raise.
 

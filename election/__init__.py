@@ -2,12 +2,12 @@
 
 Public surface::
 
-    from delayq.election import connect, Leadership, Term, Epoch, Cursor, Membership, FencedError
-    from delayq.election import NodeRecord, CursorRecord, Role, DuplicateNodeId
+    from delayq.election import connect, Leadership, Term, Epoch, Cursor, Membership, Layout, FencedError
+    from delayq.election import NodeRecord, CursorRecord, ShardLayout, Role, DuplicateNodeId
 """
 
-from .recipes import Cursor, DuplicateNodeId, Epoch, FencedError, Leadership, Membership, Term, connect
-from .records import CursorRecord, NodeRecord, Role
+from .recipes import Cursor, DuplicateNodeId, Epoch, FencedError, Layout, Leadership, Membership, Term, connect
+from .records import CursorRecord, NodeRecord, Role, ShardLayout
 
-__all__ = ["Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FencedError", "Leadership", "Membership",
-           "NodeRecord", "Role", "Term", "connect"]
+__all__ = ["Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FencedError", "Layout", "Leadership",
+           "Membership", "NodeRecord", "Role", "ShardLayout", "Term", "connect"]

@@ -2,10 +2,14 @@
 
 Paths under ``/delayq/<cluster>/`` (docs/DESIGN.md):
 
-- ``shards/0/election``: :class:`Leadership`, the kazoo lock every node contends for;
-- ``shards/0/epoch``: :class:`Epoch`, bumped by each new master;
-- ``shards/0/cursor``: :class:`Cursor`, the master's progress, written with the znode version;
+- ``layout``: :class:`Layout`, the shard count, written once;
+- ``shards/<k>/election``: :class:`Leadership`, the kazoo lock the holders of shard k contend for;
+- ``shards/<k>/epoch``: :class:`Epoch`, bumped by each new master of shard k;
+- ``shards/<k>/cursor``: :class:`Cursor`, shard k's master's progress, written with the znode version;
 - ``nodes/<node-id>``: :class:`Membership`, one ephemeral JSON per live node.
+
+Each shard's election, epoch and cursor are its own: a new master of shard k fences
+only shard k's old master.
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ import time
 from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, CancelledError, KazooException, NodeExistsError, NoNodeError
 
-from delayq.errors import DelayqError, UnavailableError
+from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 
-from .records import CursorRecord, NodeRecord
+from .records import CursorRecord, NodeRecord, ShardLayout
 
 log = logging.getLogger("delayq.election")
 
-SHARD = "shards/0"
+
+def shard_path(root: str, shard: int) -> str:
+    """The ZooKeeper folder of one shard: its election, epoch and cursor."""
+    return f"{root}/shards/{shard}"
 
 
 class FencedError(DelayqError):
@@ -62,9 +69,9 @@ class Epoch:
         >>> epoch.watch(lambda newest: newest > mine and step_down())
     """
 
-    def __init__(self, client: KazooClient, root: str):
+    def __init__(self, client: KazooClient, root: str, shard: int = 0):
         self.client = client
-        self.path = f"{root}/{SHARD}/epoch"
+        self.path = f"{shard_path(root, shard)}/epoch"
 
     def current(self) -> int:
         try:
@@ -102,10 +109,18 @@ class Cursor:
     with :class:`FencedError` instead of overwriting a newer master's cursor.
     """
 
-    def __init__(self, client: KazooClient, root: str):
+    def __init__(self, client: KazooClient, root: str, shard: int = 0):
         self.client = client
-        self.path = f"{root}/{SHARD}/cursor"
+        self.path = f"{shard_path(root, shard)}/cursor"
         self._version: int | None = None
+
+    def peek(self) -> CursorRecord | None:
+        """The cursor as last written, without taking its version (for status); None if none was written."""
+        try:
+            data, _ = self.client.get(self.path)
+        except NoNodeError:
+            return None
+        return CursorRecord.from_json(data) if data else None
 
     def read(self) -> CursorRecord | None:
         """Read the cursor and remember its version for the next :meth:`write`; None if none was written."""
@@ -123,6 +138,45 @@ class Cursor:
         except BadVersionError:
             raise FencedError(f"the cursor at {self.path} was written by a newer master") from None
         self._version = stat.version
+
+
+class Layout:
+    """The cluster's :class:`ShardLayout`, written once by the first ``delayq init`` (or node) and never changed."""
+
+    def __init__(self, client: KazooClient, root: str):
+        self.client = client
+        self.path = f"{root}/layout"
+
+    def read(self) -> ShardLayout | None:
+        """The recorded layout; None if none is (a cluster no ``delayq init`` of this version has seen)."""
+        try:
+            data, _ = self.client.get(self.path)
+        except NoNodeError:
+            return None
+        return ShardLayout.from_json(data)
+
+    def ensure(self, wanted: ShardLayout) -> ShardLayout:
+        """Record ``wanted`` if nothing is recorded yet; the recorded layout, which must have its shard count.
+
+        Raises:
+            ConfigurationError: another shard count is recorded, or the recorded one is unreadable.
+        """
+        try:
+            self.client.create(self.path, wanted.to_json(), makepath=True)
+            return wanted
+        except NodeExistsError:
+            pass
+        data, _ = self.client.get(self.path)
+        found = ShardLayout.from_json(data)
+        if found is None:
+            raise ConfigurationError(f"ZooKeeper node {self.path} does not hold a delayq shard layout ({data[:80]!r}):"
+                                     " is another program using this folder?")
+        if found.shards != wanted.shards:
+            raise ConfigurationError(
+                f"cluster at {self.path.rsplit('/', 1)[0]} has {found.shards} shards, recorded at its first init; "
+                f"DELAYQ_SHARDS={wanted.shards} cannot change that: set DELAYQ_SHARDS={found.shards}, or move to a "
+                "new cluster with more shards (docs/DESIGN.md, \"Shards\")")
+        return found
 
 
 class DuplicateNodeId(DelayqError):
@@ -228,35 +282,44 @@ class Membership:
 
 
 class Leadership:
-    """Contend for mastership; while master, ``lead(term)`` runs until the term ends.
+    """Contend for the mastership of one shard; while master, ``lead(term)`` runs until the term ends.
 
     A term ends at once, and ``term.active`` turns false, when the ZooKeeper session is
-    SUSPENDED or LOST, when a newer epoch appears, or when :meth:`stop` is called. The
-    leader function must check ``term.active`` between steps and return promptly; it
-    gives up the lock when it returns, and the node contends again.
+    SUSPENDED or LOST, when a newer epoch of the shard appears, when it is handed over
+    (:meth:`hand_over`), or when :meth:`stop` is called. The leader function must check
+    ``term.active`` between steps and return promptly; it gives up the lock when it
+    returns, and the node contends again while ``may_contend()`` says so.
 
     Example:
-        >>> leadership = Leadership(client, "/delayq/orders", "node-a")
-        >>> threading.Thread(target=leadership.run, args=(deliver_while,)).start()
+        >>> leadership = Leadership(client, "/delayq/orders", "node-a", shard=3)
+        >>> threading.Thread(target=leadership.run, args=(deliver_while, lambda: True)).start()
     """
 
-    def __init__(self, client: KazooClient, root: str, identifier: str):
+    def __init__(self, client: KazooClient, root: str, identifier: str, shard: int = 0):
         self.client = client
         self.root = root
         self.identifier = identifier
-        self.lock = client.Lock(f"{root}/{SHARD}/election", identifier)
-        self.epoch = Epoch(client, root)
+        self.shard = shard
+        self.lock = client.Lock(f"{shard_path(root, shard)}/election", identifier)
+        self.epoch = Epoch(client, root, shard)
         self._stopping = threading.Event()
+        self._recheck = threading.Event()
+        self._waiting = False  # in line for the lock (acquire() blocks)
         self._term: Term | None = None
         client.add_listener(self._session_changed)
 
     @staticmethod
-    def master(client: KazooClient, root: str) -> str | None:
-        """The identifier of the current master, or None."""
+    def contenders(client: KazooClient, root: str, shard: int = 0) -> list[str]:
+        """The identifiers in line for shard ``shard``'s lock, the master first; [] if ZooKeeper did not say."""
         try:
-            contenders = client.Lock(f"{root}/{SHARD}/election").contenders()
+            return list(client.Lock(f"{shard_path(root, shard)}/election").contenders())
         except KazooException:
-            return None
+            return []
+
+    @staticmethod
+    def master(client: KazooClient, root: str, shard: int = 0) -> str | None:
+        """The identifier of shard ``shard``'s current master, or None."""
+        contenders = Leadership.contenders(client, root, shard)
         return contenders[0] if contenders else None
 
     @property
@@ -264,42 +327,74 @@ class Leadership:
         return self._term
 
     @property
+    def waiting(self) -> bool:
+        """True while this node is in line for the lock, not master."""
+        return self._waiting
+
+    @property
     def stopping(self) -> bool:
         """True once :meth:`stop` was called: the node is shutting down."""
         return self._stopping.is_set()
 
-    def run(self, lead: Callable[[Term], None]) -> None:
-        """Contend, lead, give up, contend again, until :meth:`stop`. Blocks; run it in a thread."""
+    def run(self, lead: Callable[[Term], None], may_contend: Callable[[], bool] = lambda: True) -> None:
+        """Contend (while ``may_contend()``), lead, give up, contend again, until :meth:`stop`. Blocks: a thread's."""
         self.epoch.watch(self._saw_epoch)
         while not self._stopping.is_set():
+            if not may_contend():
+                self._recheck.wait(0.2)
+                self._recheck.clear()
+                continue
             try:
-                # Blocks until this node's lock node is first in line, or stop() cancels it.
+                # Blocks until this node's lock node is first in line; withdraw() or stop() cancel it.
+                self._waiting = True
                 won = self.lock.acquire()
+            except CancelledError:
+                continue
             except KazooException as err:
                 if not self._stopping.is_set():
-                    log.warning("election: %s; contending again", err)
+                    log.warning("election of shard %d: %s; contending again", self.shard, err)
                     time.sleep(0.5)
                 continue
+            finally:
+                self._waiting = False
             if not won:
                 continue
             try:
-                if self._stopping.is_set() or self.client.state != KazooState.CONNECTED:
+                # Told to stand back while it waited (another node is meant to lead): give the lock up.
+                if self._stopping.is_set() or self.client.state != KazooState.CONNECTED or not may_contend():
                     continue
                 term = Term(self.epoch.bump())
                 self._term = term
-                log.info("%s is master, epoch %d", self.identifier, term.epoch)
+                log.info("%s is master of shard %d, epoch %d", self.identifier, self.shard, term.epoch)
                 lead(term)
             except KazooException as err:
-                log.warning("leadership ended by ZooKeeper: %s", str(err) or type(err).__name__)
+                log.warning("leadership of shard %d ended by ZooKeeper: %s", self.shard,
+                            str(err) or type(err).__name__)
             finally:
                 if self._term is not None:
                     self._term.end("leadership given up")
                 self._term = None
                 self._release()
 
+    def recheck(self) -> None:
+        """Look at ``may_contend()`` again now (it changed)."""
+        self._recheck.set()
+
+    def withdraw(self) -> None:
+        """Leave the line for the lock if this node waits in it (never ends a term: see :meth:`hand_over`)."""
+        if self._waiting:
+            self.lock.cancel()
+
+    def hand_over(self, reason: str) -> None:
+        """End the current term, if any, the way a stopping node does: the batch in flight ends first."""
+        term = self._term
+        if term is not None:
+            term.end(reason)
+
     def stop(self) -> None:
         """End the current term at once and stop contending (the lock is released by :meth:`run`)."""
         self._stopping.set()
+        self._recheck.set()
         if self._term is not None:
             self._term.end("node stopping")
         self.lock.cancel()
@@ -309,7 +404,7 @@ class Leadership:
             self.lock.release()
         except KazooException as err:
             # The session is gone, and with it the ephemeral lock node.
-            log.info("releasing the election lock: %s", err)
+            log.info("releasing the election lock of shard %d: %s", self.shard, err)
 
     def _saw_epoch(self, epoch: int) -> None:
         term = self._term

@@ -1,7 +1,8 @@
 """The records delayq keeps in ZooKeeper, typed: one home for what nodes write and status, lookup and the chart read.
 
-Paths (docs/DESIGN.md, "Election, epoch, cursor"): ``nodes/<node-id>`` holds a
-:class:`NodeRecord` (JSON), ``shards/0/cursor`` a :class:`CursorRecord` (JSON).
+Paths (docs/DESIGN.md, "Election, epoch, cursor"): ``layout`` holds the
+:class:`ShardLayout` (JSON), ``nodes/<node-id>`` a :class:`NodeRecord`,
+``shards/<k>/cursor`` a :class:`CursorRecord`.
 Readers take what they know and ignore what they do not, so a newer node's extra
 field never breaks an older ``delayq status``; a record that is not JSON of this
 shape is skipped, never a crash.
@@ -33,14 +34,18 @@ class NodeRecord:
     host: str | None = None
     lag: int | None = None  # buffer records not yet ingested; None until first known
     pending: int | None = None
-    epoch: int = 0  # the epoch of its current or last term as master
+    epoch: int = 0  # the epoch of its latest term as master of any shard
     updated_at_ms: int | None = None
+    shards: tuple[int, ...] = ()  # the shards it holds (ingests into a store of their own)
+    ready: tuple[int, ...] = ()  # of those, the ones it has caught up on since it took them: it may master them
+    masters: tuple[int, ...] = ()  # the shards it is master of
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "role": self.role.value}
+        return {**asdict(self), "role": self.role.value, "shards": list(self.shards), "ready": list(self.ready),
+                "masters": list(self.masters)}
 
     @classmethod
     def from_json(cls, data: bytes) -> NodeRecord | None:
@@ -61,7 +66,43 @@ class NodeRecord:
             return None
         if not isinstance(values.get("epoch", 0), int):
             return None
+        for name in ("shards", "ready", "masters"):
+            listed = values.get(name, [])
+            if not isinstance(listed, list) or not all(type(k) is int and k >= 0 for k in listed):
+                return None
+            values[name] = tuple(listed)
         return cls(node_id=found["node_id"], role=role, **values)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """How the cluster's buffer is cut into shards, recorded once (``delayq init``) and never changed.
+
+    Buffer partition p belongs to shard ``p % shards`` (:func:`delayq.wire.shard_of`);
+    ``partitions`` is the buffer's partition count, a multiple of ``shards``.
+    """
+
+    shards: int
+    partitions: int
+    created_at_ms: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ShardLayout | None:
+        found = _object(data)
+        if found is None:
+            return None
+        values: dict[str, int] = {}
+        for f in fields(cls):
+            value = found.get(f.name, 0)
+            if type(value) is not int:
+                return None
+            values[f.name] = value
+        if values["shards"] < 1 or values["partitions"] < 1:
+            return None
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
-"""``delayq init``: create the buffer and dead-letter topics, or check existing ones."""
+"""``delayq init``: create the buffer and dead-letter topics, or check existing ones; record the shard count."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 
@@ -10,19 +11,28 @@ console = Console()
 
 
 def register(subparsers) -> None:
-    init = subparsers.add_parser("init", help="create or check the buffer and dead-letter topics")
+    init = subparsers.add_parser("init", help="create or check the buffer and dead-letter topics; record the shards")
     init.add_argument("--partitions", type=int, help="buffer partitions at creation (DELAYQ_BUFFER_PARTITIONS)")
+    init.add_argument("--shards", type=int,
+                      help="shards of the cluster (DELAYQ_SHARDS), recorded in ZooKeeper at the first init and never "
+                           "changed; must divide the buffer's partitions")
     init.add_argument("--strict", action="store_true", help="exit 1 when an existing topic differs from the settings")
     init.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from delayq.delay_service import ensure_topics
+    from delayq.delay_service import ensure_shards, ensure_topics
     from delayq.settings import Settings
 
-    overrides = {"buffer_partitions": args.partitions} if args.partitions else {}
+    overrides: dict[str, Any] = {}
+    if args.partitions:
+        overrides["buffer_partitions"] = args.partitions
+    if args.shards is not None:
+        overrides["shards"] = args.shards
     settings = Settings(**overrides)
     differs = False
+    # Refused before anything is created: a new buffer whose partitions the shards do not divide.
+    ensure_shards(settings, check_only=True)
     for check in ensure_topics(settings):
         if check.created:
             console.print(f"created [bold]{check.topic}[/]")
@@ -33,4 +43,8 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"  - {line}")
         else:
             console.print(f"{check.topic} exists with the right configuration")
+    layout = ensure_shards(settings)
+    console.print(f"cluster [bold]{settings.cluster}[/]: {layout.shards} shard{'s' if layout.shards > 1 else ''} of "
+                  f"{layout.partitions // layout.shards} buffer partitions each (recorded in ZooKeeper at "
+                  f"{settings.zk_root}/layout)")
     return 1 if differs and args.strict else 0

@@ -12,7 +12,7 @@ console = Console()
 
 
 def register(subparsers) -> None:
-    status = subparsers.add_parser("status", help="master, epoch, nodes, pending, lag, cursor")
+    status = subparsers.add_parser("status", help="shards (master, epoch, holders), nodes, pending, lag, cursors")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=run)
 
@@ -25,14 +25,30 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
-    console.print(f"cluster [bold]{status['cluster']}[/]: master {status['master'] or '[red]none[/]'}, "
-                  f"epoch {status['epoch']}")
-    table = Table()
-    for column in ("node", "role", "lag", "pending", "http"):
-        table.add_column(column)
+    shards = status["shards"]
+    mastered = sum(1 for shard in shards if shard["master"])
+    if len(shards) == 1:
+        console.print(f"cluster [bold]{status['cluster']}[/]: master {status['master'] or '[red]none[/]'}, "
+                      f"epoch {status['epoch']}")
+    else:
+        color = "green" if mastered == len(shards) else "red"
+        console.print(f"cluster [bold]{status['cluster']}[/]: {len(shards)} shards, [{color}]{mastered} with a "
+                      f"master[/]")
+        table = Table("shard", "master", "epoch", "held by", "delivered (cursor)")
+        for shard in shards:
+            cursor = shard["cursor"] or {}
+            table.add_row(str(shard["shard"]), shard["master"] or "[red]none[/]", str(shard["epoch"]),
+                          ", ".join(shard["replicas"]) or "[red]nobody[/]", str(cursor.get("delivered", "-")))
+        console.print(table)
+    table = Table("node", "role", "shards", "masters", "lag", "pending", "http")
     for node in status["nodes"]:
-        table.add_row(node["node_id"], node["role"], str(node["lag"]), str(node["pending"]), node["http"])
+        table.add_row(node["node_id"], node["role"], _listed(node["shards"]), _listed(node["masters"]),
+                      str(node["lag"]), str(node["pending"]), node["http"])
     console.print(table)
-    if status["cursor"]:
+    if len(shards) == 1 and status["cursor"]:
         console.print(f"cursor: {json.dumps(status['cursor'], sort_keys=True)}")
     return 0
+
+
+def _listed(numbers: list[int]) -> str:
+    return ",".join(map(str, numbers)) or "-"

@@ -129,7 +129,9 @@ def test_a_reader_that_cannot_be_replaced_is_tried_again_and_ingest_goes_on(sett
         return start(self)
 
     with TimeIndex(tmp_path / "store") as store:
-        ingest = Ingest(settings, store, NodeMetrics(), EndOffsets(settings, info.partitions, admin))
+        metrics = NodeMetrics()
+        ingest = Ingest(settings, 1, metrics, EndOffsets(settings, info.partitions, admin))
+        ingest.hold([ingest.feed(0, store, metrics.shard(0))])  # one shard: the whole buffer
         try:
             first = ingest._reader.process.pid
             monkeypatch.setattr(Ingest, "_start_reader", fails_the_first_time)

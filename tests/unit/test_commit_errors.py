@@ -10,23 +10,19 @@ from unittest import mock
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
+from stand_ins import shard_feed
 
 from delayq import Settings, wire
 from delayq.delay_service import stored
 from delayq.delay_service.delivery import Delivery, InFlight, LeadershipLost, Outgoing, Wakeup
-from delayq.delay_service.ingest import Ingest
-from delayq.delay_service.metrics import NodeMetrics
 from delayq.election import Cursor, Term
-from delayq.store import StoredEntry, TimeIndex
+from delayq.store import StoredEntry
 
 DUE_MS = 1_795_000_000_000
 
 
 def master(producer: Producer) -> Delivery:
-    ingest = mock.Mock(spec_set=[*dir(Ingest), "partitions"])  # partitions: set in Ingest.__init__
-    ingest.partitions = [0, 1]
-    delivery = Delivery(Settings(), mock.Mock(spec_set=TimeIndex), ingest, NodeMetrics(),
-                        mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
+    delivery = Delivery(Settings(), shard_feed([0, 1]), mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
     delivery.producer = producer
     return delivery
 

@@ -452,6 +452,9 @@ class StandInNode:
         self.store = store
         self.registry = NodeMetrics().registry
 
+    def shard_of(self, delay_id: str) -> tuple[int, bool]:
+        return 0, True  # one shard, held
+
     def entry(self, delay_id: str):
         return self.store.get(delay_id)
 

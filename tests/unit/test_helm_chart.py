@@ -367,6 +367,19 @@ def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets)
     (["podAntiAffinityPreset=medium"], "podAntiAffinityPreset"),
     (["replicaCount=0"], "replicaCount"),
     (["replicas=3"], "additional properties 'replicas' not allowed"),
+    (["config.shards=5"], "config.bufferPartitions=12 must be a multiple of config.shards=5"),
+    (["config.shards=24"], "config.bufferPartitions=12 must be a multiple of config.shards=24"),
+    (["config.shards=8", "config.bufferPartitions=12"],
+     "--set config.shards=N with N one of 1, 2, 3, 4, 6, 12, or (for a buffer topic not yet created) "
+     "e.g. --set config.bufferPartitions=16"),
+    (["config.replicas=4"], "config.replicas=4 is more than replicaCount=3"),
+    (["config.replicas=2", "replicaCount=1"], "--set config.replicas=1 (or 0: every node holds every shard), "
+                                              "or --set replicaCount=2"),
+    (["config.shards=0"], "/config/shards"),
+    (["config.shards=1025"], "/config/shards"),
+    (["config.replicas=-1"], "/config/replicas"),
+    (["config.extraSettings.shards=2"], "config.extraSettings.shards is set by the chart itself"),
+    (["config.extraSettings.replicas=2"], "config.extraSettings.replicas is set by the chart itself"),
 ])
 def test_bad_values_are_refused_naming_the_key(helm, sets, message):
     args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
@@ -377,7 +390,41 @@ def test_bad_values_are_refused_naming_the_key(helm, sets, message):
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("sets", [
+    ["config.shards=12"],  # one partition per shard
+    ["config.shards=4", "config.bufferPartitions=8"],
+    ["config.replicas=3"],  # every node holds every shard, by name
+    ["config.replicas=1", "replicaCount=1"],
+    ["config.replicas=0", "replicaCount=1"],  # 0: all nodes, however few
+])
+def test_shards_dividing_the_partitions_and_replicas_up_to_the_node_count_are_accepted(helm, sets):
+    args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSIONS[0],
+                      *args, *[arg for value in sets for arg in ("--set", value)])
+
+    assert result.returncode == 0, result.stderr
+
+
 # --- what the nodes rely on -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values,shards,replicas", [
+    ("default", "1", "0"),
+    ("production", "6", "2"),
+    ("set", "4", "2"),
+])
+def test_shards_and_replicas_reach_the_node_and_init_containers(helm, value_args, values, shards, replicas):
+    if values == "set":
+        docs = template(helm, *value_args["default"], "--set", "config.shards=4", "--set", "config.bufferPartitions=8",
+                        "--set", "config.replicas=2")
+    else:
+        docs = template(helm, *value_args[values])
+    init = the(docs, "Job", "dq-delayq-init")["spec"]["template"]["spec"]["containers"][0]
+
+    for container, pod_name in ((node_container(docs), "dq-delayq-0"), (init, "dq-delayq-init-x")):
+        env = container_env(docs, container, pod_name)
+        assert env["DELAYQ_SHARDS"] == shards, container["name"]
+        assert env["DELAYQ_REPLICAS"] == replicas, container["name"]
 
 
 def test_statefulset_has_one_pvc_template_per_pod_mounted_at_the_data_dir(rendered):
@@ -688,6 +735,26 @@ def test_prometheus_rule_alerts_on_no_master_ingest_lag_and_dead_letters(rendere
         assert alert["expr"].count("(") == alert["expr"].count(")"), name
 
 
+def test_master_and_lag_alerts_are_per_shard(helm, value_args, rendered):
+    selector = f'namespace="{NAMESPACE}", service="dq-delayq"'
+    production = {r["alert"]: r["expr"] for group in the(rendered["production"], "PrometheusRule")["spec"]["groups"]
+                  for r in group["rules"]}
+    default = {r["alert"]: r["expr"] for group in the(template(
+        helm, *value_args["default"], "--set", "metrics.prometheusRule.enabled=true"), "PrometheusRule")["spec"]["groups"]
+        for r in group["rules"]}
+
+    # Fewer shards with a master than config.shards (6 in production) is a shard nothing delivers.
+    assert production["DelayqNoMaster"] == \
+        f"(count(max by (shard) (delayq_is_master{{{selector}}}) == 1) or vector(0)) < 6"
+    assert default["DelayqNoMaster"] == \
+        f"(count(max by (shard) (delayq_is_master{{{selector}}}) == 1) or vector(0)) < 1"
+    for alerts in (production, default):
+        assert alerts["DelayqSeveralMasters"] == f"max(sum by (shard) (delayq_is_master{{{selector}}})) > 1"
+        assert alerts["DelayqBufferPartitionHeld"] == f"max by (shard) (delayq_held_partitions{{{selector}}}) > 0"
+    assert production["DelayqIngestLag"] == f"sum by (pod) (delayq_buffer_lag{{{selector}}}) > 50000"
+    assert default["DelayqIngestLag"] == f"sum by (pod) (delayq_buffer_lag{{{selector}}}) > 10000"
+
+
 def render_notes(helm: Path, tmp_path: Path, *args: str) -> str:
     """NOTES.txt as `helm install` prints it: helm template skips it, so a copy of the chart wraps it in a manifest."""
     chart = tmp_path / "chart"
@@ -711,6 +778,29 @@ def test_notes_tell_how_to_check_the_cluster(helm, value_args, tmp_path):
     assert f"kubectl -n {NAMESPACE} exec dq-delayq-0 -- delayq status" in notes
     assert "curl localhost:8080/readyz" in notes
     assert "delayq_is_master" in notes
+
+
+def test_notes_give_the_shard_count_and_the_one_master_per_shard_check(helm, value_args, tmp_path):
+    notes = render_notes(helm, tmp_path, *value_args["default"], "--set", "config.shards=4",
+                         "--set", "config.bufferPartitions=8", "--set", "config.replicas=2")
+
+    assert "Shards: 4 (of 8 buffer partitions; fixed by the first `delayq init`)" in notes
+    assert "held by 2 of the nodes" in notes
+    assert "must be 1 for each of the 4 shard(s)" in notes and "sum by (shard) (delayq_is_master)" in notes
+    assert "`delayq status` shows each shard's master" in notes
+    assert f"kubectl -n {NAMESPACE} exec dq-delayq-0 -- delayq status" in notes
+    assert "WARNING: config.replicas=1" not in notes
+    assert "held by every node" in render_notes(helm, tmp_path / "all", *value_args["default"])
+
+
+def test_notes_warn_that_replicas_1_leaves_shards_without_a_standby(helm, value_args, tmp_path):
+    single = render_notes(helm, tmp_path / "one", *value_args["default"], "--set", "config.replicas=1")
+    alone = render_notes(helm, tmp_path / "alone", *value_args["default"], "--set", "config.replicas=1",
+                         "--set", "replicaCount=1")
+
+    assert "WARNING: config.replicas=1: each shard lives on one node only" in single
+    # With one node there is no standby to lose: replicas 0 and 1 are the same cluster.
+    assert "WARNING: config.replicas=1" not in alone
 
 
 # --- documentation of the chart -------------------------------------------------------------------------------

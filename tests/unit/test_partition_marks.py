@@ -2,7 +2,7 @@
 
 Kafka can leave a transaction of the master's producer open for good (its markers lost
 over a broker restart); the mark's commit ends it. Stand-ins (``spec_set``) for the
-producer and ingest: what is tested is what the master writes, and where.
+producer and the shard's feed: what is tested is what the master writes, and where.
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ from unittest import mock
 
 import pytest
 from confluent_kafka import Producer
+from stand_ins import shard_feed
 
 from delayq import Settings, wire
 from delayq.delay_service import delivery as delivery_module
 from delayq.delay_service.delivery import Cutoff, Delivery, Ends, InFlight, Wakeup
-from delayq.delay_service.ingest import Ingest
-from delayq.delay_service.metrics import NodeMetrics
-from delayq.delay_service.topics import EndOffsets
+from delayq.delay_service.ingest import Ingest, ShardFeed
 from delayq.election import Cursor, Term
-from delayq.store import TimeIndex
 
 READ_AT_MS = 1_795_000_000_000
 
@@ -33,17 +31,15 @@ class Buffer:
         self.positions = positions
         self.stable = stable
 
-    def ingest(self) -> Ingest:
-        ingest = mock.Mock(spec_set=[*dir(Ingest), "partitions", "end_offsets"])
-        ingest.partitions = sorted(self.positions)
-        ingest.end_offsets = mock.Mock(spec_set=EndOffsets)
-        ingest.end_offsets.read.side_effect = lambda **_: dict(self.stable)
-        ingest.wait_until_read.return_value = False
-        ingest.positions.side_effect = lambda: dict(self.positions)
+    def feed(self) -> ShardFeed:
+        feed = shard_feed(sorted(self.positions))
+        feed.read_ends.side_effect = lambda **_: dict(self.stable)
+        feed.wait_until_read.return_value = False
+        feed.positions.side_effect = lambda: dict(self.positions)
         # The real rule (read to the last stable offset, not to the target), on these positions.
-        ingest.held_back.side_effect = lambda targets, stable: Ingest.held_back(
+        feed.held_back.side_effect = lambda targets, stable: Ingest.held_back(
             types.SimpleNamespace(_progress=threading.Condition(), _positions=self.positions), targets, stable)
-        return ingest
+        return feed
 
 
 @pytest.mark.timeout(20)
@@ -55,8 +51,7 @@ def test_a_partition_held_by_an_open_transaction_gets_the_mark_and_a_lagging_one
     producer = mock.Mock(spec_set=Producer)
     # The mark's commit ends the transaction: ingest then reads partition 0 to its end.
     producer.commit_transaction.side_effect = lambda *_: buffer.positions.update({0: 80})
-    delivery = Delivery(Settings(), mock.Mock(spec_set=TimeIndex), buffer.ingest(), NodeMetrics(),
-                        mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
+    delivery = Delivery(Settings(), buffer.feed(), mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
     delivery.producer = producer
 
     assert delivery._cover(Term(7), Ends(READ_AT_MS, {0: 80, 1: 80}))

@@ -6,14 +6,12 @@ The reader process itself, killed and replaced, is in tests/integration/test_rea
 
 from __future__ import annotations
 
-import marshal
-
 import wire_cases
 from confluent_kafka import KafkaError, Message
 
 from delayq import wire
 from delayq.delay_service import stored
-from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, Batch, _frame, parse_batch
+from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, ShardBatch, _frame, _unframe, parse_batch
 
 P = wire_cases.PARTITIONS
 ID = wire_cases.ID
@@ -30,8 +28,16 @@ def put_value(due: int, topic: str = "orders", *, restores: int | None = None) -
     return wire.put_value(due, topic, b"k", b"payload", None, None, restores)
 
 
+def parse_one_shard(messages: list) -> ShardBatch:
+    """The batch of a cluster of one shard: everything is shard 0's."""
+    batch = parse_batch(messages, P)
+    assert list(batch.shards) == [0]
+    return batch.shards[0]
+
+
 def test_a_put_becomes_a_put_op_with_its_stored_form_offset_as_version_and_earliest_due():
-    batch = parse_batch([record(7, put_value(1_800_000_000_500)), record(8, put_value(1_800_000_000_100))], P)
+    whole = parse_batch([record(7, put_value(1_800_000_000_500)), record(8, put_value(1_800_000_000_100))], P)
+    batch = whole.shards[0]
 
     assert [op[:3] for op in batch.ops] == [(PUT, ID, 1_800_000_000_500), (PUT, ID, 1_800_000_000_100)]
     _tag, _id, _due, packed, version, restores = batch.ops[0]
@@ -43,30 +49,32 @@ def test_a_put_becomes_a_put_op_with_its_stored_form_offset_as_version_and_earli
     assert batch.offsets == {OWN: 9}
     assert batch.earliest_put == 1_800_000_000_100
     assert batch.settled == []  # a producer's put settles nothing of the master's
-    assert batch.counts[b"put"] == 2 and batch.records == 2
+    assert whole.counts[b"put"] == 2 and whole.records == 2
 
 
 def test_cancel_done_and_a_masters_copy_settle_their_ids():
     done = wire.done_headers(ID, 7, 9)
-    batch = parse_batch([
+    whole = parse_batch([
         record(10, None, wire.control_headers(wire.OP_CANCEL, ID)),
         record(11, None, done),
         record(12, put_value(1_800_000_000_000, restores=7)),
     ], P)
+    batch = whole.shards[0]
 
     assert batch.ops[0] == (REMOVE, ID, None)
     assert batch.ops[1] == (REMOVE, ID, 7)
     assert batch.ops[2][0] == PUT and batch.ops[2][5] == 7
     assert batch.settled == [ID, ID, ID]
-    assert (batch.counts[b"cancel"], batch.counts[b"done"], batch.counts[b"put"]) == (1, 1, 1)
+    assert (whole.counts[b"cancel"], whole.counts[b"done"], whole.counts[b"put"]) == (1, 1, 1)
 
 
 def test_malformed_records_become_malformed_ops_with_the_reason_and_own_id_only_when_valid():
     other = wire_cases.OTHER
-    batch = parse_batch([
+    whole = parse_batch([
         record(3, b"bogus"),  # bad frame of a valid id on its own partition: the id's newest record
         record(4, put_value(1_800_000_000_000), partition=other),  # wrong partition: not this id's
     ], P)
+    batch = whole.shards[0]
 
     (tag, partition, offset, payload, own_id), second = batch.ops
     assert (tag, partition, offset, own_id) == (MALFORMED, OWN, 3, ID)
@@ -74,21 +82,21 @@ def test_malformed_records_become_malformed_ops_with_the_reason_and_own_id_only_
     assert (kept.key, kept.value, kept.code) == (ID.encode(), b"bogus", wire.Reason.BAD_FRAME.value)
     assert second[0] == MALFORMED and second[1:3] == (other, 4) and second[4] is None
     assert stored.unpack_malformed(second[3]).code == wire.Reason.WRONG_PARTITION.value
-    assert batch.counts[b"malformed"] == 2
+    assert whole.counts[b"malformed"] == 2
     assert batch.offsets == {OWN: 4, other: 5}
 
 
 def test_partition_eof_and_errors_are_not_records():
     eof = Message(topic="buffer", partition=OWN, offset=5, error=KafkaError(KafkaError._PARTITION_EOF))
     batch = parse_batch([eof, record(5, put_value(1_800_000_000_000))], P)
-    assert batch.records == 1 and batch.offsets == {OWN: 6} and len(batch.ops) == 1
+    assert batch.records == 1 and batch.shards[0].offsets == {OWN: 6} and len(batch.shards[0].ops) == 1
 
 
 def test_every_case_of_the_wire_table_parses_as_the_node_reads_it():
     """Each valid record of the shared table becomes the op of its kind; each malformed one a MALFORMED op."""
     for offset, case in enumerate(wire_cases.CASES):
-        batch = parse_batch([record(offset, case.value, case.headers or None, key=case.key,
-                                    partition=case.partition)], P)
+        batch = parse_one_shard([record(offset, case.value, case.headers or None, key=case.key,
+                                        partition=case.partition)])
         (op,) = batch.ops
         if isinstance(case.expected, wire.Reason):
             assert op[0] == MALFORMED, case.name
@@ -100,7 +108,35 @@ def test_every_case_of_the_wire_table_parses_as_the_node_reads_it():
 def test_a_frame_carries_the_batch_and_positions_through_marshal_unchanged():
     batch = parse_batch([record(1, put_value(1_800_000_000_000)),
                          record(2, None, wire.control_headers(wire.OP_CANCEL, ID))], P)
-    positions, fields = marshal.loads(_frame([(OWN, 3)], batch))
-    assert positions == [(OWN, 3)]
-    assert Batch(*fields) == batch
-    assert marshal.loads(_frame([(0, 1)], None)) == ([(0, 1)], None)
+    assert _unframe(_frame([(OWN, 3)], batch)) == ({OWN: 3}, batch)
+    assert _unframe(_frame([(0, 1)], None)) == ({0: 1}, None)
+
+
+def test_a_batch_is_split_by_shard_each_with_its_own_ops_offsets_settled_and_earliest_due():
+    shards = 3
+    ids = {}
+    while len(ids) < shards:  # an id of each shard
+        delay_id = wire.new_delay_id()
+        ids.setdefault(wire.shard_of(wire.buffer_partition(delay_id, P), shards), delay_id)
+
+    def put(offset: int, shard: int, due: int) -> Message:
+        delay_id = ids[shard]
+        return record(offset, put_value(due), key=delay_id.encode(), partition=wire.buffer_partition(delay_id, P))
+
+    def cancel(offset: int, shard: int) -> Message:
+        delay_id = ids[shard]
+        return record(offset, None, wire.control_headers(wire.OP_CANCEL, delay_id), key=delay_id.encode(),
+                      partition=wire.buffer_partition(delay_id, P))
+
+    batch = parse_batch([put(1, 0, 1_800_000_000_900), put(2, 2, 1_800_000_000_100), cancel(3, 0),
+                         put(4, 0, 1_800_000_000_500)], P, shards)
+
+    assert sorted(batch.shards) == [0, 2], "shard 1 had no record"
+    zero, two = batch.shards[0], batch.shards[2]
+    assert [op[0] for op in zero.ops] == [PUT, REMOVE, PUT] and [op[0] for op in two.ops] == [PUT]
+    assert zero.earliest_put == 1_800_000_000_500 and two.earliest_put == 1_800_000_000_100
+    assert zero.settled == [ids[0]] and two.settled == []
+    assert zero.offsets == {wire.buffer_partition(ids[0], P): 5}
+    assert two.offsets == {wire.buffer_partition(ids[2], P): 3}
+    assert batch.records == 4 and batch.counts[b"put"] == 3
+    assert _unframe(_frame([], batch)) == ({}, batch)

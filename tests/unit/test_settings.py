@@ -30,7 +30,9 @@ def test_topic_names_and_zk_root_derive_from_the_cluster():
     assert settings.buffer_topic == "delayq-orders-buffer"
     assert settings.dead_letter_topic == "delayq-orders-dead-letter"
     assert settings.zk_root == "/delayq/orders"
-    assert settings.transactional_id == "delayq-orders-master"
+    assert settings.transactional_id() == "delayq-orders-master"
+    assert settings.transactional_id(0) == "delayq-orders-master", "shard 0 keeps the id from before shards"
+    assert settings.transactional_id(5) == "delayq-orders-master-5"
 
 
 def test_librdkafka_settings_pass_through_with_dotted_keys(monkeypatch):

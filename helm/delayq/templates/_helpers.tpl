@@ -138,6 +138,19 @@ app.kubernetes.io/part-of: delayq
 {{- if and .Values.kafka.tls.certKey (not .Values.kafka.tls.existingSecret) -}}
 {{- fail "kafka.tls.certKey needs the Secret that holds it: --set kafka.tls.existingSecret=NAME" -}}
 {{- end -}}
+{{- $shards := int64 .Values.config.shards -}}
+{{- $partitions := int64 .Values.config.bufferPartitions -}}
+{{- if and (gt $shards 0) (gt $partitions 0) (ne (mod $partitions $shards) 0) -}}
+{{- $divisors := list -}}
+{{- range $i := until (int $partitions) -}}
+{{- if eq (mod $partitions (add1 $i)) 0 -}}{{- $divisors = append $divisors (add1 $i) -}}{{- end -}}
+{{- end -}}
+{{- fail (printf "config.bufferPartitions=%d must be a multiple of config.shards=%d, so that every shard gets as many buffer partitions: --set config.shards=N with N one of %s, or (for a buffer topic not yet created) e.g. --set config.bufferPartitions=%d. config.shards is fixed by the first `delayq init` and cannot change afterwards" $partitions $shards (join ", " $divisors) (mul $shards (add1 (div $partitions $shards)))) -}}
+{{- end -}}
+{{- $replicas := int64 .Values.config.replicas -}}
+{{- if and (gt $replicas 0) (gt $replicas (int64 .Values.replicaCount)) -}}
+{{- fail (printf "config.replicas=%d is more than replicaCount=%d: a shard cannot be held by more nodes than there are; --set config.replicas=%d (or 0: every node holds every shard), or --set replicaCount=%d" $replicas (int64 .Values.replicaCount) (int64 .Values.replicaCount) $replicas) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The DELAYQ_* settings the chart's own values set, as a YAML map. */}}
@@ -153,6 +166,8 @@ DELAYQ_BUFFER_TOPIC: {{ . | quote }}
 DELAYQ_DEAD_LETTER_TOPIC: {{ . | quote }}
 {{- end }}
 DELAYQ_BUFFER_PARTITIONS: {{ .Values.config.bufferPartitions | int64 | quote }}
+DELAYQ_SHARDS: {{ .Values.config.shards | int64 | quote }}
+DELAYQ_REPLICAS: {{ .Values.config.replicas | int64 | quote }}
 DELAYQ_BUFFER_REPLICATION_FACTOR: {{ .Values.config.bufferReplicationFactor | int64 | quote }}
 DELAYQ_MIN_COMPACTION_LAG_MS: {{ .Values.config.minCompactionLagMs | int64 | quote }}
 DELAYQ_DELETE_RETENTION_MS: {{ .Values.config.deleteRetentionMs | int64 | quote }}

@@ -1,0 +1,78 @@
+"""The cluster's shard layout: how many shards, recorded in ZooKeeper once and checked by every init and node."""
+
+from __future__ import annotations
+
+from kazoo.client import KazooClient
+
+from delayq.clock import now_ms
+from delayq.election import Layout, ShardLayout
+from delayq.errors import ConfigurationError
+from delayq.settings import Settings
+
+
+def check_divides(settings: Settings, shards: int, partitions: int) -> None:
+    """Raises: ConfigurationError: ``partitions`` is not a multiple of ``shards``."""
+    if partitions % shards:
+        divisors = [n for n in range(1, partitions + 1) if partitions % n == 0]
+        raise ConfigurationError(
+            f"buffer topic {settings.buffer_topic} has {partitions} partitions, not a multiple of the cluster's "
+            f"{shards} shards (every shard gets as many partitions): use DELAYQ_SHARDS one of "
+            f"{', '.join(map(str, divisors))}, or a buffer of a multiple of {shards} partitions "
+            "(DELAYQ_BUFFER_PARTITIONS, when `delayq init` creates it)")
+
+
+def ensure_layout(settings: Settings, zk: KazooClient, partitions: int) -> ShardLayout:
+    """The cluster's shard layout, recorded from ``settings.shards`` if none is yet (a cluster's first init or node).
+
+    A recorded layout is taken as it is, unless ``shards`` was set (DELAYQ_SHARDS, ``--shards``) to
+    another count: that is refused, since the count never changes.
+
+    Raises:
+        ConfigurationError: the buffer's partition count is not a multiple of the shard count, or
+            ZooKeeper records another shard count than the one set, or another partition count.
+    """
+    recorded = Layout(zk, settings.zk_root).read()
+    if recorded is not None and recorded.partitions != partitions:
+        raise ConfigurationError(
+            f"buffer topic {settings.buffer_topic} has {partitions} partitions, but cluster {settings.cluster} was "
+            f"set up on one of {recorded.partitions} (recorded in ZooKeeper at {settings.zk_root}/layout): a buffer "
+            "topic's partitions never change; recreate it with that count, or give the new one a new DELAYQ_CLUSTER")
+    if recorded is not None and "shards" not in settings.model_fields_set:
+        return recorded
+    check_divides(settings, recorded.shards if recorded is not None else settings.shards, partitions)
+    return Layout(zk, settings.zk_root).ensure(
+        ShardLayout(shards=settings.shards, partitions=partitions, created_at_ms=now_ms()))
+
+
+def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayout:
+    """What ``delayq init`` records: the layout for the buffer topic as it is (or as init will create it).
+
+    With ``check_only``, nothing is written: the checks run against the buffer's partition
+    count if the topic exists, else against ``buffer_partitions`` (what init will create).
+
+    Raises:
+        ConfigurationError: see :func:`ensure_layout`.
+        UnavailableError: Kafka or ZooKeeper did not answer.
+    """
+    from delayq.election import connect
+
+    from .topics import admin_client, buffer_partition_count
+
+    partitions = buffer_partition_count(settings, admin_client(settings))
+    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_auth,
+                 timeout_s=10)
+    try:
+        if check_only:
+            recorded = Layout(zk, settings.zk_root).read()
+            count = partitions if partitions is not None else settings.buffer_partitions
+            if recorded is not None and "shards" in settings.model_fields_set and recorded.shards != settings.shards:
+                Layout(zk, settings.zk_root).ensure(ShardLayout(settings.shards, count))  # raises: cannot change
+            check_divides(settings, recorded.shards if recorded is not None else settings.shards, count)
+            return recorded or ShardLayout(settings.shards, count)
+        if partitions is None:
+            raise ConfigurationError(f"buffer topic {settings.buffer_topic} does not exist: create it with "
+                                     "`delayq init`")
+        return ensure_layout(settings, zk, partitions)
+    finally:
+        zk.stop()
+        zk.close()
