@@ -68,7 +68,8 @@ def masters(cluster: str, shards: int, eligible: Mapping[int, Iterable[str]],
     now = Counter(node for shard, node in current.items() if node is not None and node in may.get(shard, ()))
     by_load = sorted(nodes, key=lambda node: (-now[node], node))
     if larger_quotas_first is not None:
-        by_load = sorted(nodes, key=lambda node: (larger_quotas_first + [node]).index(node))
+        rank = {node: index for index, node in enumerate(larger_quotas_first)}
+        by_load = sorted(nodes, key=lambda node: (rank.get(node, len(rank)), node))
     strict = {node: base + (1 if rank < extra else 0) for rank, node in enumerate(by_load)}
     plan, fits = _assign(cluster, shards, may, current, strict)
     if not fits:  # the holders leave those quotas out of reach: every node up to ceil(S / N) then

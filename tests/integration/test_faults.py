@@ -126,7 +126,8 @@ def test_a_zookeeper_outage_stops_the_master_and_every_node_says_why(private_sta
         assert wait_until(lambda: master.metric("delayq_is_master") == 0, timeout_s=20), master.log_tail()
         assert wait_until(lambda: "membership not published" in master.log_tail(200), timeout_s=10)
         log = master.log_tail(200)
-        assert f"stepped down as master of {settings.cluster}, epoch {epoch}: ZooKeeper session suspended" in log
+        assert (f"stepped down as master of {settings.cluster} shard 0, epoch {epoch}: ZooKeeper session suspended"
+                in log)
         published = [line for line in log.splitlines() if "membership not published" in line]
         assert published[0].split("membership not published: ")[1].strip(), "an empty reason"
         assert len(published) == 1, "the same outage logged again every second"
