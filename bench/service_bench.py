@@ -62,7 +62,7 @@ def payload() -> bytes:
 
 def fresh_settings(stack: DevStack, **overrides) -> Settings:
     return Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect,
-                    cluster=f"bench-{uuid.uuid4().hex[:8]}", buffer_partitions=6, **overrides)
+                    cluster=f"bench-{uuid.uuid4().hex[:8]}", **{"buffer_partitions": 6, **overrides})
 
 
 @contextmanager

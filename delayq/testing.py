@@ -131,6 +131,15 @@ class NodeProcess:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
+    def mastered(self) -> list[int]:
+        """The shards this node says it masters now (its ``delayq_is_master{shard}`` series at 1)."""
+        _, body = self.get("/metrics")
+        found = []
+        for line in body.decode().splitlines():
+            if line.startswith("delayq_is_master{") and float(line.rsplit(" ", 1)[1]) == 1:
+                found.append(int(line.split('shard="', 1)[1].split('"', 1)[0]))
+        return sorted(found)
+
     def signal(self, sig: int) -> None:
         self.running.send_signal(sig)
 
@@ -190,6 +199,20 @@ class LocalCluster:
                         pass
             time.sleep(0.1)
         raise NodeError(f"no master within {timeout_s}s")
+
+    def masterships(self) -> dict[int, list[str]]:
+        """Shard -> the running nodes that say they master it (one each, in a healthy cluster)."""
+        found: dict[int, list[str]] = {}
+        for node in self.nodes.values():
+            if node.process is None or node.process.poll() is not None:
+                continue
+            try:
+                shards = node.mastered()
+            except OSError:  # stopped, or frozen (SIGSTOP): it answers nothing
+                continue
+            for shard in shards:
+                found.setdefault(shard, []).append(node.node_id)
+        return found
 
     def close(self) -> None:
         for node in self.nodes.values():

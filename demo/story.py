@@ -1,9 +1,10 @@
 """The main job, end to end: unpaid orders time out through delayq while its master dies.
 
 Every order sends "cancel order N if unpaid" delayed 5-30 s to ``order-timeouts``;
-orders paid in time cancel that message. Three nodes run as child processes; midway
-the master is killed with SIGKILL, a standby takes over, the dead node comes back as
-a standby. A read_committed consumer of ``order-timeouts`` judges every delivery as
+orders paid in time cancel that message. Three nodes run as child processes, each the
+master of one of the cluster's three shards; midway the master of shard 0 is killed
+with SIGKILL, another node takes its shard over, and the dead node comes back and
+takes its share back. A read_committed consumer of ``order-timeouts`` judges every delivery as
 it lands, and the Spark reconciliation proves the run at the end.
 
 Kafka and ZooKeeper (:func:`choose_stack`): the dev stack of ``stack_dir`` if one is
@@ -41,11 +42,14 @@ from delayq.clock import now_ms
 from delayq.dev import DevStack, StackError
 from delayq.errors import ConfigurationError, UnavailableError
 from delayq.settings import Settings
-from delayq.testing import LocalCluster
+from delayq.testing import LocalCluster, NodeError
 
 from .options import DemoOptions
 
 BOOTSTRAP_VARIABLE = "DELAYQ_BOOTSTRAP_SERVERS"
+# The demo's cluster: 3 shards of 2 buffer partitions, so each of the 3 nodes masters one.
+DEMO_PARTITIONS = 6
+DEMO_SHARDS = 3
 ZK_VARIABLE = "DELAYQ_ZK_CONNECT"
 
 
@@ -103,7 +107,7 @@ class Tally:
     delivered: Counter = field(default_factory=Counter)
     lateness_ms: deque = field(default_factory=lambda: deque(maxlen=50_000))
     early: int = 0
-    by_epoch: Counter = field(default_factory=Counter)
+    by_shard_epoch: Counter = field(default_factory=Counter)  # (shard, epoch) -> deliveries
     events: deque = field(default_factory=lambda: deque(maxlen=8))
     started: float = field(default_factory=time.monotonic)
 
@@ -187,7 +191,8 @@ class Watcher(threading.Thread):
         delay_id = headers[wire.ID].decode()
         lateness = record.timestamp()[1] - int(headers[wire.DELIVER_AT])
         self.tally.delivered[delay_id] += 1
-        self.tally.by_epoch[int(headers[wire.EPOCH])] += 1
+        shard = wire.shard_of(wire.buffer_partition(delay_id, DEMO_PARTITIONS), DEMO_SHARDS)
+        self.tally.by_shard_epoch[shard, int(headers[wire.EPOCH])] += 1
         self.tally.lateness_ms.append(lateness)
         if lateness < 0:
             self.tally.early += 1
@@ -220,7 +225,8 @@ class Story:
                                f"({choice.source})", highlight=False, markup=False)
             cluster = f"demo-{uuid.uuid4().hex[:6]}"
             self.settings = Settings(bootstrap_servers=choice.bootstrap_servers, zk_connect=choice.zk_connect,
-                                     cluster=cluster, buffer_partitions=6, zk_session_timeout_ms=4000)
+                                     cluster=cluster, buffer_partitions=DEMO_PARTITIONS, shards=DEMO_SHARDS,
+                                     zk_session_timeout_ms=4000)
             if not choice.start:
                 self._check_reachable(choice)
             self.target = f"{cluster}-order-timeouts"
@@ -263,14 +269,20 @@ class Story:
         futures[self.target].result(30)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cluster = LocalCluster(self.settings, self.run_dir)  # creates the buffer and dead-letter topics
+        from delayq.delay_service import ensure_shards  # loads kazoo: only when the demo runs
+
+        ensure_shards(self.settings)  # what `delayq init --shards 3` records
 
     def _tell(self) -> int:
         o, tally = self.options, self.tally
         with self.console.status(f"starting {o.nodes} delay-service nodes"):
             for i in range(o.nodes):
-                self.cluster.start(f"node-{chr(ord('a') + i)}")
-            master = self.cluster.master()
-        tally.event(f"{o.nodes} nodes up; [bold]{master.node_id}[/] is master (epoch 1)")
+                self.cluster.start(f"node-{chr(ord('a') + i)}", wait=False)
+            for node in self.cluster.nodes.values():
+                node.wait_ready()
+            owners = self._wait_for_masters()
+        tally.event(f"{o.nodes} nodes up, {DEMO_SHARDS} shards; masters: " +
+                    ", ".join(f"shard {k} [bold]{owners[k]}[/]" for k in sorted(owners)))
         producer = Producer(self.settings.kafka_conf(**{"delayq.cluster": self.settings.cluster, "linger.ms": 5}))
         orders = Orders(producer, self.target, o, tally, self.rng)
         watcher = Watcher(self.settings, self.target, tally)
@@ -309,26 +321,44 @@ class Story:
             return self._reconcile(ok)
         return 0 if ok else 1
 
+    def _wait_for_masters(self, timeout_s: float = 60.0) -> dict[int, str]:
+        """Shard -> its master, once every shard has one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            owners = self.cluster.masterships()
+            if len(owners) == DEMO_SHARDS and all(len(nodes) == 1 for nodes in owners.values()):
+                return {shard: nodes[0] for shard, nodes in owners.items()}
+            if time.monotonic() > deadline:
+                raise NodeError(f"not every shard had a master {timeout_s:.0f}s after the nodes were ready: {owners}")
+            time.sleep(0.2)
+
     def _kill_master(self):
-        master_id = self.status.get("master")
+        master_id = self.status.get("master")  # shard 0's
         node = self.cluster.nodes.get(master_id) if master_id else None
         if node is None:
             return None
+        shards = [s["shard"] for s in self.status.get("shards", []) if s["master"] == master_id]
         node.process.send_signal(signal.SIGKILL)
         node.process.wait(10)
-        self.tally.event(f"[red]SIGKILL[/] to master [bold]{master_id}[/] with "
+        self.tally.event(f"[red]SIGKILL[/] to master [bold]{master_id}[/] (shards {shards}) with "
                          f"{self.status.get('pending_total', '?')} messages pending")
-        return (node, time.monotonic(), False)
+        return (node, time.monotonic(), shards)
 
-    def _watch_handover(self, node, killed_at: float, restarted: bool):
-        master = self.status.get("master")
-        if master and master != node.node_id and not restarted:
-            self.tally.event(f"[green]{master}[/] took over as master, epoch {self.status.get('epoch')}, "
+    def _watch_handover(self, node, killed_at: float, shards):
+        """Say who took each of the killed node's shards; once all are taken, restart it (once)."""
+        if not shards:
+            return (node, killed_at, shards)
+        taken = {s["shard"]: (s["master"], s["epoch"]) for s in self.status.get("shards", [])
+                 if s["shard"] in shards and s["master"] and s["master"] != node.node_id}
+        for shard in sorted(taken):
+            master, epoch = taken[shard]
+            self.tally.event(f"[green]{master}[/] took over as master of shard {shard}, epoch {epoch}, "
                              f"{time.monotonic() - killed_at:.1f}s after the kill")
+        left = [k for k in shards if k not in taken]
+        if not left:
             self.cluster.start(node.node_id, wait=False)
-            self.tally.event(f"{node.node_id} restarted from its own store; rejoins as standby")
-            return (node, killed_at, True)
-        return (node, killed_at, restarted)
+            self.tally.event(f"{node.node_id} restarted from its own stores; it takes its share of shards back")
+        return (node, killed_at, left)
 
     def _refresh_status(self) -> None:
         try:
@@ -346,17 +376,19 @@ class Story:
 
     def _view(self) -> Group:
         tally, status = self.tally, self.status
-        nodes = Table(title=f"cluster {status.get('cluster', '')} · epoch {status.get('epoch', '-')}", expand=True)
-        for column in ("node", "role", "pending", "lag"):
+        nodes = Table(title=f"cluster {status.get('cluster', '')} · {DEMO_SHARDS} shards", expand=True)
+        for column in ("node", "role", "masters of shards (epoch)", "pending", "lag"):
             nodes.add_column(column)
+        epochs = {s["shard"]: s["epoch"] for s in status.get("shards", [])}
         live_ids = {n["node_id"] for n in status.get("nodes", [])}
         for node_id in sorted(self.cluster.nodes if self.cluster else []):
             info = next((n for n in status.get("nodes", []) if n["node_id"] == node_id), None)
             if info is None or node_id not in live_ids:
-                nodes.add_row(node_id, "[red]down[/]", "-", "-")
+                nodes.add_row(node_id, "[red]down[/]", "-", "-", "-")
             else:
                 role = "[bold green]master[/]" if info["role"] == "master" else info["role"]
-                nodes.add_row(node_id, role, str(info.get("pending")), str(info.get("lag")))
+                mastered = ", ".join(f"{k} ({epochs.get(k, '?')})" for k in info.get("masters", [])) or "-"
+                nodes.add_row(node_id, role, mastered, str(info.get("pending")), str(info.get("lag")))
         lateness = list(tally.lateness_ms)
         p50 = statistics.median(lateness) if lateness else None
         p99 = sorted(lateness)[int(0.99 * (len(lateness) - 1))] if lateness else None
@@ -371,7 +403,7 @@ class Story:
             ("duplicates", f"{tally.duplicates}"),
             ("early", f"{tally.early}"),
             ("lateness p50 / p99 / max", "-" if p50 is None else f"{p50:.0f} / {p99:.0f} / {max(lateness):.0f} ms"),
-            ("delivered per epoch", ", ".join(f"{e}: {n}" for e, n in sorted(tally.by_epoch.items())) or "-"),
+            ("delivered per shard (epoch: count)", _per_shard(tally.by_shard_epoch)),
         ):
             numbers.add_row(label, value)
         events = "\n".join(tally.events) or "-"
@@ -418,3 +450,11 @@ def clean_runs(out_dir: Path, keep: int = 3) -> None:
     runs = sorted(out_dir.glob("run-*"))
     for old in runs[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _per_shard(by_shard_epoch: Counter) -> str:
+    """``0: 1: 310, 2: 95; 1: 1: 402`` (shard: epoch: deliveries, ...); ``-`` before any delivery."""
+    epochs: dict[int, list[str]] = {}
+    for (shard, epoch), count in sorted(by_shard_epoch.items()):
+        epochs.setdefault(shard, []).append(f"{epoch}: {count}")
+    return "; ".join(f"{shard}: " + ", ".join(listed) for shard, listed in epochs.items()) or "-"

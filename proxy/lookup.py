@@ -2,8 +2,10 @@
 
 Asks a node's ``GET /v1/messages/{id}``. Nodes come from ``Settings.lookup_urls``
 (``DELAYQ_LOOKUP_URLS``) when set, else from the live registrations in ZooKeeper
-(``<zk_root>/nodes/*``), master first: a standby that lags behind the buffer may not
-know an id produced a moment ago.
+(``<zk_root>/nodes/*``): the master of the id's shard first, then the other nodes
+holding that shard, least lag first (a standby that lags behind the buffer may not
+know an id produced a moment ago). A node that does not hold the id's shard answers
+421, and the next one is asked.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from delayq.errors import DelayqError
 from delayq.settings import Settings
-from delayq.wire import check_delay_id
+from delayq.wire import buffer_partition, check_delay_id, shard_of
 
 MESSAGES_PATH = "/v1/messages/"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -54,15 +56,18 @@ class _Answer(BaseModel):
     topic: str | None = None
 
 
-def node_urls(settings: Settings, timeout: float = 3.0) -> list[str]:
+def node_urls(settings: Settings, timeout: float = 3.0, delay_id: str | None = None) -> list[str]:
     """The HTTP base URLs of the cluster's nodes: ``lookup_urls``, else ZooKeeper's live nodes.
+
+    With ``delay_id``, the nodes that can answer for it come first: its shard's master, then
+    that shard's other holders (least lag first), then the rest.
 
     Raises:
         NodeUnreachable: ZooKeeper did not answer, or no node is registered there.
     """
     if settings.lookup_urls:
         return [url.rstrip("/") for url in settings.lookup_urls]
-    from delayq.election import Membership, Role, connect
+    from delayq.election import Layout, Membership, Role, connect
 
     try:
         client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms,
@@ -71,11 +76,16 @@ def node_urls(settings: Settings, timeout: float = 3.0) -> list[str]:
         raise NodeUnreachable(f"{err}; or name the nodes with DELAYQ_LOOKUP_URLS") from err
     try:
         members = Membership.members(client, settings.zk_root)
+        layout = Layout(client, settings.zk_root).read() if delay_id is not None else None
     finally:
         client.stop()
         client.close()
-    # The master has ingested everything it delivers; among standbys, the least lag knows most.
-    members.sort(key=lambda m: (m.role != Role.MASTER, m.lag if m.lag is not None else 1 << 62))
+    shard = (shard_of(buffer_partition(delay_id, layout.partitions), layout.shards)
+             if delay_id is not None and layout is not None else 0)
+    # The shard's master has ingested everything it delivers; among its holders, the least lag knows most.
+    # (A record without shards is an older node's, which holds the whole buffer.)
+    members.sort(key=lambda m: (shard not in m.masters and not (m.role == Role.MASTER and not m.shards),
+                                bool(m.shards) and shard not in m.shards, m.lag if m.lag is not None else 1 << 62))
     urls = [m.http.rstrip("/") for m in members if m.http]
     if not urls:
         raise NodeUnreachable(f"no live delayq node registered under {settings.zk_root}/nodes in ZooKeeper at "
@@ -107,7 +117,7 @@ def lookup(delay_id: str, *, settings: Settings | None = None, timeout: float = 
     check_delay_id(delay_id)
     settings = settings if settings is not None else Settings()
     failures = []
-    for url in node_urls(settings, timeout):
+    for url in node_urls(settings, timeout, delay_id):
         try:
             return _ask(url, delay_id, timeout)
         except _NodeFailed as err:
@@ -130,6 +140,8 @@ def _ask(url: str, delay_id: str, timeout: float) -> Lookup:
         raise _NodeFailed(getattr(err, "reason", None) or err) from err
     if status == 400:
         raise ValueError(f"the node at {url} refused the id {delay_id!r}: {body[:300].decode(errors='replace')}")
+    if status == 421:  # it does not hold the id's shard
+        raise _NodeFailed(f"does not hold the id's shard (HTTP 421 {body[:200].decode(errors='replace')})")
     if status not in (200, 404):
         raise _NodeFailed(f"HTTP {status} {body[:200].decode(errors='replace')}")
     try:

@@ -41,7 +41,8 @@ def test_short_demo_survives_the_master_kill_and_reconciles_clean(dev_stack, tmp
             "(DELAYQ_BOOTSTRAP_SERVERS and DELAYQ_ZK_CONNECT)") in output
     assert "starting the embedded" not in output
     assert [s.pid for s in dev_stack.status()] == pids and all(s.healthy for s in dev_stack.status())
-    assert "SIGKILL to master" in output and "took over as master, epoch 2" in output
+    assert "SIGKILL to master" in output and "took over as master of shard 0, epoch 2" in output
+    assert "3 shards" in output
     assert "every unpaid order timed out exactly once: True" in output
     [report_json] = tmp_path.glob("run-*/reconcile/report.json")
     assert (report_json.parent / "report.html").exists() and "report.html" in output

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from process_testing import run_delayq
+from process_testing import run_delayq, wait_until
 from service_testing import Cluster
 
 from delayq import Settings
@@ -47,7 +48,6 @@ def test_status_json_names_the_master_and_every_node(settings, tmp_path):
         cluster.start("node-a")
         cluster.master()
         cluster.start("node-b")
-        import time
         time.sleep(1.5)  # membership is republished every second
 
         result = delayq(settings, "status", "--json")
@@ -62,6 +62,55 @@ def test_status_json_names_the_master_and_every_node(settings, tmp_path):
         assert all(n["lag"] == 0 and n["pending"] == 0 and n["http"].startswith("http://") for n in status["nodes"])
         table = delayq(settings, "status")
         assert "master node-a" in table.stdout and "node-b" in table.stdout
+    finally:
+        cluster.close()
+
+
+def test_init_records_the_shards_once_and_refuses_another_count_in_one_line(settings):
+    uneven = delayq(settings, "init", "--shards", "2")  # the fixture's buffer has 3 partitions
+    assert uneven.returncode == 2 and "not a multiple of the cluster's 2 shards" in uneven.stderr
+    assert "DELAYQ_SHARDS one of 1, 3" in uneven.stderr
+    assert_one_command_error(uneven, "init")
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    assert settings.buffer_topic not in admin.list_topics(timeout=10).topics, "init created a topic it then refused"
+
+    first = delayq(settings, "init", "--shards", "3")
+    assert first.returncode == 0, first.stderr
+    assert f"cluster {settings.cluster}: 3 shards of 1 buffer partitions each" in " ".join(first.stdout.split())
+    assert delayq(settings, "init", "--shards", "3").returncode == 0, "the same count again is fine"
+
+    changed = delayq(settings, "init", "--shards", "1")
+    assert changed.returncode == 2
+    assert "has 3 shards, recorded at its first init; DELAYQ_SHARDS=1 cannot change that" in changed.stderr
+    assert_one_error_line(changed)
+
+
+def test_status_json_lists_each_shard_with_its_master_epoch_and_holders(settings, tmp_path):
+    settings = settings.model_copy(update={"shards": 3})
+    assert delayq(settings, "init").returncode == 0
+    cluster = Cluster(settings, tmp_path)
+    try:
+        for node_id in ("node-a", "node-b"):
+            cluster.start(node_id, wait=False)
+        for node in cluster.nodes.values():
+            node.wait_ready()
+        assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2], timeout_s=30)
+        time.sleep(1.5)  # membership is republished every second
+
+        result = delayq(settings, "status", "--json")
+
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        owners = cluster.masterships()
+        assert status["shards_count"] == 3 and [s["shard"] for s in status["shards"]] == [0, 1, 2]
+        assert [s["master"] for s in status["shards"]] == [owners[k][0] for k in range(3)]
+        assert all(s["epoch"] >= 1 and s["replicas"] == ["node-a", "node-b"] for s in status["shards"])
+        assert (status["master"], status["epoch"]) == (status["shards"][0]["master"], status["shards"][0]["epoch"])
+        for node in status["nodes"]:
+            assert node["shards"] == [0, 1, 2] and node["ready"] == [0, 1, 2]
+            assert node["masters"] == [k for k in range(3) if owners[k] == [node["node_id"]]]
+        table = " ".join(delayq(settings, "status").stdout.split())
+        assert "3 shards, 3 with a master" in table
     finally:
         cluster.close()
 
@@ -82,6 +131,11 @@ def test_node_that_cannot_reach_kafka_says_so_in_one_line(settings, tmp_path):
     assert result.returncode == 1
     assert f"Kafka at {address}" in result.stderr
     assert_one_error_line(result)
+
+
+def assert_one_command_error(result: subprocess.CompletedProcess, command: str) -> None:
+    """A command's error: one line on stderr, ``delayq <command>: ...``, no traceback."""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"delayq {command}: "), result.stderr
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess) -> str:

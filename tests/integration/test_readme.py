@@ -50,7 +50,10 @@ def test_running_nodes_works_when_pasted_and_the_nodes_stop_as_it_says(settings,
         assert wait_until(lambda: sorted(n["node_id"] for n in status().get("nodes", [])) == ["node-1", "node-2"],
                           timeout_s=30)
         assert {n["http"].rsplit(":", 1)[1] for n in status()["nodes"]} == {str(first), str(second)}
-        assert (nodes / "node-1" / "store").is_dir() and (nodes / "node-2.log").is_file()
+        assert sorted(p.name for p in (nodes / "node-1" / "shards").iterdir()) == ["0", "1", "2"]
+        assert (nodes / "node-2.log").is_file()
+        assert wait_until(lambda: all(s["master"] for s in status().get("shards", [{}])), timeout_s=30)
+        assert len(status()["shards"]) == 3, "the README's init --shards 3"
     finally:
         pids = [int(p.read_text()) for p in nodes.glob("node-*.pid")]
         for pid in pids:  # the README's way to stop them: SIGTERM

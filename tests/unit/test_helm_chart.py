@@ -655,8 +655,21 @@ def test_the_helm_test_pod_runs_the_one_master_check(rendered):
     ({"master": None, "nodes": [{"node_id": "dq-delayq-0", "role": "standby"}]}, 1, "no master"),
     ({"master": "dq-delayq-0", "nodes": [{"node_id": "dq-delayq-0", "role": "master"},
                                          {"node_id": "dq-delayq-1", "role": "master"}]}, 1, "2 nodes have role master"),
+    # With shards: one master per shard, each claimed by exactly one node.
+    ({"master": "dq-delayq-0",
+      "shards": [{"shard": 0, "master": "dq-delayq-0"}, {"shard": 1, "master": "dq-delayq-1"}],
+      "nodes": [{"node_id": "dq-delayq-0", "role": "master", "masters": [0]},
+                {"node_id": "dq-delayq-1", "role": "master", "masters": [1]}]},
+     0, "one master per shard: 0 dq-delayq-0, 1 dq-delayq-1"),
+    ({"master": "dq-delayq-0",
+      "shards": [{"shard": 0, "master": "dq-delayq-0"}, {"shard": 1, "master": None}],
+      "nodes": [{"node_id": "dq-delayq-0", "role": "master", "masters": [0]}]}, 1, "shard 1 has no master"),
+    ({"master": "dq-delayq-0",
+      "shards": [{"shard": 0, "master": "dq-delayq-0"}],
+      "nodes": [{"node_id": "dq-delayq-0", "role": "master", "masters": [0]},
+                {"node_id": "dq-delayq-1", "role": "master", "masters": [0]}]}, 1, "shard 0: 2 nodes say"),
 ])
-def test_the_one_master_check_passes_only_with_exactly_one_master(rendered, tmp_path, status, code, says):
+def test_the_one_master_check_passes_only_with_exactly_one_master_per_shard(rendered, tmp_path, status, code, says):
     # A stand-in `delayq status --json` with a fixed answer: the check's verdict is what is tested here;
     # the integration test below runs it against a real node.
     fake = tmp_path / "delayq"

@@ -226,6 +226,36 @@ def test_nodes_are_found_in_zookeeper_master_first(dev_stack, settings, stand_in
 
 
 @pytest.mark.integration
+def test_with_shards_the_master_of_the_ids_shard_is_asked_first_then_its_holders(dev_stack, settings):
+    from kazoo.client import KazooClient
+
+    from delayq import wire
+    from delayq.election import NodeRecord, Role, ShardLayout
+
+    delay_id = new_delay_id()
+    shard = wire.shard_of(wire.buffer_partition(delay_id, 12), 3)
+    other = (shard + 1) % 3
+    zk = KazooClient(hosts=settings.zk_connect)
+    zk.start(timeout=10)
+    try:
+        zk.create(f"{settings.zk_root}/layout", ShardLayout(3, 12).to_json(), makepath=True)
+        records = [  # a master of another shard, a holder of the id's shard, its master, one not holding it
+            NodeRecord("a", Role.MASTER, http="http://a", lag=0, shards=(0, 1, 2), masters=(other,)),
+            NodeRecord("b", Role.STANDBY, http="http://b", lag=5, shards=(shard,)),
+            NodeRecord("c", Role.MASTER, http="http://c", lag=9, shards=(shard,), masters=(shard,)),
+            NodeRecord("d", Role.STANDBY, http="http://d", lag=0, shards=(other,)),
+        ]
+        for record in records:
+            zk.create(f"{settings.zk_root}/nodes/{record.node_id}", record.to_json(), ephemeral=True, makepath=True)
+
+        assert node_urls(settings, delay_id=delay_id) == ["http://c", "http://a", "http://b", "http://d"]
+    finally:
+        zk.delete(settings.zk_root, recursive=True)
+        zk.stop()
+        zk.close()
+
+
+@pytest.mark.integration
 def test_no_node_registered_in_zookeeper_says_to_start_one(dev_stack, settings):
     with pytest.raises(NodeUnreachable, match=rf"no live delayq node registered under {settings.zk_root}/nodes.*"
                                               r"start one with `delayq node`"):

@@ -1,4 +1,4 @@
-"""helm test: `delayq status --json` must show exactly one master (retried until a deadline: elections take seconds)."""
+"""helm test: `delayq status --json` must show exactly one master per shard (retried: elections take seconds)."""
 
 import json
 import subprocess
@@ -10,12 +10,29 @@ def problem_with(status):
     nodes = status.get("nodes") or []
     if isinstance(nodes, dict):
         nodes = list(nodes.values())
-    masters = [node.get("node_id") for node in nodes if node.get("role") == "master"]
-    if status.get("master") is None:
-        return f"no master (nodes: {[node.get('node_id') for node in nodes]})"
-    if len(masters) != 1:
-        return f"{len(masters)} nodes have role master: {masters}"
+    shards = status.get("shards")
+    if not shards:  # a delayq from before shards: one master for the cluster
+        masters = [node.get("node_id") for node in nodes if node.get("role") == "master"]
+        if status.get("master") is None:
+            return f"no master (nodes: {[node.get('node_id') for node in nodes]})"
+        if len(masters) != 1:
+            return f"{len(masters)} nodes have role master: {masters}"
+        return None
+    for shard in shards:
+        k = shard.get("shard")
+        claiming = [node.get("node_id") for node in nodes if k in (node.get("masters") or [])]
+        if shard.get("master") is None:
+            return f"shard {k} has no master (nodes: {[node.get('node_id') for node in nodes]})"
+        if len(claiming) != 1:
+            return f"shard {k}: {len(claiming)} nodes say they are its master: {claiming}"
     return None
+
+
+def summary(status):
+    shards = status.get("shards")
+    if not shards:
+        return f"one master: {status['master']}"
+    return "one master per shard: " + ", ".join(f"{s['shard']} {s['master']}" for s in shards)
 
 
 def main(timeout_s):
@@ -28,7 +45,7 @@ def main(timeout_s):
             status = json.loads(run.stdout)
             problem = problem_with(status)
             if problem is None:
-                print(f"one master: {status['master']}; {len(status.get('nodes') or [])} live nodes")
+                print(f"{summary(status)}; {len(status.get('nodes') or [])} live nodes")
                 return 0
         if time.monotonic() >= deadline:
             print(f"FAILED after {timeout_s:g} s: {problem}", file=sys.stderr)
