@@ -14,6 +14,7 @@ from .service_bench import summary
 BEGIN = "<!-- delayq bench: generated from bench/results.json; edit outside these markers -->"
 END = "<!-- delayq bench: end of generated part -->"
 PEER = "Redis peer"
+SCALE_SUITE = "scale"  # its figures get a table of their own too: configurations (nodes, R) by rows
 VERSION_ORDER = ("delayq", "Kafka", "ZooKeeper", "confluent-kafka", "librdkafka", "rocksdict", "Python", "Redis",
                  "redis-py")
 
@@ -132,8 +133,78 @@ def render_markdown(results: dict, rows_only: bool = False):
     ]
     lines += [f"| {r['label']} | {r['ours']} | {r['spread']} | {r['runs']} | {r['peer']} | {r['ratio']} | "
               f"{r['better']} |" for r in rows]
+    lines += scale_table(results["figures"])
     lines.append(END)
     return "\n".join(lines)
+
+
+def scale_rows(figures: dict) -> list[dict[str, str]]:
+    """The cells of the scale table: one row per configuration (nodes, R) the scale suite measured.
+
+    Reads the ``scale`` suite's figures as results.json holds them (``details`` name each one's
+    nodes, replicas and measure, ``delivery`` or ``ingest``); a ratio to 1 node needs the
+    1-node figure of the same R.
+    """
+    found: dict[tuple[int, int], dict[str, dict]] = {}
+    for figure in figures.values():
+        details = figure.get("details") or {}
+        if figure.get("suite") == SCALE_SUITE and {"nodes", "replicas", "measure"} <= details.keys():
+            found.setdefault((details["replicas"], details["nodes"]), {})[details["measure"]] = figure
+    rows = []
+    for (replicas, nodes), measured in sorted(found.items()):
+        one_node = found.get((replicas, 1), {})
+        row = {"nodes": str(nodes), "replicas": str(replicas), "runs": "", "quick": ""}
+        for measure in ("delivery", "ingest"):
+            figure = measured.get(measure)
+            base = one_node.get(measure)
+            row[measure] = number(figure["median"]) if figure else ""
+            row[f"{measure}_spread"] = f"{number(figure['min'])}–{number(figure['max'])}" if figure else ""
+            row[f"{measure}_x1"] = f"{figure['median'] / base['median']:.2f}" if figure and base and base["median"] \
+                else ""
+            if figure:
+                row["runs"] = row["runs"] or str(figure["runs"])
+                row["quick"] = row["quick"] or ("quick" if figure.get("quick") else "")
+        delivery = measured.get("delivery") or {}
+        peer = delivery.get("peer")
+        row["peer"] = f"{number(peer['median'])} ({number(peer['min'])}–{number(peer['max'])})" if peer else ""
+        row["peer_ratio"] = f"{delivery['ratio']:.2f}" if delivery.get("ratio") is not None else ""
+        rows.append(row)
+    return rows
+
+
+def scale_table(figures: dict) -> list[str]:
+    """The lines of the scale table (after a blank line), or none when the scale suite has no figures."""
+    rows = scale_rows(figures)
+    if not rows:
+        return []
+    counts: dict[str, set[int]] = {"delivery": set(), "ingest": set()}
+    for figure in figures.values():
+        details = figure.get("details") or {}
+        if figure.get("suite") == SCALE_SUITE and details.get("measure") in counts and "count" in details:
+            counts[details["measure"]].add(details["count"])
+
+    def count(measure: str) -> str:
+        return " / ".join(f"{c:,}" for c in sorted(counts[measure])) or "?"
+
+    quick = " Quick sizes: a smoke run, not a measurement." if any(r["quick"] for r in rows) else ""
+    return [
+        "",
+        "Scale (`delayq bench --only scale`): 6 shards on a 12-partition buffer, N nodes as processes, R = 0 "
+        "(every node holds every shard) or R = 1 (each shard on one node), a fresh cluster a run, measured once "
+        "its holders and masters settled (masters balanced). Delivery: the masters together, "
+        f"{count('delivery')} messages due at one instant, timed from the target's append times. Ingest: "
+        f"{count('ingest')} messages written while the nodes' readers were paused, timed from their resume until "
+        "every holder stored its shards' messages (each message is stored on N nodes with R = 0, on one with "
+        "R = 1). × 1 node: the ratio of the medians to 1 node with the same R. The Redis peer (one poller) moved "
+        f"{count('delivery')} due messages in the same runs.{quick}",
+        "",
+        "| nodes | R | delivery msg/s | spread | × 1 node | ingest msg/s | spread | × 1 node | runs | "
+        f"{PEER} delivery msg/s (spread) | delivery / Redis |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {r['nodes']} | {r['replicas']} | {r['delivery']} | {r['delivery_spread']} | {r['delivery_x1']} | "
+          f"{r['ingest']} | {r['ingest_spread']} | {r['ingest_x1']} | {r['runs']} | {r['peer']} | "
+          f"{r['peer_ratio']} |" for r in rows),
+    ]
 
 
 def _version_rank(name: str) -> int:

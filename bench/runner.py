@@ -59,10 +59,15 @@ class Sizes:
     capacity_large: int = 100_000_000  # issue 15: "measured once at 100,000,000 pending on one node"
     rebuild: int = 10_000_000  # issue 15: "measure it at 10M"
     reconcile: int = 1_000_000
+    # The scale suite, per run of each configuration: messages delivered (and moved by the peer), and ingested
+    # (more: the fastest configuration must take over a second, timed by polling the nodes every 50 ms).
+    scale_delivery: int = 100_000
+    scale_ingest: int = 400_000
 
 
 QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, produce_calls=2_000, produce_runs=5,
-              produce_quiet_wait_s=3.0, capacity=100_000, capacity_large=200_000, rebuild=50_000, reconcile=20_000)
+              produce_quiet_wait_s=3.0, capacity=100_000, capacity_large=200_000, rebuild=50_000, reconcile=20_000,
+              scale_delivery=10_000, scale_ingest=20_000)
 
 
 @dataclass
@@ -341,10 +346,70 @@ def suite_reconcile(ctx: Context) -> list[Figure]:
                    f"{deliveries:,} deliveries), `delayq reconcile` on local[2]", "s", "lower", values)]
 
 
+def suite_scale(ctx: Context) -> list[Figure]:
+    """Every configuration (nodes, R) in turn, then the peer, once per run: load swings hit them alike."""
+    from . import scale_bench as scale
+    from .redis_peer import peer_throughput
+
+    n, n_ingest = ctx.sizes.scale_delivery, ctx.sizes.scale_ingest
+    configs = scale.configurations()
+    planner = scale.LeadPlanner()
+    delivery: dict[scale.ScaleConfig, list[dict]] = {c: [] for c in configs}
+    ingest: dict[scale.ScaleConfig, list[dict]] = {c: [] for c in configs}
+    invalid_ingest: dict[scale.ScaleConfig, list[str]] = {c: [] for c in configs}
+    invalid_delivery: dict[scale.ScaleConfig, list[str]] = {c: [] for c in configs}
+    peer: list[float] | None = [] if ctx.options.peer else None
+    say = console.log
+
+    def measure_ingest(config: scale.ScaleConfig) -> dict:
+        result = scale.bench_scale_ingest(ctx.stack, config, n_ingest, ctx.progress)
+        planner.saw_ingest(config, n_ingest, result["fill_s"] + result["elapsed_s"])
+        return result
+
+    def measure_delivery(config: scale.ScaleConfig) -> dict:
+        try:
+            result = scale.bench_scale_delivery(ctx.stack, config, n, planner.lead_s(config, n), ctx.progress)
+        except scale.StoredLate as late:
+            planner.saw_stored(config, n, late.took_s)
+            raise
+        planner.saw_stored(config, n, result["stored_s"])
+        return result
+
+    for run in range(ctx.runs):
+        of = f"({run + 1}/{ctx.runs})"
+        for config in configs:
+            ingest[config].append(ctx.step(f"scale, {config.label}: ingest {of}", lambda config=config: (
+                scale.first_valid(lambda: measure_ingest(config), invalid_ingest[config], say=say))))
+            delivery[config].append(ctx.step(f"scale, {config.label}: delivery {of}", lambda config=config: (
+                scale.first_valid(lambda: measure_delivery(config), invalid_delivery[config], say=say))))
+        if peer is not None:
+            ctx.redis()
+            peer.append(ctx.step(f"scale: Redis peer delivery {of}",
+                                 lambda: peer_throughput(ctx.redis(), ctx.stack, n, ctx.progress)))
+    figures = []
+    for config in configs:
+        shape = {"nodes": config.nodes, "replicas": config.replicas, "copies": config.copies,
+                 "shards": scale.SHARDS, "partitions": scale.PARTITIONS}
+        runs_d, runs_i = delivery[config], ingest[config]
+        figures.append(Figure(
+            f"scale.delivery.{config.key}", f"scale: delivery with {config.label} (6 shards, {n:,} due at once)",
+            "msg/s", "higher", [r["msg_s"] for r in runs_d], peer=peer,
+            details={**shape, "measure": "delivery", "count": n, "invalid_runs": invalid_delivery[config],
+                     **{k: [r[k] for r in runs_d] for k in ("span_ms", "stored_ahead_ms", "lead_s", "ready_s",
+                                                             "settled_s", "cpu_cores")}}))
+        figures.append(Figure(
+            f"scale.ingest.{config.key}", f"scale: ingest with {config.label} (6 shards, {n_ingest:,} pending, "
+            f"stored {config.copies}x)", "msg/s", "higher", [r["msg_s"] for r in runs_i],
+            details={**shape, "measure": "ingest", "count": n_ingest, "invalid_runs": invalid_ingest[config],
+                     **{k: [r[k] for r in runs_i] for k in ("store_writes_s", "elapsed_s", "fill_s", "ready_s",
+                                                             "settled_s", "cpu_cores")}}))
+    return figures
+
+
 _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
-    "failover": suite_failover, "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild,
-    "reconcile": suite_reconcile, "capacity-100m": suite_capacity_large,
+    "failover": suite_failover, "scale": suite_scale, "produce": suite_produce, "capacity": suite_capacity,
+    "rebuild": suite_rebuild, "reconcile": suite_reconcile, "capacity-100m": suite_capacity_large,
 }
 assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"
 SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {

@@ -6,6 +6,9 @@ SUITE_TEXT: dict[str, str] = {
     "lateness": "p50/p99/max lateness at 1k, 5k, 20k msg/s falling due (and the peer's)",
     "expiry": "100,000 messages due in the same ms: time until all delivered (and the peer's)",
     "failover": "delivery gap after SIGKILL and after SIGTERM of the master",
+    "scale": "6 shards on 1, 2, 3 nodes, R=0 and R=1: delivery msg/s (all due at once on a settled cluster) and "
+             "ingest msg/s (a backlog written while the readers are paused, timed from their resume until every "
+             "holder stored its shards' messages); the Redis poller's delivery beside",
     "produce": "delayed produce() cost against plain confluent-kafka produce()",
     "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",
     "rebuild": "a wiped node with 10M pending: time until ready",

@@ -126,7 +126,9 @@ def buffer_partition_count(settings: Settings, admin: AdminClient) -> int | None
         UnavailableError: Kafka did not answer.
     """
     try:
-        metadata = admin.list_topics(settings.buffer_topic, timeout=15).topics.get(settings.buffer_topic)
+        # All topics, not the one by name: a broker with auto.create.topics.enable (Kafka's default) would
+        # create a topic asked for by name, with its default partition count.
+        metadata = admin.list_topics(timeout=15).topics.get(settings.buffer_topic)
     except KafkaException as err:
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()}): "
                                "is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err

@@ -398,6 +398,7 @@ class Leadership:
         if self._term is not None:
             self._term.end("node stopping")
         self.lock.cancel()
+        self.client.remove_listener(self._session_changed)
 
     def _release(self) -> None:
         try:

@@ -82,7 +82,7 @@ def test_init_records_the_shards_once_and_refuses_another_count_in_one_line(sett
     changed = delayq(settings, "init", "--shards", "1")
     assert changed.returncode == 2
     assert "has 3 shards, recorded at its first init; DELAYQ_SHARDS=1 cannot change that" in changed.stderr
-    assert_one_error_line(changed)
+    assert_one_command_error(changed, "init")
 
 
 def test_status_json_lists_each_shard_with_its_master_epoch_and_holders(settings, tmp_path):
