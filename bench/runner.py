@@ -396,7 +396,7 @@ def suite_scale(ctx: Context) -> list[Figure]:
             "msg/s", "higher", [r["msg_s"] for r in runs_d], peer=peer,
             details={**shape, "measure": "delivery", "count": n, "invalid_runs": invalid_delivery[config],
                      **{k: [r[k] for r in runs_d] for k in ("span_ms", "stored_ahead_ms", "lead_s", "ready_s",
-                                                             "settled_s", "cpu_cores")}}))
+                                                             "settled_s", "cpu_cores", "shard_windows_ms")}}))
         figures.append(Figure(
             f"scale.ingest.{config.key}", f"scale: ingest with {config.label} (6 shards, {n_ingest:,} pending, "
             f"stored {config.copies}x)", "msg/s", "higher", [r["msg_s"] for r in runs_i],

@@ -1,0 +1,443 @@
+"""Shards and nodes: delivery and ingest of a 6-shard cluster on 1, 2 and 3 nodes (``delayq bench --only scale``).
+
+Each run starts a fresh cluster (``delayq init --shards 6``, a 12-partition buffer, replicas
+R) with N nodes as child processes (``delayq node``), on an empty buffer, and waits until it
+is *settled*: every node ready, every node holding its final shards (all 6 with R = 0, 6 / N
+with R = 1) and the masters balanced (one per shard, none with more than ceil(6 / N)).
+
+- delivery: ``count`` messages, all due at one instant T, are written to the buffer; T is
+  planned after the cluster settled, far enough ahead that every holder has stored every
+  message before it (:class:`LeadPlanner` learns how far from the configuration's earlier
+  runs). At T the masters deliver. msg/s is timed from the target topic's broker
+  timestamps, as ``bench_delivery`` times one master (:func:`service_bench.delivery_rate`).
+  The run is refused (:class:`BenchRunInvalid`) if the cluster did not settle, if a message
+  was stored after T, if the masters changed before T or while they delivered (a shard's
+  records under more than one epoch), or if a record was appended before T.
+- ingest: the buffer readers of the settled nodes are paused (SIGSTOP) while ``count``
+  messages due in a day are written, then resumed (SIGCONT): msg/s is ``count`` over the time
+  from the resume until every holder has stored every message of its shards (the nodes'
+  ``delayq_ingested_total{op="put"}`` summed reaches ``count x copies``, copies = N with R = 0,
+  1 with R = 1). Node start-up and the placement settling are not in it; the backlog is
+  read as a running cluster reads a burst.
+
+Per-node CPU (node process and its reader, from /proc) over each timed window is kept
+beside the figures, in cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from confluent_kafka import Consumer, TopicPartition
+from rich.progress import Progress
+
+from delayq import Settings, wire
+from delayq.clock import now_ms
+from delayq.delay_service import ensure_shards, ensure_topics
+from delayq.dev import DevStack
+from delayq.testing import LocalCluster, NodeProcess
+
+from .service_bench import (
+    DAY_MS,
+    BenchRunInvalid,
+    bench_cluster,
+    create_target,
+    delivery_rate,
+    fill_buffer,
+    node_metric,
+    wait_for,
+)
+
+SHARDS = 6
+PARTITIONS = 12  # two per shard
+NODE_COUNTS = (1, 2, 3)
+REPLICAS = (0, 1)
+# After every node is ready, how long the holders and masters may take to settle (the integration
+# tests' bound for balance after a join).
+SETTLE_TIMEOUT_S = 30.0
+# A run whose own records contradict it is measured again, this many times in all, before the suite fails.
+TRIES = 3
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, order=True)
+class ScaleConfig:
+    """One configuration of the suite: ``nodes`` nodes, ``replicas`` R (0: every node holds every shard)."""
+
+    nodes: int
+    replicas: int
+
+    @property
+    def copies(self) -> int:
+        """How many nodes store each message: all of them with R = 0, else R (all while fewer are live)."""
+        return self.nodes if self.replicas == 0 else min(self.replicas, self.nodes)
+
+    @property
+    def key(self) -> str:
+        return f"n{self.nodes}.r{self.replicas}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.nodes} node{'s' if self.nodes > 1 else ''}, R={self.replicas}"
+
+    def held_per_node(self, shards: int = SHARDS) -> int:
+        """The most shards a node holds once settled: all with R = 0, else ceil(S x R / N)."""
+        return shards if self.replicas == 0 else math.ceil(shards * self.copies / self.nodes)
+
+
+def configurations() -> list[ScaleConfig]:
+    """The suite's configurations, in the order a run measures them: R = 0 on 1, 2, 3 nodes, then R = 1."""
+    return [ScaleConfig(nodes, replicas) for replicas in REPLICAS for nodes in NODE_COUNTS]
+
+
+def unsettled(config: ScaleConfig, owners: dict[int, list[str]], held: dict[str, float],
+              shards: int = SHARDS) -> str | None:
+    """Why the cluster is not settled yet, or None when it is.
+
+    Args:
+        owners: shard -> the nodes that say they master it (``LocalCluster.masterships``).
+        held: node id -> its ``delayq_shards_held`` (0 for a node that does not answer).
+    """
+    missing = [k for k in range(shards) if not owners.get(k)]
+    if missing:
+        return f"shards {missing} have no master"
+    doubled = {k: nodes for k, nodes in owners.items() if len(nodes) > 1}
+    if doubled:
+        return f"shards with more than one master: {doubled}"
+    quota = math.ceil(shards / config.nodes)
+    load = Counter(nodes[0] for nodes in owners.values())
+    over = {node: count for node, count in load.items() if count > quota}
+    if over:
+        return f"masters not balanced (at most {quota} each): {dict(sorted(load.items()))}"
+    want = shards * config.copies
+    if sum(held.values()) != want or any(h > config.held_per_node(shards) for h in held.values()):
+        return f"holders not final ({want} shard copies, at most {config.held_per_node(shards)} a node): held {held}"
+    return None
+
+
+def shard_windows(records: list[tuple[int, int, int]], due_ms: int) -> dict[int, list[int]]:
+    """Shard -> [first, last] append time of its delivered records, in ms after ``due_ms``.
+
+    Shows a master that started late or finished early (the span of the whole run is the figure's).
+    """
+    windows: dict[int, list[int]] = {}
+    for appended, shard, _ in records:
+        window = windows.setdefault(shard, [appended, appended])
+        window[0], window[1] = min(window[0], appended), max(window[1], appended)
+    return {shard: [first - due_ms, last - due_ms] for shard, (first, last) in sorted(windows.items())}
+
+
+def shards_with_handovers(records: list[tuple[int, int, int]]) -> dict[int, list[int]]:
+    """Shard -> its epochs, for each shard whose records were delivered under more than one epoch.
+
+    Args:
+        records: (append time, shard, epoch) of each delivered record.
+    """
+    epochs: dict[int, set[int]] = {}
+    for _, shard, epoch in records:
+        epochs.setdefault(shard, set()).add(epoch)
+    return {shard: sorted(found) for shard, found in sorted(epochs.items()) if len(found) > 1}
+
+
+@dataclass
+class LeadPlanner:
+    """How long after the fill starts a delivery run's messages fall due.
+
+    Every holder must have stored every message before then, and each second beyond is idle.
+    From a configuration's earlier runs, per message written: ``factor`` x the slowest time
+    from the fill's start until all was stored (a delivery run's), else ``factor`` x the
+    slowest fill plus ingest time (an ingest run's: the same work, one after the other), plus
+    ``margin_s``. A configuration not seen yet assumes ``assumed_rate`` store writes a second.
+    """
+
+    assumed_rate: float = 10_000.0
+    factor: float = 1.5
+    margin_s: float = 2.0
+    stored: dict[ScaleConfig, float] = field(default_factory=dict)  # seconds per message
+    ingested: dict[ScaleConfig, float] = field(default_factory=dict)  # seconds per message
+
+    def lead_s(self, config: ScaleConfig, count: int) -> float:
+        per_message = self.stored.get(config, self.ingested.get(config))
+        if per_message is None:
+            return self.margin_s + count * config.copies / self.assumed_rate
+        return self.margin_s + self.factor * per_message * count
+
+    def saw_stored(self, config: ScaleConfig, count: int, seconds: float) -> None:
+        """A delivery run of ``config`` stored its ``count`` messages ``seconds`` after its fill started."""
+        self.stored[config] = max(seconds / count, self.stored.get(config, 0.0))
+
+    def saw_ingest(self, config: ScaleConfig, count: int, seconds: float) -> None:
+        """An ingest run of ``config`` took ``seconds`` to write ``count`` messages and then ingest them."""
+        self.ingested[config] = max(seconds / count, self.ingested.get(config, 0.0))
+
+
+class StoredLate(BenchRunInvalid):
+    """A delivery run's messages were not all stored by their due time; ``took_s`` is how long storing took."""
+
+    def __init__(self, message: str, took_s: float):
+        super().__init__(message)
+        self.took_s = took_s
+
+
+def first_valid(measure: Callable[[], T], invalid: list[str], tries: int = TRIES,
+                say: Callable[[str], object] = print) -> T:
+    """``measure()``, again while it raises BenchRunInvalid, up to ``tries`` times; reasons go to ``invalid``.
+
+    Raises:
+        BenchRunInvalid: every try was invalid (the last one's).
+    """
+    for attempt in range(1, tries + 1):
+        try:
+            return measure()
+        except BenchRunInvalid as err:
+            invalid.append(str(err))
+            say(f"run invalid ({attempt}/{tries}): {err}")
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
+# -- processes ----------------------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU seconds of ``pids`` so far (a pid that is gone counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core so far, from /proc/stat (idle and iowait are not busy)."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+class CpuWindow:
+    """Cores each node (its process and its readers) used from construction until :meth:`cores`.
+
+    ``machine`` beside: the cores the whole machine was busy meanwhile (the broker, the bench,
+    anything else running), which says whether the nodes were short of CPU.
+    """
+
+    def __init__(self, nodes: list[NodeProcess]):
+        self.pids = {node.node_id: [node.running.pid, *node.readers()] for node in nodes}
+        self.started = time.monotonic()
+        self.before = {node_id: cpu_seconds(pids) for node_id, pids in self.pids.items()}
+        self.machine_before = machine_ticks()
+
+    def cores(self) -> dict[str, float]:
+        wall = max(time.monotonic() - self.started, 1e-6)
+        found = {node_id: round((cpu_seconds(pids) - self.before[node_id]) / wall, 2)
+                 for node_id, pids in self.pids.items()}
+        busy, every = (now - before for now, before in zip(machine_ticks(), self.machine_before))
+        found["machine"] = round(busy / every * (os.cpu_count() or 1), 2) if every else 0.0
+        return found
+
+
+def total(nodes: list[NodeProcess], name: str, **labels: str) -> float:
+    return sum(node_metric(node, name, **labels) for node in nodes)
+
+
+@dataclass
+class Settled:
+    """A settled cluster of one run, and how long it took to get there."""
+
+    settings: Settings
+    cluster: LocalCluster
+    nodes: list[NodeProcess]
+    target: str
+    ready_s: float
+    settled_s: float
+    owners: dict[int, list[str]]
+
+    def why_not(self, config: ScaleConfig) -> str | None:
+        held = {node.node_id: node_metric(node, "delayq_shards_held") for node in self.nodes}
+        return unsettled(config, self.cluster.masterships(), held)
+
+
+@contextmanager
+def settled_cluster(stack: DevStack, config: ScaleConfig, progress: Progress) -> Iterator[Settled]:
+    """A fresh 6-shard cluster with ``config.nodes`` nodes, ready, holding their final shards, masters balanced.
+
+    Its topics and ZooKeeper folder go afterwards, its nodes are killed.
+
+    Raises:
+        BenchRunInvalid: it did not settle within SETTLE_TIMEOUT_S of every node being ready.
+    """
+    with bench_cluster(stack, shards=SHARDS, buffer_partitions=PARTITIONS, replicas=config.replicas) as settings, \
+            tempfile.TemporaryDirectory(prefix="delayq-bench-scale-") as tmp:
+        ensure_topics(settings)
+        ensure_shards(settings)  # what `delayq init --shards 6` records
+        target = f"{settings.cluster}-target"
+        create_target(settings, target)
+        cluster = LocalCluster(settings, Path(tmp))
+        try:
+            task = progress.add_task(f"starting {config.label}", total=None)
+            started = time.monotonic()
+            nodes = [cluster.start(f"node-{i}", wait=False) for i in range(config.nodes)]
+            for node in nodes:
+                node.wait_ready(90)
+            ready = time.monotonic()
+            progress.update(task, description=f"{config.label}: waiting for holders and masters to settle")
+            run = Settled(settings, cluster, nodes, target, ready - started, 0.0, {})
+            while (why := run.why_not(config)) is not None:
+                if time.monotonic() - ready > SETTLE_TIMEOUT_S:
+                    raise BenchRunInvalid(f"{config.label}: not settled {SETTLE_TIMEOUT_S:.0f} s after every node "
+                                          f"was ready: {why}")
+                time.sleep(0.1)
+            run.settled_s = time.monotonic() - ready
+            run.owners = cluster.masterships()
+            progress.remove_task(task)
+            yield run
+        finally:
+            cluster.close()
+
+
+def read_deliveries(settings: Settings, topic: str, count: int, timeout_s: float) -> list[tuple[int, int, int]]:
+    """(append time, shard, epoch) of every delivered record on ``topic`` (read_committed)."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    found: list[tuple[int, int, int]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            for record in consumer.consume(5000, 0.2):
+                if record.error() is None:
+                    headers = dict(record.headers() or [])
+                    delay_id, epoch = headers.get(wire.ID), headers.get(wire.EPOCH)
+                    # A record without an id is no delivery of delayq's: shard -1, refused by the caller.
+                    shard = wire.shard_of(wire.buffer_partition(delay_id, PARTITIONS), SHARDS) if delay_id else -1
+                    found.append((record.timestamp()[1], shard, int(epoch) if epoch else 0))
+    finally:
+        consumer.close()
+    return found
+
+
+# -- the measurements ---------------------------------------------------------------------------------------------
+
+
+def bench_scale_delivery(stack: DevStack, config: ScaleConfig, count: int, lead_s: float,
+                         progress: Progress) -> dict:
+    """``count`` messages due at one instant, stored on a settled cluster: the masters' msg/s together.
+
+    The messages fall due ``lead_s`` after the fill starts (see :class:`LeadPlanner`).
+
+    Raises:
+        BenchRunInvalid: not settled; stored after the due time (:class:`StoredLate`); masters changed
+            before or during delivery; a record appended before the due time; see also ``delivery_rate``.
+    """
+    with settled_cluster(stack, config, progress) as run:
+        nodes = run.nodes
+        fill_started = now_ms()
+        due = fill_started + round(lead_s * 1000)
+        fill_buffer(run.settings, run.target, count, lambda i: due, progress)
+        copies = count * config.copies
+        task = progress.add_task(f"{config.label}: storing", total=copies)
+        while (stored := total(nodes, "delayq_ingested_total", op="put")) < copies:
+            if now_ms() >= due:
+                took = (now_ms() - fill_started) / 1000
+                raise StoredLate(f"{config.label}: {stored:,.0f} of {copies:,} copies stored at the due time, "
+                                 f"{lead_s:.1f} s after the fill started: plan a longer lead", took)
+            progress.update(task, completed=stored)
+            time.sleep(0.05)
+        stored_ms = now_ms()
+        why = run.why_not(config)
+        owners = run.cluster.masterships()
+        if why is not None or owners != run.owners:
+            raise BenchRunInvalid(f"{config.label}: masters or holders changed before the due time: "
+                                  f"{why or f'{run.owners} then {owners}'}")
+        time.sleep(max(0.0, (due - now_ms()) / 1000))
+        cpu = CpuWindow(nodes)
+        wait_for(progress, f"{config.label}: delivering", count, lambda: total(nodes, "delayq_delivered_total"),
+                 timeout_s=120 + count / 1000, interval_s=0.1)
+        cores = cpu.cores()
+        owners_after = run.cluster.masterships()
+        run.cluster.close()
+        records = read_deliveries(run.settings, run.target, count, timeout_s=120)
+    if owners_after != run.owners:
+        raise BenchRunInvalid(f"{config.label}: masters changed while delivering: {run.owners} then {owners_after}")
+    strangers = sum(1 for _, shard, _ in records if shard < 0)
+    if strangers:
+        raise BenchRunInvalid(f"{config.label}: {strangers} records on the target without a delayq id")
+    handovers = shards_with_handovers(records)
+    if handovers:
+        raise BenchRunInvalid(f"{config.label}: shards delivered under more than one epoch {handovers}: "
+                              "a master changed while delivering")
+    appended = [t for t, _, _ in records]
+    if appended and min(appended) < due:
+        raise BenchRunInvalid(f"{config.label}: a record was appended {due - min(appended)} ms before its due time")
+    return {"msg_s": delivery_rate(appended, count, started_ms=due), "ready_s": round(run.ready_s, 2),
+            "settled_s": round(run.settled_s, 2), "lead_s": round(lead_s, 2),
+            "stored_s": round((stored_ms - fill_started) / 1000, 2), "stored_ahead_ms": due - stored_ms,
+            "span_ms": max(appended) - min(appended), "shard_windows_ms": shard_windows(records, due),
+            "cpu_cores": cores}
+
+
+def bench_scale_ingest(stack: DevStack, config: ScaleConfig, count: int, progress: Progress) -> dict:
+    """A settled cluster's readers paused while ``count`` messages (due in a day) are written, then resumed: msg/s.
+
+    Raises:
+        BenchRunInvalid: not settled, a reader restarted or the placement changed while it ingested, or the
+            holders' pending counts do not add up to ``count x copies`` at the end.
+    """
+    with settled_cluster(stack, config, progress) as run:
+        nodes = run.nodes
+        readers = {node.node_id: node.readers() for node in nodes}
+        if not all(readers.values()):
+            raise RuntimeError(f"{config.label}: a node without a buffer reader process: {readers}")
+        paused = [pid for pids in readers.values() for pid in pids]
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            fill_started = time.monotonic()
+            due = now_ms() + DAY_MS
+            fill_buffer(run.settings, f"{run.settings.cluster}-nowhere", count, lambda i: due, progress)
+            fill_s = time.monotonic() - fill_started
+            cpu = CpuWindow(nodes)
+            started = time.perf_counter()
+        finally:
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+        copies = count * config.copies
+        wait_for(progress, f"{config.label}: ingesting", copies,
+                 lambda: total(nodes, "delayq_ingested_total", op="put"), timeout_s=120 + copies / 1000,
+                 interval_s=0.05)
+        elapsed = time.perf_counter() - started
+        cores = cpu.cores()
+        pending = total(nodes, "delayq_pending")
+        why = run.why_not(config)
+        now_readers = {node.node_id: node.readers() for node in nodes}
+    if now_readers != readers:
+        raise BenchRunInvalid(f"{config.label}: a buffer reader was replaced while ingesting: {readers} then "
+                              f"{now_readers}")
+    if why is not None:
+        raise BenchRunInvalid(f"{config.label}: the placement changed while ingesting: {why}")
+    if pending != copies:
+        raise BenchRunInvalid(f"{config.label}: {pending:,.0f} pending on the holders, expected {copies:,}")
+    return {"msg_s": count / elapsed, "store_writes_s": copies / elapsed, "elapsed_s": round(elapsed, 3),
+            "fill_s": round(fill_s, 2), "ready_s": round(run.ready_s, 2), "settled_s": round(run.settled_s, 2),
+            "cpu_cores": cores}
