@@ -1,8 +1,8 @@
 """``delayq bench``: run the suite, keep every figure as the median of its runs with the spread.
 
 Each suite measures one thing (ingest, delivery, lateness, ...) through the functions of
-:mod:`delayq.bench.service_bench`, :mod:`delayq.bench.redis_peer`, ``produce_bench`` and
-``reconcile_bench``; this module only repeats them, shows progress, and writes
+:mod:`delayq.bench.service_bench`, :mod:`delayq.bench.redis_peer`, ``scale_bench``, ``produce_bench``
+and ``reconcile_bench``; this module only repeats them, shows progress, and writes
 ``bench/results.json`` and the table in ``BENCHMARKS.md``. A run with ``--only`` updates
 the figures it measured and keeps the others, so slow figures can be measured apart.
 """
@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -359,7 +360,9 @@ def suite_scale(ctx: Context) -> list[Figure]:
     invalid_ingest: dict[scale.ScaleConfig, list[str]] = {c: [] for c in configs}
     invalid_delivery: dict[scale.ScaleConfig, list[str]] = {c: [] for c in configs}
     peer: list[float] | None = [] if ctx.options.peer else None
-    say = console.log
+
+    def say(text: str) -> None:
+        console.log(f"[bold red]{escape(text)}[/]")  # the reasons hold brackets: shard lists, masterships
 
     def measure_ingest(config: scale.ScaleConfig) -> dict:
         result = scale.bench_scale_ingest(ctx.stack, config, n_ingest, ctx.progress)

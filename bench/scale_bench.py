@@ -315,13 +315,15 @@ def settled_cluster(stack: DevStack, config: ScaleConfig, progress: Progress) ->
             cluster.close()
 
 
-def read_deliveries(settings: Settings, topic: str, count: int, timeout_s: float) -> list[tuple[int, int, int]]:
-    """(append time, shard, epoch) of every delivered record on ``topic`` (read_committed)."""
+def read_deliveries(settings: Settings, topic: str, count: int,
+                    timeout_s: float) -> tuple[list[tuple[int, int, int]], int]:
+    """(append time, shard, epoch) of every delivered record on ``topic`` (read_committed), and how many ids."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     found: list[tuple[int, int, int]] = []
+    ids: set[bytes] = set()
     deadline = time.monotonic() + timeout_s
     try:
         while len(found) < count and time.monotonic() < deadline:
@@ -332,9 +334,10 @@ def read_deliveries(settings: Settings, topic: str, count: int, timeout_s: float
                     # A record without an id is no delivery of delayq's: shard -1, refused by the caller.
                     shard = wire.shard_of(wire.buffer_partition(delay_id, PARTITIONS), SHARDS) if delay_id else -1
                     found.append((record.timestamp()[1], shard, int(epoch) if epoch else 0))
+                    ids.add(delay_id or b"")
     finally:
         consumer.close()
-    return found
+    return found, len(ids)
 
 
 # -- the measurements ---------------------------------------------------------------------------------------------
@@ -348,7 +351,8 @@ def bench_scale_delivery(stack: DevStack, config: ScaleConfig, count: int, lead_
 
     Raises:
         BenchRunInvalid: not settled; stored after the due time (:class:`StoredLate`); masters changed
-            before or during delivery; a record appended before the due time; see also ``delivery_rate``.
+            before or during delivery; a record appended before the due time, or delivered twice; see also
+            ``delivery_rate`` (not ``count`` records, a span too short).
     """
     with settled_cluster(stack, config, progress) as run:
         nodes = run.nodes
@@ -377,12 +381,13 @@ def bench_scale_delivery(stack: DevStack, config: ScaleConfig, count: int, lead_
         cores = cpu.cores()
         owners_after = run.cluster.masterships()
         run.cluster.close()
-        records = read_deliveries(run.settings, run.target, count, timeout_s=120)
+        records, ids = read_deliveries(run.settings, run.target, count, timeout_s=120)
     if owners_after != run.owners:
         raise BenchRunInvalid(f"{config.label}: masters changed while delivering: {run.owners} then {owners_after}")
     strangers = sum(1 for _, shard, _ in records if shard < 0)
-    if strangers:
-        raise BenchRunInvalid(f"{config.label}: {strangers} records on the target without a delayq id")
+    if strangers or ids != len(records):
+        raise BenchRunInvalid(f"{config.label}: {len(records):,} records on the target, {ids:,} ids among them, "
+                              f"{strangers} without a delayq id: duplicates or strangers")
     handovers = shards_with_handovers(records)
     if handovers:
         raise BenchRunInvalid(f"{config.label}: shards delivered under more than one epoch {handovers}: "

@@ -61,7 +61,8 @@ class ShardFeed:
 
     def __init__(self, ingest: Ingest, shard: int, store: TimeIndex, metrics: ShardMetrics, *,
                  on_earlier_due: Callable[[int], None] = lambda _ms: None,
-                 on_settled: Callable[[list[str]], None] = lambda _ids: None):
+                 on_settled: Callable[[list[str]], None] = lambda _ids: None,
+                 on_ready: Callable[[], None] = lambda: None):
         self.shard = shard
         self.store = store
         self.metrics = metrics
@@ -70,6 +71,7 @@ class ShardFeed:
         self.ledger = ingest.ledger
         self.on_earlier_due = on_earlier_due
         self.on_settled = on_settled
+        self.on_ready = on_ready
         self.lag: int | None = None
         # Caught up on this shard at least once since the node took it: it may master it from then on.
         self.ready = False
@@ -105,8 +107,9 @@ class ShardFeed:
         self.lag = sum(max(0, end - positions.get(p, 0)) for p, end in mine.items())
         self._kept_up = bool(previous) and all(positions.get(p, 0) >= previous.get(p, 0) for p in mine)
         self.metrics.buffer_lag.set(self.lag)
-        if self.caught_up:
+        if self.caught_up and not self.ready:
             self.ready = True
+            self.on_ready()
 
 
 class Ingest:
@@ -159,9 +162,11 @@ class Ingest:
 
     def feed(self, shard: int, store: TimeIndex, metrics: ShardMetrics, *,
              on_earlier_due: Callable[[int], None] = lambda _ms: None,
-             on_settled: Callable[[list[str]], None] = lambda _ids: None) -> ShardFeed:
-        """A feed of ``shard`` into ``store``, for :meth:`hold`."""
-        return ShardFeed(self, shard, store, metrics, on_earlier_due=on_earlier_due, on_settled=on_settled)
+             on_settled: Callable[[list[str]], None] = lambda _ids: None,
+             on_ready: Callable[[], None] = lambda: None) -> ShardFeed:
+        """A feed of ``shard`` into ``store``, for :meth:`hold`; ``on_ready`` once it first caught up."""
+        return ShardFeed(self, shard, store, metrics, on_earlier_due=on_earlier_due, on_settled=on_settled,
+                         on_ready=on_ready)
 
     def hold(self, feeds: list[ShardFeed]) -> None:
         """Read exactly these shards from now on: a new reader, each partition from where its store is.

@@ -80,7 +80,7 @@ class Seat:
         self.in_flight = InFlight()
         self.wakeup = Wakeup()
         self.feed = ingest.feed(shard, store, self.metrics, on_earlier_due=self.wakeup.earlier_due,
-                                on_settled=self.in_flight.discard)
+                                on_settled=self.in_flight.discard, on_ready=node.place_soon.set)
         self.leadership = Leadership(node.zk, node.settings.zk_root, node.settings.node_id, shard)
         self.cursor = Cursor(node.zk, node.settings.zk_root, shard)
         self.delivery: Delivery | None = None
@@ -126,6 +126,8 @@ class Node:
         # Since when (monotonic s) each shard has had no master, as far as this node saw.
         self._masterless_since: dict[int, float] = {}
         self._seats_lock = threading.Lock()  # the placement thread changes seats; the others read them
+        # Set when a shard's feed first catches up: the placement looks again at once, not at its next round.
+        self.place_soon = threading.Event()
 
     # -- lifecycle -------------------------------------------------------
 
@@ -237,7 +239,11 @@ class Node:
     # -- placement: which shards to hold and master ----------------------------
 
     def _place_loop(self) -> None:
-        while not self.stopping_requested.wait(PLACE_EVERY_S):
+        while not self.stopping_requested.is_set():
+            self.place_soon.wait(PLACE_EVERY_S)
+            self.place_soon.clear()
+            if self.stopping_requested.is_set():
+                return
             if not self.zk.connected:
                 continue  # nothing to decide on without the membership; terms ended with the session anyway
             try:
