@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from delayq import Producer
+from delayq.delay_service import ensure_shards
 from delayq.delay_service.topics import committed_end_offsets
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
@@ -86,6 +87,8 @@ class SoakOptions:
     state_dir: Path = field(default_factory=default_state_dir)
     zk_session_timeout_ms: int = 5000
     buffer_partitions: int = 6
+    # Two shards on three nodes: two masters (each a fault's target) and a standby.
+    shards: int = 2
     target_topics: int = 3
     keep_runs: int = 3
 
@@ -96,6 +99,9 @@ class SoakOptions:
             raise ValueError(f"--rate must be positive, got {self.rate:g}")
         if self.nodes < 2:
             raise ValueError(f"--nodes {self.nodes}: a soak needs a master and at least one standby (2 or more)")
+        if self.shards < 1 or self.buffer_partitions % self.shards:
+            raise ValueError(f"--shards {self.shards}: give a divisor of the soak's {self.buffer_partitions} buffer "
+                             "partitions (1, 2, 3 or 6)")
 
     @property
     def max_delay_s(self) -> float:
@@ -198,12 +204,13 @@ class Soak:
         with self.err.status(f"starting the soak's own Kafka (:{kafka_port}) and ZooKeeper (:{zk_port})"):
             self.stack.up(say=self.err.print)
         settings = Settings(bootstrap_servers=self.stack.bootstrap_servers, zk_connect=self.stack.zk_connect,
-                            cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions,
+                            cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions, shards=o.shards,
                             zk_session_timeout_ms=o.zk_session_timeout_ms, data_dir=self.run_dir / "nodes")
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
         for future in admin.create_topics([NewTopic(t, TARGET_PARTITIONS, 1) for t in self.topics]).values():
             future.result(30)
         self.cluster = LocalCluster(settings, self.run_dir / "nodes")  # creates the buffer and dead-letter topics
+        ensure_shards(settings)  # what `delayq init --shards N` records
         try:
             with self.err.status(f"starting {o.nodes} nodes"):
                 for i in range(o.nodes):
@@ -211,7 +218,8 @@ class Soak:
                 master = self.cluster.master(60)
         except NodeError as err:
             raise SoakError(f"the soak's nodes did not start: {err}") from err
-        self.err.print(f"{o.nodes} nodes up, {master.node_id} is master; logs in {self.run_dir / 'nodes'}")
+        shards = f"{o.shards} shard{'s' if o.shards > 1 else ''}"
+        self.err.print(f"{o.nodes} nodes up, {shards}, {master.node_id} is a master; logs in {self.run_dir / 'nodes'}")
         return settings
 
     def _start_traffic(self, settings: Settings) -> None:

@@ -10,7 +10,7 @@ Six kinds, each at least once per run, one at a time (never two overlapping):
 * ``zookeeper_kill``: SIGKILL to ZooKeeper, a few seconds down, restarted.
 
 A fault's window runs from the moment it is done until the cluster is healthy again
-(every node running and ready, exactly one master), or until the heal limit. The
+(every node running and ready, exactly one master per shard), or until the heal limit. The
 same thread watches for node processes that exit without the soak having stopped
 them: each such crash is recorded with its node's log tail, and the node restarted.
 """
@@ -371,14 +371,14 @@ class Chaos(threading.Thread):
         return False, "stopped"
 
     def health(self) -> tuple[bool, str]:
-        """Every node running and ready, exactly one master; else what is wrong.
+        """Every node running and ready, exactly one master per shard; else what is wrong.
 
         Under steady traffic a standby's ``/readyz`` flickers ("1 records behind the buffer")
         as records land between its polls, so a node counts as ready if it said so within
         the last :data:`READY_WITHIN_S` seconds.
         """
         problems = []
-        masters = []
+        masters: dict[int, list[str]] = {shard: [] for shard in range(self.cluster.settings.shards)}
         for node in sorted(self.cluster.nodes.values(), key=lambda n: n.node_id):
             if node.process is None or node.process.poll() is not None:
                 problems.append(f"{node.node_id} not running")
@@ -392,10 +392,11 @@ class Chaos(threading.Thread):
                 self._last_ready[node.process.pid] = now
             elif now - self._last_ready.get(node.process.pid, -math.inf) > READY_WITHIN_S:
                 problems.append(f"{node.node_id} not ready" + (f" ({answer.reason[:160]})" if answer.reason else ""))
-            if answer.master:
-                masters.append(node.node_id)
-        if len(masters) != 1:
-            problems.append(f"{len(masters)} masters ({', '.join(masters) or 'none'})")
+            for shard in answer.masters:
+                masters.setdefault(shard, []).append(node.node_id)
+        for shard, nodes in sorted(masters.items()):
+            if len(nodes) != 1:
+                problems.append(f"{len(nodes)} masters of shard {shard} ({', '.join(nodes) or 'none'})")
         return not problems, "; ".join(problems)
 
 
@@ -460,11 +461,16 @@ def _log_time_ms(line: str) -> int | None:
 
 @dataclass(frozen=True)
 class Probe:
-    """What a node's own HTTP endpoints say: ready (and why not), master."""
+    """What a node's own HTTP endpoints say: ready (and why not), the shards it masters."""
 
     ready: bool
-    master: bool
+    masters: tuple[int, ...] = ()
     reason: str = ""
+
+    @property
+    def master(self) -> bool:
+        """Master of any shard."""
+        return bool(self.masters)
 
 
 def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:
@@ -480,12 +486,19 @@ def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:
         except ValueError:
             reason = f"HTTP {err.code}"
     except OSError as err:
-        return Probe(False, False, f"no answer ({err})")
+        return Probe(False, (), f"no answer ({err})")
     try:
         with urllib.request.urlopen(node.url + "/metrics", timeout=timeout_s) as response:
             metrics = response.read().decode()
     except OSError:
-        return Probe(ready, False, reason)
-    master = any(line.startswith("delayq_is_master ") and float(line.split()[1]) == 1
-                 for line in metrics.splitlines())
-    return Probe(ready, master, reason)
+        return Probe(ready, (), reason)
+    return Probe(ready, mastered(metrics), reason)
+
+
+def mastered(metrics: str) -> tuple[int, ...]:
+    """The shards a node's ``/metrics`` says it masters (``delayq_is_master{shard="k"} 1.0``)."""
+    found = []
+    for line in metrics.splitlines():
+        if line.startswith('delayq_is_master{shard="') and float(line.rsplit(" ", 1)[1]) == 1:
+            found.append(int(line.split('"', 2)[1]))
+    return tuple(sorted(found))

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from kazoo.exceptions import KazooException
 from prometheus_client import CollectorRegistry
 
@@ -185,8 +186,9 @@ class Node:
         if self.stopping.is_set():
             return
         log.info("node %s stopping", self.settings.node_id)
-        self.stopping_requested.set()
-        seats = list(self.seats.values())
+        with self._seats_lock:  # the placement takes no shard from now on
+            self.stopping_requested.set()
+            seats = list(self.seats.values())
         for seat in seats:
             seat.leadership.stop()
             seat.wakeup.poke()
@@ -250,6 +252,8 @@ class Node:
                 self.place()
             except KazooException as err:
                 log.info("placement: ZooKeeper did not answer (%s); trying again", str(err) or type(err).__name__)
+            except KafkaException as err:  # a store taken checks the buffer's end offsets
+                log.warning("placement: Kafka did not answer (%s); trying again", err.args[0].str())
 
     def place(self) -> None:
         """Hold, drop, contend for and hand over shards as the membership says (placement.py has the rules).
@@ -306,9 +310,21 @@ class Node:
                          and all(n in records and k in records[n].ready for n in targets[k]))
         if not gained and not dropped:
             return
-        with self._seats_lock:
+        opened: dict[int, TimeIndex] = {}
+        try:
             for shard in gained:
-                self.seats[shard] = Seat(self, shard, self._open_store(shard), ingest)
+                opened[shard] = self._open_store(shard)
+        except BaseException:
+            for store in opened.values():  # all or none: the next round takes them again
+                store.close()
+            raise
+        with self._seats_lock:
+            if self.stopping_requested.is_set():  # stop() has its list of seats: these would outlive it
+                for store in opened.values():
+                    store.close()
+                return
+            for shard, store in opened.items():
+                self.seats[shard] = Seat(self, shard, store, ingest)
             gone = [self.seats.pop(shard) for shard in dropped]
         try:
             ingest.hold([seat.feed for seat in self.seats.values()])

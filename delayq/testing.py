@@ -187,13 +187,13 @@ class LocalCluster:
         return node
 
     def master(self, timeout_s: float = 30.0, *, other_than: NodeProcess | None = None) -> NodeProcess:
-        """The node that says it is master (other than ``other_than``), waiting up to ``timeout_s``."""
+        """A node that says it is master of a shard (other than ``other_than``), waiting up to ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for node in self.nodes.values():
                 if node.running.poll() is None and node is not other_than:
                     try:
-                        if node.metric("delayq_is_master") == 1:
+                        if node.metric("delayq_is_master") >= 1:  # of any shard
                             return node
                     except OSError:
                         pass

@@ -34,6 +34,8 @@ def register(subparsers) -> None:
                            "reconciliation follow")
     soak.add_argument("--rate", type=float, default=500.0, help="delayed messages per second (default 500)")
     soak.add_argument("--nodes", type=int, default=3, help="delay-service nodes (default 3)")
+    soak.add_argument("--shards", type=int, default=2,
+                      help="shards of the soak's cluster, each with its own master (default 2; 1, 2, 3 or 6)")
     soak.add_argument("--seed", type=int, help="seed of the traffic and the fault plan (default: random, printed)")
     soak.add_argument("--json", action="store_true", help="print one JSON object instead of the summary table")
     soak.add_argument("--no-reconcile", dest="reconcile", action="store_false",
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from delayq.bench.soak import SoakOptions, run_soak
 
     options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
-                          reconcile=args.reconcile)
+                          reconcile=args.reconcile, shards=args.shards)
     if args.state_dir is not None:
         options.state_dir = args.state_dir
     return run_soak(options, as_json=args.json)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from delayq.bench.soak_faults import FAULT_KINDS, log_excerpt, log_warnings, plan_faults
+from delayq.bench.soak_faults import FAULT_KINDS, log_excerpt, log_warnings, mastered, plan_faults
 
 
 def test_the_first_round_of_every_plan_holds_each_fault_kind_once():
@@ -66,3 +66,13 @@ def test_log_warnings_are_grouped_by_their_text_without_numbers_most_frequent_fi
 
     assert [g["count"] for g in groups] == [2, 1]
     assert "buffer/2/13572" in groups[0]["first"] and "buffer/1/13166" in groups[0]["last"]
+
+
+def test_a_nodes_masterships_are_read_from_its_per_shard_metric():
+    metrics = ("# TYPE delayq_is_master gauge\n"
+               'delayq_is_master{shard="0"} 1.0\n'
+               'delayq_is_master{shard="1"} 0.0\n'
+               'delayq_is_master{shard="10"} 1.0\n'
+               'delayq_is_master_other{shard="2"} 1.0\n')
+    assert mastered(metrics) == (0, 10)
+    assert mastered("delayq_shards_held 2.0\n") == ()
