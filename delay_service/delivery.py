@@ -404,7 +404,16 @@ class Delivery:
         return False
 
     def _new_producer(self) -> Producer:
-        return Producer(self.settings.kafka_conf(**{
+        """The shard's transactional producer, connected (its metadata read) before init_transactions.
+
+        A producer whose init_transactions starts before its connection to the coordinator is
+        up finds "no broker available" and waits for librdkafka's PID timer, half a second;
+        read first, the init takes milliseconds (a handover's, and a failover's, new master).
+
+        Raises:
+            KafkaException: the metadata could not be read (an error that may pass).
+        """
+        producer = Producer(self.settings.kafka_conf(**{
             "transactional.id": self.settings.transactional_id(self.shard),
             "client.id": f"delayq-master-{self.shard}-{self.settings.node_id}",
             "linger.ms": 1,
@@ -415,6 +424,8 @@ class Delivery:
             # not exist must be retried and dead-lettered, never create it.
             "allow.auto.create.topics": False,
         }))
+        producer.list_topics(timeout=10)
+        return producer
 
     def _txn_producer(self) -> Producer:
         """The transactional producer of this term, which :meth:`_start` opened.

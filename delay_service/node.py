@@ -271,13 +271,15 @@ class Node:
         self._hold(targets, records)
         ready = {k: [n for n, r in records.items() if k in r.ready] for k in range(layout.shards)}
         eligible = {k: [n for n in targets[k] if n in ready[k]] or ready[k] for k in range(layout.shards)}
-        current = {k: next((n for n, r in sorted(records.items()) if k in r.masters), None)
-                   for k in range(layout.shards)}
+        # Who masters each shard now, from its election lock, not from the registrations: a node frozen past its
+        # session and resumed may publish a stale claim before it learns that its term ended.
+        lines = {k: Leadership.contenders(self.zk, s.zk_root, k) for k in range(layout.shards)}
+        current = {k: line[0] if line else None for k, line in lines.items()}
         plan = masters(s.cluster, layout.shards, eligible, current)
         now = time.monotonic()
         for shard, seat in list(self.seats.items()):
             planned = plan.get(shard)
-            if current[shard] is None and Leadership.master(self.zk, s.zk_root, shard) is None:
+            if current[shard] is None:
                 self._masterless_since.setdefault(shard, now)
             else:
                 self._masterless_since.pop(shard, None)
@@ -291,11 +293,12 @@ class Node:
                     seat.leadership.recheck()
                 else:
                     seat.leadership.withdraw()
-            if seat.mastering and planned not in (None, s.node_id) \
-                    and planned in Leadership.contenders(self.zk, s.zk_root, shard)[1:]:
-                # The planned master waits in line: hand the shard over as a stopping node would.
+            if seat.mastering and planned not in (None, s.node_id) and planned in lines[shard][1:]:
+                # The planned master waits in line: hand the shard over as a stopping node would (the batch
+                # in flight commits; the poke wakes a master sleeping until its next due time).
                 log.info("handing shard %d over to %s (balance)", shard, planned)
                 seat.leadership.hand_over(f"handed over to {planned} (balance)")
+                seat.wakeup.poke()
 
     def _hold(self, targets: dict[int, list[str]], records: dict[str, NodeRecord]) -> None:
         """Take the shards this node should hold now; drop those it should not once their new holders are ready."""
