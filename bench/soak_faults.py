@@ -223,29 +223,33 @@ class Chaos(threading.Thread):
         if master is None:
             raise FaultSkipped("no master to kill")
         pid = master.process.pid
+        shards = probe(master).masters
         killed_at = time.monotonic()
         self.stop_node(master, signal.SIGKILL)
-        took_over = self._master(self.session_timeout_s + 20, other_than=master.node_id)
-        successor = (f"{took_over.node_id} master {time.monotonic() - killed_at:.1f}s later"
-                     if took_over else "no other master")
+        took_over = self._master(self.session_timeout_s + 20, other_than=master.node_id, of=shards)
+        successor = (f"{took_over.node_id} master of shard {self._taken(took_over, shards)} "
+                     f"{time.monotonic() - killed_at:.1f}s later" if took_over else "no other master")
         restarted = self._restart(master.node_id)
-        return f"SIGKILL to master {master.node_id} (pid {pid}); {successor}; restarted as pid {restarted}"
+        return (f"SIGKILL to master {master.node_id} of shards {list(shards)} (pid {pid}); {successor}; "
+                f"restarted as pid {restarted}")
 
     def _master_pause(self, fault: PlannedFault) -> str:
         master = self._master()
         if master is None:
             raise FaultSkipped("no master to pause")
         pid = master.process.pid
+        shards = probe(master).masters
         self._paused.add(pid)
         paused_at = time.monotonic()
         master.signal(signal.SIGSTOP)
-        took_over = self._master(fault.hold_s, other_than=master.node_id)
-        successor = (f"{took_over.node_id} took over {time.monotonic() - paused_at:.1f}s later" if took_over
-                     else "no other node took over")
+        took_over = self._master(fault.hold_s, other_than=master.node_id, of=shards)
+        successor = (f"{took_over.node_id} took over shard {self._taken(took_over, shards)} "
+                     f"{time.monotonic() - paused_at:.1f}s later" if took_over else "no other node took over")
         self._idle(fault.hold_s - (time.monotonic() - paused_at))
         master.signal(signal.SIGCONT)
         self._paused.discard(pid)
-        return f"SIGSTOP to master {master.node_id} (pid {pid}) for {fault.hold_s:.1f}s, then SIGCONT; {successor}"
+        return (f"SIGSTOP to master {master.node_id} of shards {list(shards)} (pid {pid}) for {fault.hold_s:.1f}s, "
+                f"then SIGCONT; {successor}")
 
     def _standby_term(self, fault: PlannedFault) -> str:
         return self._restart_standby(fault, wipe=False)
@@ -290,16 +294,24 @@ class Chaos(threading.Thread):
         return [n for n in self.cluster.nodes.values()
                 if n.process is not None and n.process.poll() is None and n.process.pid not in self._paused]
 
-    def _master(self, timeout_s: float = 15.0, *, other_than: str | None = None) -> NodeProcess | None:
+    def _master(self, timeout_s: float = 15.0, *, other_than: str | None = None,
+                of: tuple[int, ...] = ()) -> NodeProcess | None:
+        """A live node mastering a shard (one of ``of``, if given) other than ``other_than``; None after the timeout."""
         deadline = time.monotonic() + timeout_s
         while not self.stop.is_set():
             for node in self._live_nodes():
-                if node.node_id != other_than and probe(node).master:
+                masters = probe(node).masters
+                if node.node_id != other_than and (set(masters) & set(of) if of else masters):
                     return node
             if time.monotonic() >= deadline:
                 return None
             self._idle(0.2)
         return None
+
+    @staticmethod
+    def _taken(node: NodeProcess, shards: tuple[int, ...]) -> str:
+        """Which of ``shards`` ``node`` masters now, as text."""
+        return ", ".join(str(k) for k in probe(node).masters if k in shards) or "?"
 
     def _standby(self, pick: float) -> NodeProcess | None:
         master = self._master()
