@@ -136,19 +136,19 @@ class Node:
         s = self.settings
         self.admin = admin_client(s)
         self.info = buffer_info(s, self.admin)
-        self.ingest = ingest = Ingest(s, 1, self.metrics, EndOffsets(s, self.info.partitions, self.admin))
         try:
-            self._start_serving(ingest)
+            self._start_serving()
         except BaseException:
             # stop() never runs for a node that did not start: its buffer reader must not outlive it,
             # nor its stores stay open.
-            ingest.close()
+            if self.ingest is not None:
+                self.ingest.close()
             for seat in self.seats.values():
                 seat.store.close()
             raise
 
-    def _start_serving(self, ingest: Ingest) -> None:
-        """HTTP, ZooKeeper, the shards to hold, membership and the loops, once ingest is open."""
+    def _start_serving(self) -> None:
+        """HTTP, ZooKeeper, ingest and the shards to hold, membership and the loops, once the buffer is known."""
         s = self.settings
         try:
             self.http = NodeHTTPServer(self, s.http_host, s.http_port)
@@ -161,7 +161,7 @@ class Node:
         self.http.start()
         self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)
         self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
-        ingest.shards = layout.shards
+        self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin))
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
         # A registration of this id left by this node's previous process goes when its session expires.
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)
@@ -419,7 +419,7 @@ class Node:
         try:
             seat.delivery.run(term)
             # A stop or a handover asked for is routine; any other end of a term is worth an operator's look.
-            routine = seat.leadership.stopping or (term.ended_because or "").startswith("handed over")
+            routine = seat.leadership.stopping or term.routine
             log.log(logging.INFO if routine else logging.WARNING, "stepped down as master of %s shard %d, epoch "
                     "%d: %s", self.settings.cluster, seat.shard, term.epoch,
                     term.ended_because or "delivery stopped (see above)")
@@ -448,11 +448,6 @@ class Node:
                           epoch=self.epoch, updated_at_ms=now_ms(),
                           shards=tuple(seat.shard for seat in seats),
                           ready=tuple(seat.shard for seat in seats if seat.feed.ready), masters=masters)
-
-    @property
-    def role(self) -> Role:
-        """Master while it masters any shard."""
-        return self._record().role
 
     def _publish_once(self) -> None:
         try:
@@ -515,6 +510,7 @@ class Node:
         if behind:
             return False, "ingest is behind the buffer on shards " + ", ".join(
                 f"{shard} ({lag if lag is not None else '?'} records)" for shard, lag in sorted(behind.items()))
-        record = self._record()
-        return True, (f"caught up on shards {list(record.shards)} ({record.role.value}"
-                      + (f" of {list(record.masters)})" if record.masters else ")"))
+        seats = list(self.seats.values())
+        mastered = [seat.shard for seat in seats if seat.mastering]
+        return True, (f"caught up on shards {[seat.shard for seat in seats]} "
+                      + (f"(master of {mastered})" if mastered else f"({Role.STANDBY.value})"))

@@ -171,12 +171,16 @@ class Layout:
         if found is None:
             raise ConfigurationError(f"ZooKeeper node {self.path} does not hold a delayq shard layout ({data[:80]!r}):"
                                      " is another program using this folder?")
-        if found.shards != wanted.shards:
-            raise ConfigurationError(
-                f"cluster at {self.path.rsplit('/', 1)[0]} has {found.shards} shards, recorded at its first init; "
-                f"DELAYQ_SHARDS={wanted.shards} cannot change that: set DELAYQ_SHARDS={found.shards}, or move to a "
-                "new cluster with more shards (docs/DESIGN.md, \"Shards\")")
+        self.refuse_change(found, wanted.shards)
         return found
+
+    def refuse_change(self, recorded: ShardLayout, shards: int) -> None:
+        """Raises: ConfigurationError: ``shards`` is not the recorded count (it never changes)."""
+        if recorded.shards != shards:
+            raise ConfigurationError(
+                f"cluster at {self.path.rsplit('/', 1)[0]} has {recorded.shards} shards, recorded at its first init; "
+                f"DELAYQ_SHARDS={shards} cannot change that: set DELAYQ_SHARDS={recorded.shards}, or move to a "
+                "new cluster with more shards (docs/DESIGN.md, \"Shards\")")
 
 
 class DuplicateNodeId(DelayqError):
@@ -389,14 +393,14 @@ class Leadership:
         """End the current term, if any, the way a stopping node does: the batch in flight ends first."""
         term = self._term
         if term is not None:
-            term.end(reason)
+            term.end(reason, routine=True)
 
     def stop(self) -> None:
         """End the current term at once and stop contending (the lock is released by :meth:`run`)."""
         self._stopping.set()
         self._recheck.set()
         if self._term is not None:
-            self._term.end("node stopping")
+            self._term.end("node stopping", routine=True)
         self.lock.cancel()
         self.client.remove_listener(self._session_changed)
 
@@ -425,15 +429,18 @@ class Term:
     def __init__(self, epoch: int):
         self.epoch = epoch
         self.ended_because: str | None = None
+        # Ended on purpose (a handover, a stop), not by a fault: nothing for an operator to look at.
+        self.routine = False
         self._ended = threading.Event()
 
     @property
     def active(self) -> bool:
         return not self._ended.is_set()
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, *, routine: bool = False) -> None:
         if not self._ended.is_set():
             self.ended_because = reason
+            self.routine = routine
             self._ended.set()
 
     def saw_epoch(self, epoch: int) -> None:
