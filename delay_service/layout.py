@@ -31,17 +31,29 @@ def ensure_layout(settings: Settings, zk: KazooClient, partitions: int) -> Shard
         ConfigurationError: the buffer's partition count is not a multiple of the shard count, or
             ZooKeeper records another shard count than the one set, or another partition count.
     """
-    recorded = Layout(zk, settings.zk_root).read()
-    if recorded is not None and recorded.partitions != partitions:
+    layout = Layout(zk, settings.zk_root)
+    recorded = layout.read()
+    planned = _planned(settings, layout, recorded, partitions)
+    return planned if recorded is not None else layout.ensure(planned)
+
+
+def _planned(settings: Settings, layout: Layout, recorded: ShardLayout | None, partitions: int) -> ShardLayout:
+    """The layout the cluster keeps (``recorded``) or gets, for a buffer of ``partitions``; nothing is written.
+
+    Raises:
+        ConfigurationError: see :func:`ensure_layout`.
+    """
+    if recorded is None:
+        check_divides(settings, settings.shards, partitions)
+        return ShardLayout(shards=settings.shards, partitions=partitions, created_at_ms=now_ms())
+    if recorded.partitions != partitions:
         raise ConfigurationError(
             f"buffer topic {settings.buffer_topic} has {partitions} partitions, but cluster {settings.cluster} was "
             f"set up on one of {recorded.partitions} (recorded in ZooKeeper at {settings.zk_root}/layout): a buffer "
             "topic's partitions never change; recreate it with that count, or give the new one a new DELAYQ_CLUSTER")
-    if recorded is not None and "shards" not in settings.model_fields_set:
-        return recorded
-    check_divides(settings, recorded.shards if recorded is not None else settings.shards, partitions)
-    return Layout(zk, settings.zk_root).ensure(
-        ShardLayout(shards=settings.shards, partitions=partitions, created_at_ms=now_ms()))
+    if "shards" in settings.model_fields_set:
+        layout.refuse_change(recorded, settings.shards)
+    return recorded
 
 
 def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayout:
@@ -63,12 +75,9 @@ def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayou
                  timeout_s=10)
     try:
         if check_only:
-            recorded = Layout(zk, settings.zk_root).read()
+            layout = Layout(zk, settings.zk_root)
             count = partitions if partitions is not None else settings.buffer_partitions
-            if recorded is not None and "shards" in settings.model_fields_set and recorded.shards != settings.shards:
-                Layout(zk, settings.zk_root).ensure(ShardLayout(settings.shards, count))  # raises: cannot change
-            check_divides(settings, recorded.shards if recorded is not None else settings.shards, count)
-            return recorded or ShardLayout(settings.shards, count)
+            return _planned(settings, layout, layout.read(), count)
         if partitions is None:
             raise ConfigurationError(f"buffer topic {settings.buffer_topic} does not exist: create it with "
                                      "`delayq init`")
