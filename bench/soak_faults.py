@@ -36,7 +36,7 @@ from typing import Any
 
 from delayq.clock import now_ms
 from delayq.dev import DevStack
-from delayq.testing import LocalCluster, NodeProcess
+from delayq.testing import LocalCluster, NodeProcess, mastered_shards
 
 from .soak_check import FaultWindow
 from .suites import FAULT_TEXT
@@ -504,13 +504,4 @@ def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:
             metrics = response.read().decode()
     except OSError:
         return Probe(ready, (), reason)
-    return Probe(ready, mastered(metrics), reason)
-
-
-def mastered(metrics: str) -> tuple[int, ...]:
-    """The shards a node's ``/metrics`` says it masters (``delayq_is_master{shard="k"} 1.0``)."""
-    found = []
-    for line in metrics.splitlines():
-        if line.startswith('delayq_is_master{shard="') and float(line.rsplit(" ", 1)[1]) == 1:
-            found.append(int(line.split('"', 2)[1]))
-    return tuple(sorted(found))
+    return Probe(ready, mastered_shards(metrics), reason)

@@ -47,6 +47,15 @@ def reader_processes(parent: int) -> list[int]:
     return found
 
 
+def mastered_shards(metrics: str) -> tuple[int, ...]:
+    """The shards a node's ``/metrics`` text says it masters (``delayq_is_master{shard="k"} 1.0``), in order."""
+    found = []
+    for line in metrics.splitlines():
+        if line.startswith('delayq_is_master{shard="') and float(line.rsplit(" ", 1)[1]) == 1:
+            found.append(int(line.split('"', 2)[1]))
+    return tuple(sorted(found))
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     return {
         "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
@@ -134,11 +143,7 @@ class NodeProcess:
     def mastered(self) -> list[int]:
         """The shards this node says it masters now (its ``delayq_is_master{shard}`` series at 1)."""
         _, body = self.get("/metrics")
-        found = []
-        for line in body.decode().splitlines():
-            if line.startswith("delayq_is_master{") and float(line.rsplit(" ", 1)[1]) == 1:
-                found.append(int(line.split('shard="', 1)[1].split('"', 1)[0]))
-        return sorted(found)
+        return list(mastered_shards(body.decode()))
 
     def signal(self, sig: int) -> None:
         self.running.send_signal(sig)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from delayq.bench.soak_faults import FAULT_KINDS, log_excerpt, log_warnings, mastered, plan_faults
+from delayq.bench.soak_faults import FAULT_KINDS, log_excerpt, log_warnings, plan_faults
+from delayq.testing import mastered_shards
 
 
 def test_the_first_round_of_every_plan_holds_each_fault_kind_once():
@@ -74,5 +75,5 @@ def test_a_nodes_masterships_are_read_from_its_per_shard_metric():
                'delayq_is_master{shard="1"} 0.0\n'
                'delayq_is_master{shard="10"} 1.0\n'
                'delayq_is_master_other{shard="2"} 1.0\n')
-    assert mastered(metrics) == (0, 10)
-    assert mastered("delayq_shards_held 2.0\n") == ()
+    assert mastered_shards(metrics) == (0, 10)
+    assert mastered_shards("delayq_shards_held 2.0\n") == ()
