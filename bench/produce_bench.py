@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import confluent_kafka
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import delayq
+from delayq.bench.proc import busy_cores_between, machine_ticks
 
 ENVELOPE_LIKE_HEADERS = 7  # op, id, topic, deliver-at, created-at, key, partitioner
 
@@ -52,15 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def busy_cores(window_s: float = 1.0) -> float:
     """Cores' worth of CPU the machine spent outside idle over ``window_s`` (Linux /proc/stat)."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-    busy0, total0 = sample()
+    before = machine_ticks()
     time.sleep(window_s)
-    busy1, total1 = sample()
-    return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
+    return busy_cores_between(before, machine_ticks())
 
 
 def wait_until_quiet(max_wait_s: float, below_cores: float = 0.25, windows: int = 2) -> float:

@@ -31,7 +31,6 @@ import os
 import signal
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from confluent_kafka import Consumer, TopicPartition
 from rich.progress import Progress
 
 from delayq import Settings, wire
@@ -48,11 +46,13 @@ from delayq.delay_service import ensure_shards, ensure_topics
 from delayq.dev import DevStack
 from delayq.testing import LocalCluster, NodeProcess
 
+from .proc import busy_cores_between, cpu_seconds, machine_ticks
 from .service_bench import (
     DAY_MS,
     BenchRunInvalid,
     bench_cluster,
     create_target,
+    delivered_records,
     delivery_rate,
     fill_buffer,
     node_metric,
@@ -212,28 +212,6 @@ def first_valid(measure: Callable[[], T], invalid: list[str], tries: int = TRIES
 # -- processes ----------------------------------------------------------------------------------------------------
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User plus system CPU seconds of ``pids`` so far (a pid that is gone counts 0)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / tick
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, all) clock ticks of every core so far, from /proc/stat (idle and iowait are not busy)."""
-    try:
-        fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return sum(fields) - fields[3] - fields[4], sum(fields)
-
-
 class CpuWindow:
     """Cores each node (its process and its readers) used from construction until :meth:`cores`.
 
@@ -251,8 +229,7 @@ class CpuWindow:
         wall = max(time.monotonic() - self.started, 1e-6)
         found = {node_id: round((cpu_seconds(pids) - self.before[node_id]) / wall, 2)
                  for node_id, pids in self.pids.items()}
-        busy, every = (now - before for now, before in zip(machine_ticks(), self.machine_before))
-        found["machine"] = round(busy / every * (os.cpu_count() or 1), 2) if every else 0.0
+        found["machine"] = round(busy_cores_between(self.machine_before, machine_ticks()), 2)
         return found
 
 
@@ -318,25 +295,14 @@ def settled_cluster(stack: DevStack, config: ScaleConfig, progress: Progress) ->
 def read_deliveries(settings: Settings, topic: str, count: int,
                     timeout_s: float) -> tuple[list[tuple[int, int, int]], int]:
     """(append time, shard, epoch) of every delivered record on ``topic`` (read_committed), and how many ids."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     found: list[tuple[int, int, int]] = []
     ids: set[bytes] = set()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            for record in consumer.consume(5000, 0.2):
-                if record.error() is None:
-                    headers = dict(record.headers() or [])
-                    delay_id, epoch = headers.get(wire.ID), headers.get(wire.EPOCH)
-                    # A record without an id is no delivery of delayq's: shard -1, refused by the caller.
-                    shard = wire.shard_of(wire.buffer_partition(delay_id, PARTITIONS), SHARDS) if delay_id else -1
-                    found.append((record.timestamp()[1], shard, int(epoch) if epoch else 0))
-                    ids.add(delay_id or b"")
-    finally:
-        consumer.close()
+    for appended, headers in delivered_records(settings, topic, count, timeout_s):
+        delay_id, epoch = headers.get(wire.ID), headers.get(wire.EPOCH)
+        # A record without an id is no delivery of delayq's: shard -1, refused by the caller.
+        shard = wire.shard_of(wire.buffer_partition(delay_id, PARTITIONS), SHARDS) if delay_id else -1
+        found.append((appended, shard, int(epoch) if epoch else 0))
+        ids.add(delay_id or b"")
     return found, len(ids)
 
 

@@ -244,22 +244,29 @@ def node_metric(node: NodeProcess, name: str, **labels: str) -> float:
         return 0.0
 
 
-def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float, *,
-                      due_header: str = wire.DELIVER_AT) -> list[tuple[int, int, int]]:
-    """(append time, due time from ``due_header``, delayq epoch or 0) of every delivered record."""
+def delivered_records(settings: Settings, topic: str, count: int, timeout_s: float) -> list[tuple[int, dict]]:
+    """(append time, headers) of the records on ``topic``, read_committed from the start, up to ``count``."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     found = []
     deadline = time.monotonic() + timeout_s
-    while len(found) < count and time.monotonic() < deadline:
-        for record in consumer.consume(5000, 0.2):
-            if record.error() is None:
-                headers = dict(record.headers())
-                found.append((record.timestamp()[1], int(headers[due_header]), int(headers.get(wire.EPOCH, 0))))
-    consumer.close()
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            for record in consumer.consume(5000, 0.2):
+                if record.error() is None:
+                    found.append((record.timestamp()[1], dict(record.headers() or [])))
+    finally:
+        consumer.close()
     return found
+
+
+def read_append_times(settings: Settings, topic: str, count: int, timeout_s: float, *,
+                      due_header: str = wire.DELIVER_AT) -> list[tuple[int, int, int]]:
+    """(append time, due time from ``due_header``, delayq epoch or 0) of every delivered record."""
+    return [(appended, int(headers[due_header]), int(headers.get(wire.EPOCH, 0)))
+            for appended, headers in delivered_records(settings, topic, count, timeout_s)]
 
 
 def percentile(values: list[float], q: float) -> float:
