@@ -293,9 +293,10 @@ class Node:
                     seat.leadership.recheck()
                 else:
                     seat.leadership.withdraw()
-            if seat.mastering and planned not in (None, s.node_id) and planned in lines[shard][1:]:
-                # The planned master waits in line: hand the shard over as a stopping node would (the batch
-                # in flight commits; the poke wakes a master sleeping until its next due time).
+            if seat.mastering and planned not in (None, s.node_id) and lines[shard][1:2] == [planned]:
+                # The planned master is next in line (a node whose placement has not caught up yet may wait
+                # ahead of it, and would get the lock instead): hand the shard over as a stopping node would
+                # (the batch in flight commits; the poke wakes a master sleeping until its next due time).
                 log.info("handing shard %d over to %s (balance)", shard, planned)
                 seat.leadership.hand_over(f"handed over to {planned} (balance)")
                 seat.wakeup.poke()
