@@ -40,6 +40,7 @@ from delayq.store import StoredEntry, TimeIndex
 from . import stored
 from .dead_letters import produce_copy
 from .ingest import ShardFeed
+from .limits import DispatchLimiter
 from .partitioners import partition_for
 
 log = logging.getLogger("delayq.delivery")
@@ -311,6 +312,10 @@ class Delivery:
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
         self.cutoff = Cutoff(feed.partitions)
+        # Dispatch limits: this shard's part of each limited topic's rate, and the due ids
+        # waiting for their topic's bucket to refill (left out of picks until it has).
+        self.limiter = DispatchLimiter(settings, feed.shards)
+        self._throttled: dict[str, set[str]] = {}
         # Due ids of each held partition, not covered yet: left out of picks until it moves on
         # (kept across covers: a long hold's backlog is not walked again by every cover).
         self._uncovered: dict[int, set[str]] = {}
@@ -642,6 +647,11 @@ class Delivery:
             skip |= waiting
         if self.retries:
             skip.update(i for i, r in self.retries.items() if r.next_try_ms > now)
+        if self._throttled:
+            for topic in [t for t in self._throttled if self.limiter.released(t)]:
+                del self._throttled[topic]  # in due order again, with the ids of other topics
+            for waiting in self._throttled.values():
+                skip |= waiting
         return skip
 
     def _next_wake(self, skip: set[str]) -> int | None:
@@ -650,12 +660,16 @@ class Delivery:
         if self._uncovered:  # look at the held partitions again soon
             held_at = now_ms() + int(PARTIAL_COVER_S * 1000)
             retry_at = held_at if retry_at is None else min(retry_at, held_at)
+        if self._throttled:  # when the first throttled topic may deliver again
+            released_at = now_ms() + 1 + int(1000 * min(self.limiter.release_in(t) for t in self._throttled))
+            retry_at = released_at if retry_at is None else min(retry_at, released_at)
         candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
         return min(candidates, default=None)
 
     def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[Undeliverable]]:
         outgoing, dead = [], []
         counts: dict[str, int | None] = {}  # this batch's partition counts: one cache lookup per topic
+        limited = self.limiter.active
         for entry in entries:
             try:
                 pending = stored.unpack(entry.payload)
@@ -680,10 +694,14 @@ class Delivery:
             else:
                 target = partition_for(message.key, count or 1, message.partitioner)
             item = Outgoing(entry, pending, target)
-            if problem is None:
+            if problem is not None:
+                if self._give_up(entry.delay_id, problem[1], now):
+                    dead.append(Undeliverable(item, *problem))
+            elif limited and not self.limiter.take(topic):
+                # Over its topic's dispatch limit: it waits, in due order, for the bucket to refill.
+                self._throttled.setdefault(topic, set()).add(entry.delay_id)
+            else:
                 outgoing.append(item)
-            elif self._give_up(entry.delay_id, problem[1], now):
-                dead.append(Undeliverable(item, *problem))
         return outgoing, dead
 
     def _give_up(self, delay_id: str, reason: str, now: int) -> bool:
@@ -830,17 +848,26 @@ class Delivery:
             m = pending.message
             id_bytes = item.entry.delay_id.encode()
             version = str(pending.version).encode()
+            headers = wire.delivery_headers(m.headers, id_bytes, str(m.deliver_at_ms).encode(), epoch_text, version)
+            if m.occurrence is not None or m.attempt is not None:
+                headers += m.extra_delivery_headers()
             try:
-                produce(m.topic, m.value, m.key, partition=item.target_partition,
-                        headers=wire.delivery_headers(m.headers, id_bytes, str(m.deliver_at_ms).encode(), epoch_text,
-                                                      version))
+                produce(m.topic, m.value, m.key, partition=item.target_partition, headers=headers)
             except KafkaException as err:
                 if err.args[0].code() in _RECORD_ERRORS:
                     raise RecordRejected(item, err.args[0]) from err
                 raise
             partition = pending.buffer_partition
-            produce(buffer_topic, None, id_bytes, partition=partition,
-                    headers=wire.encoded_done_headers(id_bytes, version, cutoffs.get(partition, b"0")))
+            following = m.next_occurrence() if m.series is not None else None
+            if following is not None:
+                # A series' next occurrence replaces this one in the same transaction: a failover
+                # neither skips nor repeats one. It replaces only this version (follows=): a cancel
+                # or reschedule that came between wins (docs/DESIGN.md, "Repeating messages").
+                produce(buffer_topic, following.buffer_value(follows=pending.version), id_bytes, partition=partition,
+                        headers=following.buffer_headers() or None)
+            else:
+                produce(buffer_topic, None, id_bytes, partition=partition,
+                        headers=wire.encoded_done_headers(id_bytes, version, cutoffs.get(partition, b"0")))
 
     def _commit_transaction(self, term: Term, ids: list[str], *, overlap: bool = False) -> None:
         """Commit the open transaction whose buffer writes concern ``ids``; they are in flight from now.

@@ -121,8 +121,14 @@ class _Handler(BaseHTTPRequestHandler):
         except stored.MalformedStoredEntry as err:
             self._json(500, {"id": delay_id, "error": f"the node's store holds an unreadable entry: {err}"})
             return
-        self._json(200, {"id": delay_id, "status": "pending", "deliver_at_ms": entry.deliver_at_ms,
-                         "deliver_at": iso_ms(entry.deliver_at_ms), "topic": message.topic})
+        answer = {"id": delay_id, "status": "pending", "deliver_at_ms": entry.deliver_at_ms,
+                  "deliver_at": iso_ms(entry.deliver_at_ms), "topic": message.topic}
+        if message.series is not None:  # a repeating message: the occurrence pending, and the schedule
+            answer["occurrence"] = message.occurrence or 1
+            answer["repeat"] = message.series.options().strip()
+        if message.attempt is not None:
+            answer["attempt"] = message.attempt
+        self._json(200, answer)
 
     def _json(self, status: int, body: dict) -> None:
         self._send(status, json.dumps(body).encode() + b"\n", "application/json")

@@ -66,6 +66,7 @@ class ShardFeed:
         self.shard = shard
         self.store = store
         self.metrics = metrics
+        self.shards = ingest.shards
         self.partitions = wire.shard_partitions(shard, ingest.shards, ingest.partition_count)
         self.partition_count = ingest.partition_count
         self.ledger = ingest.ledger
@@ -123,8 +124,10 @@ class Ingest:
         end_offsets: EndOffsets,
         *,
         batch_size: int = 2_000,  # records per frame: one frame fits the reader's pipe (reader.PIPE_BYTES)
+        compaction_lag_ms: int | None = None,  # the buffer's min.compaction.lag.ms (topics.BufferInfo)
     ):
         self.settings = settings
+        self.compaction_lag_ms = settings.min_compaction_lag_ms if compaction_lag_ms is None else compaction_lag_ms
         self.shards = shards
         self.metrics = metrics
         self.end_offsets = end_offsets
@@ -206,6 +209,7 @@ class Ingest:
         return BufferReader(ReaderConfig(
             consumer=self._consumer_conf, topic=self.settings.buffer_topic, partitions=list(self.partitions),
             partition_count=self.partition_count, shards=self.shards, start=start,
+            compaction_lag_ms=self.compaction_lag_ms,
             batch_size=self.batch_size, poll_s=POLL_S, log_level=root.getEffectiveLevel(),
             log_format=formats[0] if formats else logging.BASIC_FORMAT))
 

@@ -161,7 +161,8 @@ class Node:
         self.http.start()
         self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)
         self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
-        self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin))
+        self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
+                                            compaction_lag_ms=self.info.min_compaction_lag_ms)
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
         # A registration of this id left by this node's previous process goes when its session expires.
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)

@@ -43,6 +43,7 @@ from typing import Any, cast
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from delayq import wire
+from delayq.clock import now_ms
 from delayq.errors import DelayqError
 from delayq.settings import KAFKA_LOGGER
 from delayq.wire import MalformedRecord, parse_buffer_record
@@ -51,7 +52,8 @@ from . import stored
 
 log = logging.getLogger("delayq.ingest.reader")
 
-# Op tags in a frame. A put: (PUT, id, deliver_at_ms, stored value, version, restores or None);
+# Op tags in a frame. A put: (PUT, id, deliver_at_ms, stored value, version, the version it
+# replaces only (restores=, or follows= unless aged: see parse_batch) or None);
 # a cancel or done: (REMOVE, id, version closed or None); a malformed record: (MALFORMED,
 # partition, offset, its stored form, the id if it is a valid id on its own partition, else None).
 PUT, REMOVE, MALFORMED = 0, 1, 2
@@ -84,6 +86,7 @@ class ReaderConfig:
     partition_count: int  # the buffer's: the partition rule of an id needs it
     shards: int  # the cluster's shard count: partition p is shard p % shards
     start: dict[int, int]  # partition -> first offset to read (OFFSET_BEGINNING for none stored)
+    compaction_lag_ms: int  # the buffer's min.compaction.lag.ms (parse_batch: when a follows= is aged)
     batch_size: int
     poll_s: float
     log_level: int
@@ -182,10 +185,18 @@ def _widen(fd: int) -> None:
 # -- the reader process ----------------------------------------------------
 
 
-def parse_batch(messages: list, partitions: int, shards: int = 1) -> Batch:
-    """Parse consumed buffer records into store ops, in order, shard by shard (the reader's hot path)."""
+def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag_ms: int | None = None) -> Batch:
+    """Parse consumed buffer records into store ops, in order, shard by shard (the reader's hot path).
+
+    A master's put of a series' next occurrence (``follows=V``) replaces only version V
+    while it is younger than the buffer's ``min.compaction.lag.ms`` (``compaction_lag_ms``):
+    then compaction cannot have dropped V for it, so V not pending means a cancel or a
+    reschedule came between (docs/DESIGN.md, "Repeating messages"). An older one may be
+    all that compaction left of its series, and is applied as a plain put.
+    """
     # Per shard: [ops, offsets, settled, earliest put]
     found: dict[int, list] = {}
+    aged_before = None if compaction_lag_ms is None else now_ms() - compaction_lag_ms
     counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
     pack, shard_of = stored.pack, wire.shard_of
     records = 0
@@ -213,8 +224,12 @@ def parse_batch(messages: list, partitions: int, shards: int = 1) -> Batch:
         counts[record.op] += 1
         env = record.envelope
         if env is not None:  # a put: only a put has an envelope
-            ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset,
-                        record.restores))
+            only_over = record.restores
+            if record.follows is not None:
+                shard[2].append(record.delay_id)
+                if aged_before is None or env.created_at_ms >= aged_before:
+                    only_over = record.follows
+            ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset, only_over))
             if record.restores is not None:
                 shard[2].append(record.delay_id)
             if shard[3] is None or env.deliver_at_ms < shard[3]:
@@ -286,7 +301,8 @@ def read(config: ReaderConfig, connection: Connection) -> None:
             # position() moves past transaction markers; the last message's offset + 1 would not.
             positions = [(tp.partition, tp.offset) for tp in consumer.position(place) if tp.offset >= 0]
             if messages:
-                connection.send_bytes(_frame(positions, parse_batch(messages, config.partition_count, config.shards)))
+                connection.send_bytes(_frame(positions, parse_batch(messages, config.partition_count, config.shards,
+                                                                        config.compaction_lag_ms)))
             elif positions != sent:
                 connection.send_bytes(_frame(positions, None))
             else:

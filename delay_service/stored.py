@@ -10,7 +10,8 @@ A stored value holds what delivery needs without going back to the buffer:
   partitioner the producing client used),
 - the version: the put's offset in that partition (a `done` names the version it
   closes, so a reschedule that lands after the master picked the old version survives),
-- the envelope: target topic, due time, key, value, headers, creation time, partitioner.
+- the envelope: target topic, due time, key, value, headers, creation time, partitioner,
+  and a repeating message's schedule and occurrence, a retry's attempt.
 
 Why marshal: C-fast for tuples of bytes/str/int, and every byte it reads was written
 by this module in this node's own store.
@@ -21,9 +22,10 @@ from __future__ import annotations
 import marshal
 from dataclasses import dataclass
 
-from delayq.wire import Envelope
+from delayq.wire import Envelope, Series
 
-STORED_FORM = 3
+# Form 4 added a repeating message's schedule and occurrence and a retry's attempt.
+STORED_FORM = 4
 # marshal's type code of a small tuple (at most 255 items), without and with its ref flag.
 _SMALL_TUPLE = (b")", b"\xa9")
 
@@ -46,7 +48,8 @@ def pack(buffer_partition: int, version: int, message: Envelope) -> bytes:
     """The stored value of ``message``, read from ``buffer_partition`` at offset ``version``."""
     m = message
     return marshal.dumps((STORED_FORM, buffer_partition, version, m.delay_id, m.topic, m.deliver_at_ms, m.value,
-                          m.key, m.partition, m.headers, m.created_at_ms, m.partitioner))
+                          m.key, m.partition, m.headers, m.created_at_ms, m.partitioner,
+                          None if m.series is None else m.series.as_tuple(), m.occurrence, m.attempt))
 
 
 def unpack(value: bytes) -> PendingMessage:
@@ -56,12 +59,12 @@ def unpack(value: bytes) -> PendingMessage:
         MalformedStoredEntry: ``value`` is not a stored value of this form; never any other exception.
     """
     fields = _load_tuple(value, "stored entry")
-    if type(fields) is not tuple or len(fields) != 12 or fields[0] != STORED_FORM:
+    if type(fields) is not tuple or len(fields) != 15 or fields[0] != STORED_FORM:
         form = fields[0] if type(fields) is tuple and fields else None
         raise MalformedStoredEntry(f"stored value has form {form!r:.40}, this delayq reads form {STORED_FORM}: "
                                    "rebuild the store")
     (_, buffer_partition, version, delay_id, topic, deliver_at_ms, payload, key, partition, headers,
-     created_at_ms, partitioner) = fields
+     created_at_ms, partitioner, schedule, occurrence, attempt) = fields
     # The master's hot path (once per delivered message): the checks inline, cheapest first.
     if (type(buffer_partition) is not int or buffer_partition < 0 or type(version) is not int or version < 0
             or type(delay_id) is not str or type(topic) is not str or type(deliver_at_ms) is not int
@@ -69,10 +72,24 @@ def unpack(value: bytes) -> PendingMessage:
             or (key is not None and type(key) is not bytes)
             or (partition is not None and (type(partition) is not int or partition < 0))
             or type(headers) is not list or (headers and not _is_headers(headers)) or type(created_at_ms) is not int
-            or (partitioner is not None and type(partitioner) is not str)):
+            or (partitioner is not None and type(partitioner) is not str)
+            or (occurrence is not None and type(occurrence) is not int)
+            or (attempt is not None and type(attempt) is not int)):
         raise MalformedStoredEntry("stored value has fields of the wrong types: rebuild the store")
-    message = Envelope(delay_id, topic, deliver_at_ms, payload, key, partition, headers, created_at_ms, partitioner)
+    message = Envelope(delay_id, topic, deliver_at_ms, payload, key, partition, headers, created_at_ms, partitioner,
+                       None if schedule is None else _series(schedule), occurrence, attempt)
     return PendingMessage(buffer_partition, version, message)
+
+
+def _series(fields: object) -> Series:
+    if type(fields) is not tuple or len(fields) != 6:
+        raise MalformedStoredEntry("stored value has a schedule of the wrong form: rebuild the store")
+    every_ms, multiplier, cron, tz, times, until_ms = fields
+    if not ((every_ms is None or type(every_ms) is int) and type(multiplier) is float
+            and (cron is None or type(cron) is str) and type(tz) is str
+            and (times is None or type(times) is int) and (until_ms is None or type(until_ms) is int)):
+        raise MalformedStoredEntry("stored value has a schedule of the wrong types: rebuild the store")
+    return Series(every_ms, multiplier, cron, tz, times, until_ms)
 
 
 def _load_tuple(value: bytes, what: str) -> object:

@@ -144,6 +144,7 @@ class BufferInfo:
     topic_id: str
     partitions: list[int]
     delete_retention_ms: int
+    min_compaction_lag_ms: int
 
 
 def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
@@ -162,8 +163,9 @@ def buffer_info(settings: Settings, admin: AdminClient) -> BufferInfo:
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not describe the buffer topic "
                                f"{topic} ({error.str()}): is it running, and is DELAYQ_BOOTSTRAP_SERVERS "
                                "right?") from err
-    retention = int(describe_config(admin, topic).get("delete.retention.ms", "86400000"))
-    return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions), retention)
+    config = describe_config(admin, topic)
+    return BufferInfo(str(description.topic_id), sorted(p.id for p in description.partitions),
+                      int(config.get("delete.retention.ms", "86400000")), int(config.get("min.compaction.lag.ms", "0")))
 
 
 def committed_end_offsets(admin: AdminClient, topic: str, partitions: list[int],

@@ -19,13 +19,14 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     # lookup from its own module: delayq.proxy.lookup is both that submodule and the function
     # delayq.proxy re-exports, which mypy confuses inside the import cycle delayq <-> delayq.proxy.
-    from delayq.proxy import Producer, cancel
+    from delayq.proxy import Cron, Every, Producer, RetryPolicy, cancel, retry_later
     from delayq.proxy.lookup import lookup
     from delayq.settings import Settings
 
 _HOMES = {"Producer": "delayq.proxy", "cancel": "delayq.proxy", "lookup": "delayq.proxy",
-          "Settings": "delayq.settings"}
-__all__ = ["Producer", "Settings", "__version__", "cancel", "lookup"]
+          "Every": "delayq.proxy", "Cron": "delayq.proxy", "RetryPolicy": "delayq.proxy",
+          "retry_later": "delayq.proxy", "Settings": "delayq.settings"}
+__all__ = ["Cron", "Every", "Producer", "RetryPolicy", "Settings", "__version__", "cancel", "lookup", "retry_later"]
 
 
 def __getattr__(name: str) -> Any:

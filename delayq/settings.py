@@ -10,6 +10,7 @@ over the file. Any librdkafka setting passes through ``kafka`` (for example
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
 import re
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -39,6 +40,52 @@ TOOL_VARIABLES = frozenset({"DELAYQ_CONFIG", "DELAYQ_DEV_DIR", "DELAYQ_CACHE_DIR
                             "DELAYQ_TEST_KEEP_STACK"})
 # What Kubernetes injects for a Service named "delayq" (the chart turns service links off; others may not).
 _SERVICE_LINK = re.compile(r"DELAYQ_(SERVICE_(HOST|PORT)(_\w+)?|PORT(_\d+_(TCP|UDP)(_\w+)?)?)")
+
+
+# RocketMQ's messageDelayLevel default: level N (1-18) is the Nth of these.
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+@functools.lru_cache(maxsize=16)
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """The delay of each level, in ms, from a RocketMQ-style list (``"1s 5s 10s 30s 1m ... 2h"``).
+
+    Durations in delayq's grammar (delayq.clock: ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``),
+    separated by spaces (or commas). Each must be above 0.
+
+    Raises:
+        ValueError: an empty list, a part that is no duration, or a zero delay.
+    """
+    from .clock import parse_duration_ms
+
+    parts = text.replace(",", " ").split()
+    if not parts:
+        raise ValueError(f"delay levels {text!r} is empty: list durations, like {DEFAULT_DELAY_LEVELS!r}")
+    levels = []
+    for number, part in enumerate(parts, 1):
+        ms = parse_duration_ms(part, f"delay level {number}")
+        if ms <= 0:
+            raise ValueError(f"delay level {number} is {part!r}: a level's delay must be above 0 (level 0 means "
+                             "no delay)")
+        levels.append(ms)
+    return tuple(levels)
+
+
+class DispatchLimit(BaseModel):
+    """How fast a master delivers to one topic: ``rate`` messages a second, bursts of up to ``burst``.
+
+    ``burst`` defaults to a tenth of a second's worth (at least 1): a backlog falling due at
+    once leaves at the rate, not as one flood the size of a second.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate: float = Field(gt=0, description="messages a second to the topic, across the cluster")
+    burst: int | None = Field(default=None, ge=1, description="messages at once when the topic was idle")
+
+    @property
+    def burst_size(self) -> int:
+        return self.burst if self.burst is not None else max(1, int(self.rate / 10))
 
 
 def _config_file() -> Path | None:
@@ -104,9 +151,17 @@ class Settings(BaseSettings):
     delivery_batch_size: int = Field(default=2000, ge=1)
     delivery_max_attempts: int = Field(default=5, ge=1)
     delivery_retry_backoff_ms: int = Field(default=200, ge=0)
+    dispatch_limits: dict[str, DispatchLimit] = Field(
+        default_factory=dict,
+        description="per target topic (a name or a glob like 'orders.*'; '*' for any other): the most "
+                    "messages a second the cluster delivers to it, and the burst, as JSON: "
+                    '{"orders": {"rate": 500, "burst": 1000}, "*": {"rate": 20000}}')
 
     # Producer side.
     max_delay_ms: int = Field(default=365 * DAY_MS, ge=1)
+    delay_levels: str = Field(
+        default=DEFAULT_DELAY_LEVELS,
+        description="the delay of each produce(..., delay_level=N), RocketMQ-style: level 1 is the first")
     lookup_urls: list[str] = Field(
         default_factory=list, description="node HTTP base URLs for lookup; empty: found through ZooKeeper"
     )
@@ -117,6 +172,32 @@ class Settings(BaseSettings):
         if isinstance(value, dict):
             return {str(k).replace("_", ".").lower(): str(v) for k, v in value.items()}
         return value
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _delay_levels_parse(cls, value: str) -> str:
+        parse_delay_levels(value)
+        return value
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        """The delay of level N at index N - 1, in ms."""
+        return parse_delay_levels(self.delay_levels)
+
+    def dispatch_limit(self, topic: str) -> DispatchLimit | None:
+        """The limit for deliveries to ``topic``: its own entry, else the longest glob matching it, else ``*``."""
+        limits = self.dispatch_limits
+        if not limits:
+            return None
+        found = limits.get(topic)
+        if found is not None:
+            return found
+        import fnmatch
+
+        matching = [pattern for pattern in limits if pattern != "*" and fnmatch.fnmatchcase(topic, pattern)]
+        if matching:
+            return limits[max(matching, key=len)]
+        return limits.get("*")
 
     @field_validator("cluster")
     @classmethod

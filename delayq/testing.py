@@ -57,7 +57,7 @@ def mastered_shards(metrics: str) -> tuple[int, ...]:
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    return {
+    env = {
         "DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "DELAYQ_ZK_CONNECT": settings.zk_connect,
         "DELAYQ_CLUSTER": settings.cluster,
@@ -68,6 +68,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "DELAYQ_DELIVERY_MAX_ATTEMPTS": str(settings.delivery_max_attempts),
         "DELAYQ_DELIVERY_RETRY_BACKOFF_MS": str(settings.delivery_retry_backoff_ms),
     }
+    if settings.dispatch_limits:
+        env["DELAYQ_DISPATCH_LIMITS"] = json.dumps(
+            {topic: limit.model_dump(exclude_none=True) for topic, limit in settings.dispatch_limits.items()})
+    return env
 
 
 @dataclass

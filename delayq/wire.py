@@ -29,6 +29,8 @@ every node consumes the record.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import enum
 import functools
 import os
@@ -51,6 +53,10 @@ VERSION = "delayq-version"
 CUTOFF = "delayq-cutoff"
 DEAD_LETTER_REASON = "delayq-dead-letter-reason"
 DEAD_LETTER_SOURCE = "delayq-dead-letter-source"
+# On a delivered occurrence of a repeating message: its number in the series, 1, 2, ...
+OCCURRENCE = "delayq-occurrence"
+# On a delivered retry (delayq.retry_later): which attempt this is, 1, 2, ...; a record without it is attempt 0.
+ATTEMPT = "delayq-attempt"
 RESERVED_PREFIX = "delayq-"
 
 # A record's headers as confluent-kafka's Message.headers() gives them, in order: a value
@@ -78,6 +84,20 @@ _PARTITION_NAME = PARTITION_OPTION.encode()
 _PARTITIONER_NAME = PARTITIONER_OPTION.encode()
 _NULL_VALUE = NULL_VALUE_OPTION.encode()
 _RESTORES_NAME = RESTORES_OPTION.encode()
+# Repeating messages (docs/DESIGN.md, "Repeating messages"): the series' schedule, which
+# occurrence this put is, and (written by a master only) the put of the occurrence it follows.
+EVERY_OPTION = "every"            # interval in ms between occurrences 1 and 2
+MULTIPLIER_OPTION = "multiplier"  # each interval this much longer than the last (decimal, >= 1)
+CRON_OPTION = "cron"              # five cron fields joined by "_"
+TZ_OPTION = "tz"                  # the cron expression's IANA time zone (default UTC)
+TIMES_OPTION = "times"            # at most this many occurrences
+UNTIL_OPTION = "until"            # no occurrence due after this (epoch ms)
+OCCURRENCE_OPTION = "occurrence"  # this put's number in its series (default 1)
+FOLLOWS_OPTION = "follows"        # a master's put of the next occurrence, after the put at this offset
+ATTEMPT_OPTION = "attempt"        # a retry's attempt number (delayq.retry_later), delivered as delayq-attempt
+_SCHEDULE_OPTIONS = frozenset(name.encode() for name in (
+    EVERY_OPTION, MULTIPLIER_OPTION, CRON_OPTION, TZ_OPTION, TIMES_OPTION, UNTIL_OPTION, OCCURRENCE_OPTION,
+    FOLLOWS_OPTION, ATTEMPT_OPTION))
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
@@ -109,6 +129,8 @@ class Reason(enum.StrEnum):
     MISSING_TOPIC = "missing-topic"      # the target topic does not exist
     BAD_PARTITION = "bad-partition"      # the target partition does not exist
     REJECTED = "rejected"                # Kafka refused the record (too large, ...)
+    # Written by delayq.retry_later, not by a node: a record whose retries are used up.
+    RETRIES_EXHAUSTED = "retries-exhausted"
 
     @classmethod
     def of(cls, header: bytes | str | None) -> Reason | None:
@@ -235,6 +257,124 @@ def check_delay_id(delay_id: object, argument: str = "delay_id") -> str:
     return delay_id
 
 
+# -- repeating messages ------------------------------------------------------
+
+# The largest multiplier and the most occurrences a series may have: past them the interval or
+# the count means a mistake, and an interval that overflows an epoch-ms due time ends the series.
+MAX_MULTIPLIER = 1000.0
+MAX_DUE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
+_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,?#-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """A repeating message's schedule, as its put's frame carries it (options ``every=``/``cron=`` ...).
+
+    Exactly one of ``every_ms`` (a fixed interval, each ``multiplier`` times the last) and
+    ``cron`` (five fields, matched in time zone ``tz``) is set. ``times`` caps the number of
+    occurrences, ``until_ms`` the due time of the last.
+    """
+
+    every_ms: int | None = None
+    multiplier: float = 1.0
+    cron: str | None = None
+    tz: str = "UTC"
+    times: int | None = None
+    until_ms: int | None = None
+
+    def next_due(self, due_ms: int, occurrence: int) -> int | None:
+        """Due time of occurrence ``occurrence + 1``, after occurrence ``occurrence`` due at ``due_ms``.
+
+        Counted from the due time, not from when the occurrence was delivered: a series
+        keeps its rhythm, and after an outage the occurrences it missed follow one another
+        at once, none skipped. None when the series is over (``times``, ``until_ms``, or a
+        due time past year 9999).
+        """
+        if self.times is not None and occurrence >= self.times:
+            return None
+        if self.every_ms is not None:
+            gap = self.every_ms
+            if self.multiplier != 1.0:
+                try:
+                    gap = round(gap * self.multiplier ** (occurrence - 1))
+                except OverflowError:  # an interval past any due time: the series is over
+                    return None
+            following: int | None = due_ms + max(1, gap)
+        else:
+            following = next_cron_match(self.cron or "", self.tz, due_ms)
+        if following is None or following > MAX_DUE_MS or (self.until_ms is not None and following > self.until_ms):
+            return None
+        return following
+
+    def options(self) -> str:
+        """This schedule as frame options (each after a space)."""
+        text = ""
+        if self.every_ms is not None:
+            text += f" {EVERY_OPTION}={self.every_ms}"
+            if self.multiplier != 1.0:
+                text += f" {MULTIPLIER_OPTION}={format_multiplier(self.multiplier)}"
+        if self.cron is not None:
+            text += f" {CRON_OPTION}={'_'.join(self.cron.split())}"
+            if self.tz != "UTC":
+                text += f" {TZ_OPTION}={self.tz}"
+        if self.times is not None:
+            text += f" {TIMES_OPTION}={self.times}"
+        if self.until_ms is not None:
+            text += f" {UNTIL_OPTION}={self.until_ms}"
+        return text
+
+    def as_tuple(self) -> tuple:
+        """The fields in order (a node's stored form keeps them so)."""
+        return (self.every_ms, self.multiplier, self.cron, self.tz, self.times, self.until_ms)
+
+
+def format_multiplier(multiplier: float) -> str:
+    """A multiplier as the frame writes it: plain decimal digits, at most 6 after the point."""
+    return f"{multiplier:.6f}".rstrip("0").rstrip(".")
+
+
+@functools.lru_cache(maxsize=256)
+def time_zone(name: str) -> datetime.tzinfo:
+    """The IANA time zone ``name`` (zoneinfo), or ValueError naming it."""
+    import zoneinfo
+
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"time zone {name!r:.60} is not an IANA time zone name (like 'UTC' or "
+                         "'Europe/Berlin')") from None
+
+
+@functools.lru_cache(maxsize=256)
+def check_cron(expression: str) -> str:
+    """``expression`` with single spaces if it is a standard five-field cron expression (cronsim), else ValueError."""
+    import cronsim
+
+    fields = expression.split()
+    if len(fields) != 5 or not all(_CRON_FIELD.fullmatch(f) for f in fields):
+        raise ValueError(f"cron expression {expression!r:.100} must have five fields (minute hour day-of-month "
+                         "month day-of-week), like '*/5 * * * *'")
+    text = " ".join(fields)
+    try:
+        cronsim.CronSim(text, datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC))
+    except cronsim.CronSimError as err:
+        raise ValueError(f"cron expression {text!r:.100} is not valid: {err}") from None
+    return text
+
+
+def next_cron_match(expression: str, tz: str, after_ms: int) -> int | None:
+    """Epoch ms of the first minute matching ``expression`` in ``tz`` strictly after ``after_ms``; None if none."""
+    import cronsim
+
+    zone = time_zone(tz)
+    start = datetime.datetime.fromtimestamp(after_ms / 1000, datetime.UTC).astimezone(zone)
+    try:
+        match = next(cronsim.CronSim(check_cron(expression), start))
+    except (StopIteration, OverflowError, ValueError):  # no match before year 9999
+        return None
+    return int(match.timestamp() * 1000)
+
+
 # -- the envelope ------------------------------------------------------------
 
 
@@ -251,23 +391,52 @@ class Envelope:
     headers: Headers = field(default_factory=list)
     created_at_ms: int = 0
     partitioner: str | None = None
+    # A repeating message's schedule, and which occurrence this put is (1 for the first).
+    series: Series | None = None
+    occurrence: int | None = None
+    # A retry's attempt number (delayq.retry_later), delivered as header delayq-attempt.
+    attempt: int | None = None
 
     def buffer_headers(self) -> ProduceHeaders:
         """The headers of this message's ``put`` record on the buffer topic: the user's."""
         return list(self.headers)
 
-    def buffer_value(self, restores: int | None = None) -> bytes:
-        """The value of this message's ``put`` record: frame, key, payload (``restores``: a master's copy)."""
+    def buffer_value(self, restores: int | None = None, follows: int | None = None) -> bytes:
+        """The value of this message's ``put`` record: frame, key, payload.
+
+        ``restores``: a master's copy of the put at that offset; ``follows``: a master's put of
+        this occurrence of a series, after the put of the last one at that offset.
+        """
         return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner,
-                         restores)
+                         restores, schedule_options(self.series, self.occurrence, self.attempt, follows))
 
     def delivery_headers(self, epoch: int, version: int) -> ProduceHeaders:
         """Headers of the delivered record: the user's, then which message, when, by whom (DESIGN.md).
 
         ``version`` is the buffer offset of the put delivered: a reschedule is a newer version.
         """
-        return delivery_headers(self.headers, self.delay_id.encode(), str(self.deliver_at_ms).encode(),
-                                str(epoch).encode(), str(version).encode())
+        headers = delivery_headers(self.headers, self.delay_id.encode(), str(self.deliver_at_ms).encode(),
+                                   str(epoch).encode(), str(version).encode())
+        return headers + self.extra_delivery_headers() if self.occurrence or self.attempt else headers
+
+    def extra_delivery_headers(self) -> ProduceHeaders:
+        """``delayq-occurrence`` of a series' occurrence and ``delayq-attempt`` of a retry, when they apply."""
+        extra: ProduceHeaders = []
+        if self.occurrence is not None:
+            extra.append((OCCURRENCE, str(self.occurrence).encode()))
+        if self.attempt is not None:
+            extra.append((ATTEMPT, str(self.attempt).encode()))
+        return extra
+
+    def next_occurrence(self) -> Envelope | None:
+        """The put of this series' next occurrence (same id, key, payload, headers); None when it is over."""
+        if self.series is None:
+            return None
+        occurrence = self.occurrence or 1
+        due = self.series.next_due(self.deliver_at_ms, occurrence)
+        if due is None:
+            return None
+        return dataclasses.replace(self, deliver_at_ms=due, occurrence=occurrence + 1)
 
 
 def delivery_headers(user_headers: Headers, delay_id: bytes, deliver_at: bytes, epoch: bytes,
@@ -285,7 +454,8 @@ class BufferRecord:
 
     ``closes_version`` is set for a ``done`` that names the put it closes (its buffer
     offset); a ``done`` without one, and a ``cancel``, close whatever is pending.
-    ``restores`` is set for a put a master copied from the put at that offset.
+    ``restores`` is set for a put a master copied from the put at that offset, ``follows``
+    for a master's put of a series' next occurrence, after the occurrence put at that offset.
     """
 
     op: bytes
@@ -293,6 +463,7 @@ class BufferRecord:
     envelope: Envelope | None = None
     closes_version: int | None = None
     restores: int | None = None
+    follows: int | None = None
 
 
 def check_topic(topic: object) -> str:
@@ -338,15 +509,31 @@ def frame_options(partition: int | None, partitioner: str | None, null_value: bo
     return options
 
 
+def schedule_options(series: Series | None, occurrence: int | None, attempt: int | None,
+                     follows: int | None = None) -> str:
+    """The frame options of a repeating message and of a retry (empty, or each option after a space)."""
+    options = series.options() if series is not None else ""
+    if occurrence is not None and occurrence != 1:
+        options += f" {OCCURRENCE_OPTION}={occurrence}"
+    if follows is not None:
+        options += f" {FOLLOWS_OPTION}={follows}"
+    if attempt is not None:
+        options += f" {ATTEMPT_OPTION}={attempt}"
+    return options
+
+
 def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, partitioner: str | None = None, restores: int | None = None) -> bytes:
+              partition: int | None = None, partitioner: str | None = None, restores: int | None = None,
+              more_options: str = "") -> bytes:
     """The value of a ``put`` record: the frame line, the user's key, then the payload.
+
+    ``more_options``: :func:`schedule_options`' text.
 
     Raises:
         TypeError, ValueError: ``topic`` is not a Kafka topic name.
     """
     head = frame_head(deliver_at_ms, topic, None if key is None else len(key),
-                      frame_options(partition, partitioner, value is None, restores))
+                      frame_options(partition, partitioner, value is None, restores) + more_options)
     return b"".join((head, key or b"", value or b""))
 
 
@@ -437,6 +624,7 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
             raise MalformedRecord(Reason.BAD_FRAME, f"the frame's key length {length} runs past the end of the value")
     partition_option = partitioner = None
     restores: int | None = None
+    schedule: dict[bytes, bytes] | None = None
     null_value = False
     for option in fields[4:]:
         if option in _PARTITIONER_OPTIONS and partitioner is None:  # the usual option, without splitting it
@@ -455,10 +643,16 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                                       f"{', '.join(sorted(PARTITIONERS))}")
         elif name == _RESTORES_NAME and sep:
             repeated, restores = restores is not None, _digits(text, "restores offset")
+        elif name in _SCHEDULE_OPTIONS and text:
+            if schedule is None:
+                schedule = {}
+            repeated = name in schedule
+            schedule[name] = text
         else:
             raise MalformedRecord(Reason.UNKNOWN_OPTION,
                                   f"unknown frame option {option[:40]!r}; expected {PARTITION_OPTION}=N, "
-                                  f"{PARTITIONER_OPTION}=NAME, {NULL_VALUE_OPTION} or {RESTORES_OPTION}=N")
+                                  f"{PARTITIONER_OPTION}=NAME, {NULL_VALUE_OPTION}, {RESTORES_OPTION}=N or a "
+                                  f"schedule option ({', '.join(sorted(n.decode() for n in _SCHEDULE_OPTIONS))})")
         if repeated:
             # Which one would win is a guess; the producer writes each at most once.
             raise MalformedRecord(Reason.BAD_FRAME, f"frame option {name.decode()} appears twice")
@@ -467,7 +661,60 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                               f"the frame says {NULL_VALUE_OPTION} but {len(value) - start} bytes follow the key")
     envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key,
                         partition_option, user_headers, timestamp_ms, partitioner)
-    return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
+    if schedule is None:
+        return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
+    return BufferRecord(OP_PUT, delay_id, envelope, None, restores, _read_schedule(schedule, envelope))
+
+
+def _read_schedule(options: dict[bytes, bytes], envelope: Envelope) -> int | None:
+    """Set ``envelope``'s series, occurrence and attempt from its frame's schedule options; the ``follows`` offset."""
+    def number(name: str, least: int = 0) -> int | None:
+        raw = options.get(name.encode())
+        if raw is None:
+            return None
+        value = _digits(raw, f"{name} option")
+        if value < least:
+            raise MalformedRecord(Reason.BAD_FRAME, f"the frame's {name}={value} must be at least {least}")
+        return value
+
+    every, cron = number(EVERY_OPTION, 1), options.get(CRON_OPTION.encode())
+    attempt = number(ATTEMPT_OPTION, 1)
+    envelope.attempt = attempt
+    if every is None and cron is None:
+        alone = [n.decode() for n in options if n != ATTEMPT_OPTION.encode()]
+        if alone:
+            raise MalformedRecord(Reason.BAD_FRAME, f"frame option {alone[0]} belongs to a repeating message, "
+                                  f"which needs {EVERY_OPTION}=MS or {CRON_OPTION}=EXPRESSION")
+        return None
+    if every is not None and cron is not None:
+        raise MalformedRecord(Reason.BAD_FRAME, f"a frame has {EVERY_OPTION} or {CRON_OPTION}, not both")
+    raw_multiplier, raw_tz = options.get(MULTIPLIER_OPTION.encode()), options.get(TZ_OPTION.encode())
+    multiplier = 1.0
+    if raw_multiplier is not None:
+        if every is None:
+            raise MalformedRecord(Reason.BAD_FRAME, f"frame option {MULTIPLIER_OPTION} needs {EVERY_OPTION}")
+        if not _DECIMAL.fullmatch(raw_multiplier) or not 1.0 <= float(raw_multiplier) <= MAX_MULTIPLIER:
+            raise MalformedRecord(Reason.BAD_FRAME, f"the frame's {MULTIPLIER_OPTION} is {raw_multiplier[:40]!r}; "
+                                  f"expected a decimal number from 1 to {MAX_MULTIPLIER:g}")
+        multiplier = float(raw_multiplier)
+    tz = "UTC"
+    expression = None
+    if cron is not None:
+        try:
+            expression = check_cron(cron.decode("ascii").replace("_", " "))
+            if raw_tz is not None:
+                tz = raw_tz.decode("ascii")
+                time_zone(tz)
+        except (UnicodeDecodeError, ValueError) as err:
+            raise MalformedRecord(Reason.BAD_FRAME, f"the frame's schedule: {err}") from None
+    elif raw_tz is not None:
+        raise MalformedRecord(Reason.BAD_FRAME, f"frame option {TZ_OPTION} needs {CRON_OPTION}")
+    envelope.series = Series(every, multiplier, expression, tz, number(TIMES_OPTION, 1), number(UNTIL_OPTION))
+    envelope.occurrence = number(OCCURRENCE_OPTION, 1) or 1
+    return number(FOLLOWS_OPTION)
+
+
+_DECIMAL = re.compile(rb"[0-9]{1,6}(\.[0-9]{1,6})?")
 
 
 # Every frame option naming a known partitioner, and the name.

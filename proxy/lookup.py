@@ -38,7 +38,9 @@ class Lookup:
     ``pending`` False means the node holds no such message: delivered, cancelled, or
     never produced (a node cannot tell these apart once compaction ran). ``deliver_at``
     is None for a due time past 9999-12-31, which ``datetime`` cannot hold;
-    ``deliver_at_ms`` is exact.
+    ``deliver_at_ms`` is exact. For a repeating message, ``occurrence`` is the number of
+    the occurrence pending (``deliver_at`` its due time) and ``repeat`` its schedule as the
+    buffer's frame options (``every=60000 times=5``); for a retry, ``attempt`` its number.
     """
 
     delay_id: str
@@ -47,6 +49,9 @@ class Lookup:
     deliver_at_ms: int | None = None
     topic: str | None = None
     node: str = ""
+    occurrence: int | None = None
+    repeat: str | None = None
+    attempt: int | None = None
 
 
 class _Answer(BaseModel):
@@ -54,6 +59,9 @@ class _Answer(BaseModel):
     status: Literal["pending", "not_found"]
     deliver_at_ms: int | None = None
     topic: str | None = None
+    occurrence: int | None = None
+    repeat: str | None = None
+    attempt: int | None = None
 
 
 def node_urls(settings: Settings, timeout: float = 3.0, delay_id: str | None = None) -> list[str]:
@@ -159,4 +167,5 @@ def _ask(url: str, delay_id: str, timeout: float) -> Lookup:
         deliver_at: datetime | None = _EPOCH + timedelta(milliseconds=answer.deliver_at_ms)
     except OverflowError:  # past 9999-12-31, which a frame's 18 digits reach: the exact ms stays in deliver_at_ms
         deliver_at = None
-    return Lookup(delay_id, True, deliver_at, answer.deliver_at_ms, answer.topic, url)
+    return Lookup(delay_id, True, deliver_at, answer.deliver_at_ms, answer.topic, url, answer.occurrence,
+                  answer.repeat, answer.attempt)

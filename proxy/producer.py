@@ -34,6 +34,7 @@ from delayq.settings import ENV_PREFIX, Settings, closest_setting, validation_pr
 from delayq.wire import buffer_partition, check_delay_id, control_headers, frame_head, put_value
 
 from .lookup import Lookup, lookup
+from .repeat import Cron, Every
 
 DEFAULT_PARTITIONER = "consistent_random"
 # librdkafka partitioners that hash a non-empty key with CRC32, exactly like buffer_partition().
@@ -103,6 +104,25 @@ class _DelayTicks:
 
 
 _ticks = _DelayTicks()
+
+
+def new_id(now_ns: int | None = None) -> str:
+    """A fresh delay id (UUIDv7) from the process's ticks."""
+    now_ns = _time_ns() if now_ns is None else now_ns
+    tick = _ticks.tick
+    if not tick[0] <= now_ns < tick[1]:
+        tick = _ticks.new(now_ns)
+    try:
+        return tick[3]()
+    except StopIteration:  # more than 4096 ids in one millisecond: a fresh tail keeps them unique
+        return _ticks.new(now_ns)[3]()
+
+
+def now_ms_of(now_ns: int) -> int:
+    """``now_ns`` in ms, refused before 2000-01-01 (a due time from it would be too)."""
+    if now_ns < _MIN_CLOCK_NS:
+        raise _clock_error(now_ns // 1_000_000)
+    return now_ns // 1_000_000
 
 
 # -- settings from the conf dict ---------------------------------------------
@@ -218,6 +238,65 @@ def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) ->
                          f"{_span(max_delay_ms)} (setting max_delay_ms: DELAYQ_MAX_DELAY_MS or conf key "
                          "delayq.max.delay.ms)")
     return due
+
+
+def level_delay_ms(level: object, levels: tuple[int, ...]) -> int:
+    """The delay of ``delay_level`` ``level`` (1 is the first of ``levels``, 0 no delay), in ms.
+
+    Raises:
+        TypeError: ``level`` is not an int.
+        ValueError: ``level`` is not from 0 to the number of levels (RocketMQ clamps such a
+            level to the nearest one; delayq refuses it, naming the table).
+    """
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(f"delay_level must be an int (0 for no delay, 1 to {len(levels)}); got "
+                        f"{type(level).__name__} {level!r:.60}")
+    if level == 0:
+        return 0
+    if not 1 <= level <= len(levels):
+        table = ", ".join(f"{n}={_level_text(ms)}" for n, ms in enumerate(levels, 1))
+        raise ValueError(f"delay_level {level} is not a level: levels are {table} (setting delay_levels: "
+                         f"DELAYQ_DELAY_LEVELS or conf key delayq.delay.levels); 0 means no delay")
+    return levels[level - 1]
+
+
+def _level_text(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def scheduled_due(now_ms: int, delay: object, deliver_at: object, delay_level: object, repeat: object,
+                  settings: Settings) -> tuple[int | None, env.Series | None]:
+    """Due time and schedule of a produce with ``delay_level`` or ``repeat``: the full rules.
+
+    Returns (None, None) for ``delay_level=0`` without ``repeat``: no delay, a plain produce.
+
+    Raises:
+        TypeError, ValueError: as :func:`due_ms`, :func:`level_delay_ms`; ``delay_level``
+            with ``delay`` or ``deliver_at``; ``repeat`` not an Every or Cron; an ``until``
+            before the first occurrence.
+    """
+    if delay_level is not None:
+        if delay is not None or deliver_at is not None:
+            raise ValueError("give delay_level, or delay or deliver_at, not both: a level names a delay")
+        delay = timedelta(milliseconds=level_delay_ms(delay_level, settings.delay_levels_ms))
+        if repeat is None and delay == timedelta(0):
+            return None, None
+    if repeat is None:
+        return due_ms(now_ms, delay, deliver_at, settings.max_delay_ms), None
+    if not isinstance(repeat, (Every, Cron)):
+        raise TypeError(f"repeat must be a delayq.Every or delayq.Cron; got {type(repeat).__name__} {repeat!r:.60}")
+    series = repeat.series()
+    if delay is None and deliver_at is None:
+        due = repeat.first_due(now_ms)
+    else:
+        due = due_ms(now_ms, delay, deliver_at, settings.max_delay_ms)
+    if series.until_ms is not None and series.until_ms < due:
+        raise ValueError(f"repeat's until ({series.until_ms} ms) is before the first occurrence ({due} ms): "
+                         "nothing would be delivered")
+    return due, series
 
 
 def _early_epoch_ms(due: int, now_ms: int, max_delay_ms: int) -> str:
@@ -381,6 +460,8 @@ class Producer(confluent_kafka.Producer):
         deliver_at: datetime | int | None = None,
         delay_id: str | None = None,
         callback: Callable | None = None,
+        delay_level: int | None = None,
+        repeat: Every | Cron | None = None,
     ) -> str | None:
         """Produce a message to ``topic``, now or, with ``delay``/``deliver_at``, when it falls due.
 
@@ -433,6 +514,13 @@ class Producer(confluent_kafka.Producer):
                 at or after 2000-01-01T00:00:00Z.
             delay_id: re-put under this existing id (needs ``delay`` or ``deliver_at``).
             callback: alias of ``on_delivery``, as in confluent-kafka.
+            delay_level: instead of ``delay``, a RocketMQ-style level: 1 to the number of
+                levels in setting ``delay_levels`` (default 1s 5s 10s 30s 1m 2m ... 1h 2h);
+                0 is no delay. An out-of-range level raises (RocketMQ would clamp it).
+            repeat: :class:`delayq.Every` or :class:`delayq.Cron`: deliver the message again
+                and again under one id, each occurrence with header ``delayq-occurrence``;
+                the first at ``delay``/``deliver_at``/``delay_level`` (default: one interval
+                from now, or the cron expression's next match). ``cancel(id)`` stops it.
 
         Returns:
             The delay id for a delayed message, else None.
@@ -451,6 +539,12 @@ class Producer(confluent_kafka.Producer):
         """
         if callback is not None:  # confluent-kafka lets callback win when both are given
             on_delivery = callback
+        if delay_level is not None or repeat is not None:
+            due, series = scheduled_due(now_ms_of(_time_ns()), delay, deliver_at, delay_level, repeat, self._settings)
+            if due is None:  # level 0: no delay
+                return self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay_id=delay_id)
+            return self.produce_put(topic, value, key, partition, on_delivery, timestamp, headers, due=due,
+                                    options=env.schedule_options(series, None, None), delay_id=delay_id)
         # Positional arguments in the order of cimpl's produce(topic, value, key, partition,
         # callback, on_delivery, timestamp, headers): keyword parsing costs measurably per call.
         if delay is None and deliver_at is None:
@@ -511,6 +605,36 @@ class Producer(confluent_kafka.Producer):
                           None, timestamp, headers)
         return delay_id
 
+    def produce_put(self, topic: str, value: str | bytes | None, key: str | bytes | None, partition: int,
+                    on_delivery: Callable | None, timestamp: int, headers: dict | list | None, *, due: int,
+                    options: str = "", delay_id: str | None = None) -> str:
+        """Put a delayed message due at ``due`` (epoch ms, checked already) with more frame ``options``.
+
+        The one path for puts beyond a plain delay (a level, a series, a retry); the arguments
+        as :meth:`produce` takes them, ``options`` as :func:`delayq.wire.schedule_options` writes them.
+        """
+        if type(key) is not bytes and key is not None:
+            key = _as_bytes(key, "key")
+        if type(value) is not bytes and value is not None:
+            value = _as_bytes(value, "value")
+        if type(partition) is not int:
+            raise TypeError(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
+                            f"got {partition!r}")
+        if partition < -1:
+            raise ValueError(f"partition must be -1 (the partitioner decides) or a partition number >= 0; "
+                             f"got {partition}")
+        if partition == -1:
+            frame = put_value(due, topic, key, value, None, self._partitioner_name, None, options)
+        else:
+            frame = put_value(due, topic, key, value, partition, None, None, options)
+        if headers is not None:
+            headers = _check_user_headers(headers)
+        timestamp = _check_timestamp(timestamp)
+        delay_id = new_id() if delay_id is None else check_delay_id(delay_id)
+        target = -1 if self._crc_by_librdkafka else self._partition_of(delay_id)
+        _base_produce(self, self._buffer_topic, frame, delay_id, target, on_delivery, None, timestamp, headers)
+        return delay_id
+
     def reschedule(
         self,
         delay_id: str,
@@ -524,6 +648,8 @@ class Producer(confluent_kafka.Producer):
         *,
         delay: float | timedelta | None = None,
         deliver_at: datetime | int | None = None,
+        delay_level: int | None = None,
+        repeat: Every | Cron | None = None,
     ) -> str:
         """Move a pending delayed message to a new due time, under the same id.
 
@@ -541,6 +667,8 @@ class Producer(confluent_kafka.Producer):
             delay: new delay from now, seconds or a timedelta.
             deliver_at: new due time, a timezone-aware datetime or epoch milliseconds
                 (at or after 2000-01-01, as in :meth:`produce`).
+            delay_level, repeat: as in :meth:`produce`; a series rescheduled with ``repeat``
+                starts again from occurrence 1, one rescheduled without it stops repeating.
 
         Returns:
             ``delay_id``.
@@ -549,11 +677,13 @@ class Producer(confluent_kafka.Producer):
             TypeError, ValueError: a malformed ``delay_id``, or any bad input :meth:`produce` refuses.
         """
         check_delay_id(delay_id)
-        if delay is None and deliver_at is None:
+        if delay is None and deliver_at is None and delay_level is None and repeat is None:
             raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms) to reschedule")
+        if delay_level == 0 and repeat is None:
+            raise ValueError("delay_level 0 is no delay: reschedule needs a due time (level 1 or more)")
         # With a delay, produce() returns the id it was given.
         self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay=delay,
-                     deliver_at=deliver_at, delay_id=delay_id)
+                     deliver_at=deliver_at, delay_id=delay_id, delay_level=delay_level, repeat=repeat)
         return delay_id
 
     def cancel(self, delay_id: str, on_delivery: Callable | None = None) -> None:

@@ -18,7 +18,10 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   headers (older masters) closes the latest put before it. A master's copy of a put
   (frame option ``restores=N``) is a put like any other when version N was still the
   one pending at its offset; a copy a newer put or a cancel overtook is ignored, as
-  nodes ignore it.
+  nodes ignore it. A master's put of a repeating message's next occurrence (``follows=N``)
+  is read the same way: a put like any other if N was still pending, so each occurrence
+  is a version of the series' id, judged on its own due time (early, duplicated), and the
+  last one on whether it was delivered. A retry (``attempt=N``) is a delayed message like any other.
 * A version is *superseded* by the first put or cancel after it. If the done of a
   delivered version has a cutoff and the superseding record is below it, the master
   saw the cancel or reschedule and delivered anyway: **cancel_ignored** (the product

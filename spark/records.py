@@ -100,7 +100,8 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
                 assert message is not None  # a put has its envelope
                 due[i] = message.deliver_at_ms
                 topic[i] = message.topic
-                restores[i] = record.restores
+                # A series' next occurrence (follows=N) replaces N only, as a copy (restores=N) does.
+                restores[i] = record.restores if record.restores is not None else record.follows
             elif op == op_cancel:
                 kind[i] = CANCEL
             else:

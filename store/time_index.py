@@ -44,7 +44,8 @@ _MAX_PARTITION = 2**31 - 1
 
 # 3: malformed records are kept (sys/malformed/) and ingest enforces the wire contract's partition,
 # id and due-time rules; a store ingested under older rules is rebuilt rather than trusted.
-_FORMAT = b"delayq-time-index-3"
+# 4: stored values of form 4 (delay_service/stored.py: a repeating message's schedule, a retry's attempt).
+_FORMAT = b"delayq-time-index-4"
 _META_FORMAT = b"sys/format"
 _META_PENDING = b"sys/pending"
 _META_LAST_INGEST = b"sys/last_ingest_ms"

@@ -85,12 +85,22 @@ def parse_header(text: str) -> tuple[str, bytes]:
 def register(subparsers) -> None:
     produce = subparsers.add_parser(
         "produce", help="send one message to a topic, now or later; prints the delay id of a delayed one",
-        description="Send one message. With --delay or --at it is held by delayq and the delay id is printed.")
+        description="Send one message. With --delay, --at or --level it is held by delayq and the delay id is "
+                    "printed; with --every or --cron it repeats under that id until cancelled.")
     produce.add_argument("--topic", required=True, help="target topic")
     when = produce.add_mutually_exclusive_group()
     when.add_argument("--delay", type=parse_duration, help=f"hold it this long: {DURATION_FORMS}")
     when.add_argument("--at", dest="deliver_at", type=parse_at, metavar="ISO8601",
                       help="deliver at this time, with a timezone: 2026-12-01T09:00:00Z")
+    when.add_argument("--level", dest="delay_level", type=int, metavar="N",
+                      help="a delay level (RocketMQ-style: 1 to 18 by default, setting DELAYQ_DELAY_LEVELS)")
+    repeat = produce.add_mutually_exclusive_group()
+    repeat.add_argument("--every", type=parse_duration, metavar="DURATION",
+                        help="repeat at this interval (the first at --delay/--at/--level, else one interval on)")
+    repeat.add_argument("--cron", metavar="EXPRESSION", help="repeat at the matches of a five-field cron expression")
+    produce.add_argument("--tz", default="UTC", help="the --cron expression's time zone (IANA name)")
+    produce.add_argument("--times", type=int, help="repeat at most this many times in all")
+    produce.add_argument("--until", type=parse_at, metavar="ISO8601", help="repeat with no occurrence after this")
     produce.add_argument("--key", help="message key (UTF-8)")
     produce.add_argument("--header", dest="headers", action="append", type=parse_header, default=[],
                          metavar="NAME=VALUE", help="a header; repeat for more")
@@ -144,7 +154,11 @@ def _produce(args: argparse.Namespace) -> int:
         producer = Producer(settings.kafka_conf())
     except ValueError as err:  # a DELAYQ_* setting the producer refuses
         raise CommandError(str(err)) from err
-    delayed = args.delay is not None or args.deliver_at is not None
+    try:
+        repeat = _repeat(args)
+    except (ValueError, TypeError) as err:
+        raise CommandError(str(err)) from err
+    delayed = args.delay is not None or args.deliver_at is not None or bool(args.delay_level) or repeat is not None
     if delayed:
         require_buffer_topic(producer, settings, min(10.0, args.timeout))
     if args.deliver_at is not None:
@@ -158,7 +172,8 @@ def _produce(args: argparse.Namespace) -> int:
     def send(report) -> None:
         try:
             ids.append(producer.produce(args.topic, value, key, headers=args.headers or None, on_delivery=report,
-                                        delay=args.delay, deliver_at=args.deliver_at))
+                                        delay=args.delay, deliver_at=args.deliver_at, delay_level=args.delay_level,
+                                        repeat=repeat))
         except (ValueError, TypeError) as err:
             # Input the producer refuses before sending (a topic name, a delay past the maximum,
             # a delayq- header): one line, exit 2, as the parser's own refusals.
@@ -173,6 +188,19 @@ def _produce(args: argparse.Namespace) -> int:
     else:
         print(f"delivered to {msg.topic()} [{msg.partition()}] at offset {msg.offset()}")
     return 0
+
+
+def _repeat(args: argparse.Namespace):
+    """The --every/--cron schedule (with --times/--until), or None."""
+    from delayq.proxy import Cron, Every
+
+    if args.every is not None:
+        return Every(args.every, times=args.times, until=args.until)
+    if args.cron is not None:
+        return Cron(args.cron, tz=args.tz, times=args.times, until=args.until)
+    if args.times is not None or args.until is not None or args.tz != "UTC":
+        raise ValueError("--times, --until and --tz shape a repeating message: add --every or --cron")
+    return None
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -210,14 +238,16 @@ def _get(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"id": found.delay_id, "pending": found.pending, "deliver_at_ms": found.deliver_at_ms,
                           "deliver_at": found.deliver_at.isoformat() if found.deliver_at else None,
-                          "topic": found.topic, "node": found.node}))
+                          "topic": found.topic, "node": found.node, "occurrence": found.occurrence,
+                          "repeat": found.repeat, "attempt": found.attempt}))
     elif found.pending:
         if found.deliver_at is None:  # past the year 9999
             print(f"pending: due at {found.deliver_at_ms} ms since the epoch (after 9999) to topic {found.topic}")
         else:
             left = (found.deliver_at - datetime.now(UTC)).total_seconds()
             when = f"in {left:.1f} s" if left >= 0 else f"{-left:.1f} s overdue"
-            print(f"pending: due {found.deliver_at.isoformat()} ({when}) to topic {found.topic}")
+            occurrence = f", occurrence {found.occurrence} of a series ({found.repeat})" if found.occurrence else ""
+            print(f"pending: due {found.deliver_at.isoformat()} ({when}) to topic {found.topic}{occurrence}")
     else:
         print(f"not pending: {found.delay_id} was delivered, cancelled, or never produced")
     return 0 if found.pending else 1
