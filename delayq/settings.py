@@ -322,7 +322,10 @@ def validation_problems(err: ValidationError, named: Callable[[str], str]) -> st
     problems = []
     for error in err.errors():
         field = str(error["loc"][0]) if error["loc"] else ""
-        problems.append(f"{named(field)} = {error.get('input')!r:.80}: {error['msg']}")
+        # Inside a structured setting (dispatch_limits.orders.rate), which part.
+        inner = ".".join(str(part) for part in error["loc"][1:])
+        where = f"{named(field)} ({inner})" if inner else named(field)
+        problems.append(f"{where} = {error.get('input')!r:.80}: {error['msg']}")
     return "; ".join(problems)
 
 

@@ -9,7 +9,8 @@ from delayq.delay_service.metrics import NodeMetrics
 from delayq.store import TimeIndex
 
 # The attributes ShardFeed.__init__ sets, beside its methods and properties.
-_FEED_ATTRIBUTES = ["shard", "store", "metrics", "partitions", "partition_count", "ledger", "lag", "ready"]
+_FEED_ATTRIBUTES = ["shard", "shards", "store", "metrics", "partitions", "partition_count", "ledger", "lag",
+                    "ready"]
 
 
 def shard_feed(partitions: list[int], partition_count: int | None = None, shard: int = 0) -> mock.Mock:
@@ -18,4 +19,5 @@ def shard_feed(partitions: list[int], partition_count: int | None = None, shard:
     feed.shard, feed.store, feed.metrics = shard, mock.Mock(spec_set=TimeIndex), NodeMetrics().shard(shard)
     feed.partitions = list(partitions)
     feed.partition_count = partition_count if partition_count is not None else len(partitions)
+    feed.shards = feed.partition_count // len(partitions) if partitions else 1
     return feed

@@ -236,10 +236,12 @@ def _get(args: argparse.Namespace) -> int:
     except (NodeUnreachable, ValueError) as err:  # ValueError: not a delay id, or a node refused it
         raise CommandError(str(err)) from err
     if args.json:
-        print(json.dumps({"id": found.delay_id, "pending": found.pending, "deliver_at_ms": found.deliver_at_ms,
-                          "deliver_at": found.deliver_at.isoformat() if found.deliver_at else None,
-                          "topic": found.topic, "node": found.node, "occurrence": found.occurrence,
-                          "repeat": found.repeat, "attempt": found.attempt}))
+        answer = {"id": found.delay_id, "pending": found.pending, "deliver_at_ms": found.deliver_at_ms,
+                  "deliver_at": found.deliver_at.isoformat() if found.deliver_at else None,
+                  "topic": found.topic, "node": found.node}
+        # A series' occurrence and schedule, a retry's attempt: only for such messages.
+        extra = {"occurrence": found.occurrence, "repeat": found.repeat, "attempt": found.attempt}
+        print(json.dumps({**answer, **{k: v for k, v in extra.items() if v is not None}}))
     elif found.pending:
         if found.deliver_at is None:  # past the year 9999
             print(f"pending: due at {found.deliver_at_ms} ms since the epoch (after 9999) to topic {found.topic}")
