@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_future
@@ -312,10 +313,11 @@ class Delivery:
         self.in_flight = in_flight
         self.retries: dict[str, Retry] = {}
         self.cutoff = Cutoff(feed.partitions)
-        # Dispatch limits: this shard's part of each limited topic's rate, and the due ids
-        # waiting for their topic's bucket to refill (left out of picks until it has).
+        # Dispatch limits: this shard's part of each limited topic's rate, and the messages
+        # picked over it, waiting in due order for their topic's bucket (their ids left out of picks).
         self.limiter = DispatchLimiter(settings, feed.shards)
-        self._throttled: dict[str, set[str]] = {}
+        self._waiting: dict[str, deque[Outgoing]] = {}
+        self._waiting_ids: set[str] = set()
         # Due ids of each held partition, not covered yet: left out of picks until it moves on
         # (kept across covers: a long hold's backlog is not walked again by every cover).
         self._uncovered: dict[int, set[str]] = {}
@@ -600,18 +602,22 @@ class Delivery:
             self._repair(term, {i: copy for i, copy in shadowed.items() if i not in skip})
             skip = self._skip(now)
             prepared = None  # picked before the repair: pick again, leaving the repaired ids out
+        # Messages that waited for their topic's dispatch limit, now within it (their ids are in skip still).
+        released = self._release_waiting() if self._waiting else []
         if prepared is not None:
             outgoing = [item for item in prepared[0] if item.entry.delay_id not in skip]
             dead = [d for d in prepared[1] if d.item.entry.delay_id not in skip]
         else:
             entries = self._pick(skip)
-            if entries is None:
-                return 0  # only uncovered ones: pick again without them
-            if not entries:
+            if not entries and not released:
+                if entries is None:
+                    return 0  # only uncovered ones: pick again without them
                 self._write_cursor(term.epoch)  # idle: the last batches' progress shows in `delayq status`
                 self.wakeup.sleep_until(self._next_wake(skip), term)
                 return 0
-            outgoing, dead = self._route(entries, now)
+            outgoing, dead = self._route(entries or [], now)
+        if released:
+            outgoing = released + outgoing
         self._commit(term, outgoing, dead)
         return len(outgoing)
 
@@ -647,11 +653,8 @@ class Delivery:
             skip |= waiting
         if self.retries:
             skip.update(i for i, r in self.retries.items() if r.next_try_ms > now)
-        if self._throttled:
-            for topic in [t for t in self._throttled if self.limiter.released(t)]:
-                del self._throttled[topic]  # in due order again, with the ids of other topics
-            for waiting in self._throttled.values():
-                skip |= waiting
+        if self._waiting_ids:
+            skip |= self._waiting_ids
         return skip
 
     def _next_wake(self, skip: set[str]) -> int | None:
@@ -660,8 +663,8 @@ class Delivery:
         if self._uncovered:  # look at the held partitions again soon
             held_at = now_ms() + int(PARTIAL_COVER_S * 1000)
             retry_at = held_at if retry_at is None else min(retry_at, held_at)
-        if self._throttled:  # when the first throttled topic may deliver again
-            released_at = now_ms() + 1 + int(1000 * min(self.limiter.release_in(t) for t in self._throttled))
+        if self._waiting:  # when the first topic over its limit may deliver again
+            released_at = now_ms() + 1 + int(1000 * min(self.limiter.release_in(t) for t in self._waiting))
             retry_at = released_at if retry_at is None else min(retry_at, released_at)
         candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
         return min(candidates, default=None)
@@ -697,12 +700,35 @@ class Delivery:
             if problem is not None:
                 if self._give_up(entry.delay_id, problem[1], now):
                     dead.append(Undeliverable(item, *problem))
-            elif limited and not self.limiter.take(topic):
-                # Over its topic's dispatch limit: it waits, in due order, for the bucket to refill.
-                self._throttled.setdefault(topic, set()).add(entry.delay_id)
+            elif limited and (topic in self._waiting or not self.limiter.take(topic)):
+                # Over its topic's dispatch limit: it waits, behind the earlier ones, for the bucket to refill.
+                self._waiting.setdefault(topic, deque()).append(item)
+                self._waiting_ids.add(entry.delay_id)
             else:
                 outgoing.append(item)
         return outgoing, dead
+
+    def _release_waiting(self) -> list[Outgoing]:
+        """The waiting messages whose topics' buckets have refilled, as many as the buckets allow, in due order.
+
+        Each is checked against the store first: one cancelled or rescheduled while it waited
+        is dropped (the store offers its new version to the next pick).
+        """
+        released: list[Outgoing] = []
+        room = self.settings.delivery_batch_size
+        for topic, queue in list(self._waiting.items()):
+            if self.limiter.released(topic):
+                while queue and len(released) < room and self.limiter.take(topic):
+                    item = queue.popleft()
+                    self._waiting_ids.discard(item.entry.delay_id)
+                    stored_now = self.store.get(item.entry.delay_id)
+                    if stored_now is None or stored_now.version != item.pending.version:
+                        self.limiter.give_back(topic)
+                        continue
+                    released.append(item)
+            if not queue:
+                del self._waiting[topic]
+        return released
 
     def _give_up(self, delay_id: str, reason: str, now: int) -> bool:
         """Count one failed attempt; True when the message has had all its attempts."""

@@ -4,9 +4,9 @@ A token bucket per topic: ``rate`` tokens a second, at most ``burst`` saved up; 
 delivery takes one. The cluster's limit is shared by its shards' masters, each taking
 an equal part (ids hash evenly over the shards), so S masters together deliver at most
 ``rate`` a second to a topic. A message whose topic has no token left waits, in due
-order, until the bucket has refilled a little (:data:`RELEASE_S` worth of tokens, or the
-whole burst if that is less): picking again for every single token would cost a store
-walk per message.
+order, in the master's memory (delivery.py), until the bucket has refilled a little
+(:data:`RELEASE_S` worth of tokens, or the whole burst if that is less): a transaction
+per token would cost more than the messages.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ class DispatchLimiter:
                 return False
         bucket.tokens -= 1.0
         return True
+
+    def give_back(self, topic: str) -> None:
+        """Return a token :meth:`take` gave for a delivery that did not happen."""
+        bucket = self._bucket(topic)
+        if bucket is not None:
+            bucket.tokens = min(bucket.capacity, bucket.tokens + 1.0)
 
     def released(self, topic: str) -> bool:
         """Whether ``topic``'s waiting messages may be picked again (its bucket has refilled enough)."""

@@ -197,6 +197,7 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
         F.col("key").cast("string").alias("id"),
         F.col("code").isNotNull().cast("int").alias("malformed"),
         "kind", "code", "partition", "offset", "due", "put_topic", "restores", "ts", "version", "cutoff",
+        "follows",
     )
     # A put or cancel of a mark's id is malformed (nodes dead-letter it): only the marks themselves go.
     return rows.where((F.col("malformed") == 1) | F.col("id").isNull()
@@ -282,7 +283,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
 
     rows = (buffer.where(F.col("kind").isNotNull())
             .select("id", "kind", "offset", "due", _topic_index("put_topic", topics).alias("topic"), "ts",
-                    "version", "cutoff", "restores")
+                    "version", "cutoff", "restores", "follows")
             .unionByName(deliveries.select("id", "kind", "ts", "due", "epoch", "version",
                                            _topic_index("delivery_topic", topics).alias("topic")),
                          allowMissingColumns=True))
@@ -319,6 +320,9 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.max_by(F.when(kind == PUT, due), put_offset).over(whole).alias("latest_due"),
         F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, offset)).over(ordered)).alias("superseded_at"),
         F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, kind)).over(ordered)).alias("superseded_by"),
+        # A repeating message's occurrence whose next occurrence the master put after it (follows=).
+        F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, F.col("follows"))).over(ordered) == offset
+               ).alias("continued"),
     )
     latest, delivery = F.col("latest"), kind == DELIVERY
     after_latest = offset > F.coalesce(latest, F.lit(NO_PUT))
@@ -346,6 +350,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.max(F.when(kind == PUT, F.col("topic"))).alias("put_topic"),
         F.max("superseded_at").alias("superseded_at"),
         F.max("superseded_by").alias("superseded_by"),
+        F.max(F.col("continued").cast("int")).alias("continued"),
         F.max("cutoff").alias("cutoff"),
         F.min(F.when(cancel_after, offset)).alias("cancel_offset"),
         F.min_by(F.when(cancel_after, F.col("ts")), F.when(cancel_after, offset)).alias("cancel_ms"),
@@ -377,7 +382,9 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
 
     version, latest, copies = F.col("version"), F.col("latest"), F.col("copies")
     is_latest = version == latest
-    older = latest.isNotNull() & (version != latest) & (copies > 0)
+    # An occurrence of a series the master continued is not an older version: the next occurrence follows it.
+    continued = F.coalesce(F.col("continued"), F.lit(0)) == 1
+    older = latest.isNotNull() & (version != latest) & (copies > 0) & ~continued
     # Seen and delivered anyway: the first put or cancel after this version is below its done's cutoff.
     ignored = older & (F.col("superseded_at") < F.col("cutoff"))
     put_due = F.col("put_due")
@@ -412,6 +419,8 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
         flag(ignored & (F.col("superseded_by") == PUT)).alias("reschedule_ignored"),
         flag(ignored & (F.col("superseded_by") == CANCEL)).alias("older_cancel_ignored"),
         flag(mismatched).alias("version_mismatch"),
+        # An occurrence followed by the next one, yet never delivered: the series skipped it.
+        flag(continued & (copies == 0)).alias("occurrence_missing"),
         F.max_by("header_due", F.when(copies > 0, version)).alias("header_due"),
         F.min("delivery_topic").alias("delivery_topic"),
         F.coalesce(F.sum(F.when(is_latest, F.col("dead_letters"))), F.lit(0)).alias("latest_dead_letters"),
@@ -459,7 +468,8 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
             .withColumn("in_grace", legit & (col("due_ms") >= options.expected_before_ms))
             .withColumn("is_delivered", col("is_expected") & delivered)
             .withColumn("is_undeliverable", col("is_expected") & ~delivered & dead_lettered)
-            .withColumn("is_missing", col("is_expected") & ~delivered & ~dead_lettered)
+            .withColumn("is_missing", (col("is_expected") & ~delivered & ~dead_lettered)
+                        | (legit & col("occurrence_missing")))
             .withColumn("already_due", F.coalesce(already_due, F.lit(False)))
             .withColumn("is_duplicate", col("most_copies") > 1)
             .withColumn("is_unexpected", ((state == "cancelled") & delivered & ~by_cutoff)

@@ -38,7 +38,7 @@ UNKNOWN_CODE = "unknown"
 # What buffer_input() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
 BUFFER_INPUT = ("key", "value", "headers", "partition", "offset", "ts")
 BUFFER_SCHEMA = ("key BINARY, partition INT, offset BIGINT, ts BIGINT, kind INT, code STRING, due BIGINT, "
-                 "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT")
+                 "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT")
 DEAD_LETTER_SCHEMA = ("id STRING, key_text STRING, partition INT, offset BIGINT, ts BIGINT, code STRING, "
                       "text STRING, source STRING, version BIGINT, due BIGINT, put_topic STRING, "
                       "undeliverable BOOLEAN")
@@ -55,8 +55,9 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
     """Each buffer record as a node reads it: :data:`BUFFER_SCHEMA` rows from :data:`BUFFER_INPUT` batches.
 
     ``kind`` is PUT, CANCEL or DONE, or null with ``code`` the :class:`delayq.wire.Reason`
-    of a malformed record. A put has ``due``, ``put_topic`` and ``restores`` (a master's
-    copy); a done has ``version`` (the put it closes, null for a done of an older master)
+    of a malformed record. A put has ``due``, ``put_topic`` and ``restores`` (the version
+    it replaces only: a master's copy, or a series' next occurrence, which also has
+    ``follows``); a done has ``version`` (the put it closes, null for a done of an older master)
     and ``cutoff``.
 
     Args:
@@ -83,6 +84,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
         restores: list[int | None] = [None] * n
         version: list[int | None] = [None] * n
         cutoff: list[int | None] = [None] * n
+        follows: list[int | None] = [None] * n
         start = starts[0] if n else 0
         for i in range(n):
             end = starts[i + 1]
@@ -102,6 +104,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
                 topic[i] = message.topic
                 # A series' next occurrence (follows=N) replaces N only, as a copy (restores=N) does.
                 restores[i] = record.restores if record.restores is not None else record.follows
+                follows[i] = record.follows
             elif op == op_cancel:
                 kind[i] = CANCEL
             else:
@@ -113,9 +116,9 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
         yield pa.RecordBatch.from_arrays(
             [batch.column(0), batch.column(3), batch.column(4), batch.column(5), pa.array(kind, int32),
              pa.array(code, string), pa.array(due, int64), pa.array(topic, string), pa.array(restores, int64),
-             pa.array(version, int64), pa.array(cutoff, int64)],
+             pa.array(version, int64), pa.array(cutoff, int64), pa.array(follows, int64)],
             names=["key", "partition", "offset", "ts", "kind", "code", "due", "put_topic", "restores", "version",
-                   "cutoff"])
+                   "cutoff", "follows"])
 
 
 def dead_letter(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None

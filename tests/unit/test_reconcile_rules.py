@@ -52,6 +52,12 @@ class History:
         value = env.put_value(due, TOPIC, None, b"payload", restores=restores)
         return self._record(offset, value, [], T0 - 3_000_000 + offset if at is None else at)
 
+    def occurrence(self, offset: int, due: int, number: int, follows: int | None = None) -> History:
+        """A put of occurrence ``number`` of a series (every 1 s); ``follows``: the master's, after that put."""
+        options = env.schedule_options(env.Series(every_ms=1000), number, None, follows)
+        value = env.put_value(due, TOPIC, None, b"payload", more_options=options)
+        return self._record(offset, value, [], T0 - 3_000_000 + offset if follows is None else due - 1000)
+
     def cancel(self, offset: int, at: int | None = None, partition: int | None = None) -> History:
         """A cancel; ``partition``: written to another partition than the id's (malformed)."""
         return self._record(offset, None, env.control_headers(env.OP_CANCEL, self.id),
@@ -164,6 +170,23 @@ def histories() -> list[History]:
         h("older-version-dead-lettered").put(0, T0).done(1, 0, 1).dead_letter(0).put(2, T0 + 1000),
         # ... compaction left only the done: known, its due time from the dead letter's frame.
         h("compacted-dead-lettered").done(5, 4, 5).dead_letter(4, due=T0 + 7),
+        # A series of three occurrences, each put by the master with the last one's delivery.
+        h("series").occurrence(0, T0, 1).deliver(T0 + 5, T0, 0).occurrence(1, T0 + 1000, 2, follows=0)
+        .deliver(T0 + 1004, T0 + 1000, 1).occurrence(2, T0 + 2000, 3, follows=1).deliver(T0 + 2003, T0 + 2000, 2)
+        .done(3, 2, 3),
+        # ... an occurrence followed by the next, never delivered: skipped.
+        h("series-skipped").occurrence(0, T0, 1).occurrence(1, T0 + 1000, 2, follows=0)
+        .deliver(T0 + 1004, T0 + 1000, 1).done(2, 1, 2),
+        # ... one occurrence delivered twice.
+        h("series-duplicate").occurrence(0, T0, 1).deliver(T0 + 5, T0, 0).deliver(T0 + 9, T0, 0, epoch=2)
+        .occurrence(1, T0 + 1000, 2, follows=0).deliver(T0 + 1004, T0 + 1000, 1).done(2, 1, 2),
+        # ... cancelled after the first occurrence: nothing more expected.
+        h("series-cancelled").occurrence(0, T0, 1).deliver(T0 + 5, T0, 0).occurrence(1, T0 + 1000, 2, follows=0)
+        .cancel(2, at=T0 + 100),
+        # ... a cancel that raced the first occurrence's delivery: the next-occurrence put after it is
+        # ignored (nodes ignore it, the master closes it with a done), and the series ends.
+        h("series-cancel-raced").occurrence(0, T0, 1).cancel(1, at=T0 + 10).deliver(T0 + 5, T0, 0)
+        .occurrence(2, T0 + 1000, 2, follows=0).done(3, 2, 3),
         # Written when it was already due: no lateness; the delay from put to delivery instead.
         h("already-due").put(0, T0, at=T0 + 60_000).deliver(T0 + 60_020, T0, 0).done(1, 0, 1),
         h("written-at-due-time").put(0, T0, at=T0).deliver(T0 + 9, T0, 0).done(1, 0, 1),
@@ -246,6 +269,20 @@ def test_a_masters_copy_of_a_put_counts_only_while_the_version_it_restores_is_pe
     cancelled = verdicts["copy-after-cancel"]
     assert anomalies(cancelled) == set()
     assert (cancelled["state"], cancelled["version"], cancelled["rescheduled_too_late"]) == ("cancelled", 1, True)
+
+
+def test_each_occurrence_of_a_series_is_a_version_judged_on_its_own_due_time(verdicts):
+    series = verdicts["series"]
+    assert anomalies(series) == set() and not series["rescheduled_too_late"]
+    assert (series["version"], series["due_ms"], series["delivered_count"], series["versions_delivered"],
+            series["lateness_ms"]) == (2, T0 + 2000, 3, 3, 3)
+    assert anomalies(verdicts["series-skipped"]) == {"is_missing"}
+    assert anomalies(verdicts["series-duplicate"]) == {"is_duplicate"}
+    cancelled, raced = verdicts["series-cancelled"], verdicts["series-cancel-raced"]
+    assert anomalies(cancelled) == set() and cancelled["state"] == "cancelled" and not cancelled["is_expected"]
+    # The raced cancel lost to the first occurrence (delivered, as expected) and ended the series.
+    assert anomalies(raced) == set() and raced["cancel_too_late"] and raced["is_delivered"]
+    assert (raced["version"], raced["delivered_count"]) == (0, 1)
 
 
 def test_a_lost_reschedule_is_missing_never_early(verdicts):

@@ -174,6 +174,9 @@ DELAYQ_DELETE_RETENTION_MS: {{ .Values.config.deleteRetentionMs | int64 | quote 
 DELAYQ_DELIVERY_BATCH_SIZE: {{ .Values.config.deliveryBatchSize | int64 | quote }}
 DELAYQ_DELIVERY_MAX_ATTEMPTS: {{ .Values.config.deliveryMaxAttempts | int64 | quote }}
 DELAYQ_DELIVERY_RETRY_BACKOFF_MS: {{ .Values.config.deliveryRetryBackoffMs | int64 | quote }}
+{{- with .Values.config.dispatchLimits }}
+DELAYQ_DISPATCH_LIMITS: {{ toJson . | quote }}
+{{- end }}
 DELAYQ_DATA_DIR: {{ .Values.persistence.mountPath | quote }}
 DELAYQ_HTTP_HOST: "0.0.0.0"
 DELAYQ_HTTP_PORT: {{ .Values.containerPorts.http | int64 | quote }}
