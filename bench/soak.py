@@ -7,7 +7,8 @@ One run, on an embedded stack of its own (so it runs beside ``delayq dev``)::
 
 The traffic (:mod:`.soak_workload`) is the public ``delayq.Producer`` at ``--rate``,
 delays 0.5 s to ``min(60 s, duration / 3)``, 10 % cancelled and 5 % rescheduled, some
-of those within a second of the due time. The faults (:mod:`.soak_faults`) come
+of those within a second of the due time, and 2 % repeating messages (2 to 5 occurrences,
+a third of them cancelled). The faults (:mod:`.soak_faults`) come
 from the seed, every kind at least once. The judge (:mod:`.soak_check`) applies the
 product's rules to every message. The seed is printed first: the same seed replays
 the same traffic and fault plan (the timings of a real cluster still vary).
@@ -427,7 +428,7 @@ class Soak:
             "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "max_delay_s": o.max_delay_s,
             "started_ms": started_ms, "judged_until_ms": until_ms,
             "sent": counts["messages"], "cancelled": counts["cancelled"], "rescheduled": counts["rescheduled"],
-            "write_errors": self.recorder.write_errors,
+            "series": counts["series"], "write_errors": self.recorder.write_errors,
             "versions": {"total": counts["versions"], "must": counts["must"], "may": counts["may"],
                          "must_not": counts["must_not"]},
             "delivered": counts["delivered"], "delivered_records": counts["delivered_records"],
@@ -482,6 +483,7 @@ class Soak:
             ("sent", f"{doc['sent']:,}", ""),
             ("cancelled", f"{doc['cancelled']:,}", _show(rec.get("cancelled"))),
             ("rescheduled", f"{doc['rescheduled']:,}", ""),
+            ("repeating (series)", f"{doc.get('series', 0):,}", ""),
             ("delivered (versions)", f"{doc['delivered']:,}", _show(rec.get("delivered"))),
             ("duplicated", bad(doc["duplicated"]), _show(rec.get("duplicated"))),
             ("missing", bad(doc["missing"]), _show(rec.get("missing"))),

@@ -20,6 +20,11 @@ has a write of its own or of its ender that  at most once: the producer cannot k
 failed or was never acknowledged             whether the write landed
 ==========================================  ===========================================
 
+A repeating message (``repeat=Every(...)``) is one id whose versions are its occurrences,
+all put by the one producer write: each occurrence is ended by the series' cancel only,
+so an occurrence due after a cancel's acknowledgement must never be delivered, one due
+before it at most once, and without a cancel each exactly once.
+
 Every delivery is checked too: ``early`` (record timestamp before the due time),
 ``duplicated`` (one version delivered more than once), ``unexpected`` (an id or due
 time the soak never produced). The ``delayq-version`` header (a buffer offset) is kept
@@ -87,10 +92,11 @@ class Message:
     topic: str
     versions: list[Version]
     cancel: Write | None = None
+    series: bool = False  # the versions are a repeating message's occurrences, not reschedules
 
     def ender(self, index: int) -> Write | None:
         """The write that replaced or cancelled version ``index``, if any."""
-        if index + 1 < len(self.versions):
+        if index + 1 < len(self.versions) and not self.series:
             return self.versions[index + 1].put
         return self.cancel
 
@@ -261,7 +267,7 @@ def judge(history: History) -> Findings:
             continue
         by_version[(message.delay_id, due)].append(delivery)
 
-    counts = dict.fromkeys(("messages", "versions", "cancelled", "rescheduled", "must", "may", "must_not",
+    counts = dict.fromkeys(("messages", "versions", "cancelled", "rescheduled", "series", "must", "may", "must_not",
                             "delivered", "delivered_records", *ANOMALY_KINDS), 0)
     counts["messages"] = len(history.messages)
     counts["delivered_records"] = len(history.deliveries)
@@ -269,7 +275,8 @@ def judge(history: History) -> Findings:
     outside: list[int] = []
     for message in history.messages.values():
         counts["cancelled"] += message.cancel is not None
-        counts["rescheduled"] += len(message.versions) > 1
+        counts["rescheduled"] += len(message.versions) > 1 and not message.series
+        counts["series"] += message.series
         for index, version in enumerate(message.versions):
             counts["versions"] += 1
             fate = message.fate(index)

@@ -17,10 +17,11 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from delayq import Producer
+from delayq import Every, Producer
 from delayq import wire as env
 from delayq.clock import now_ms
 
@@ -68,6 +69,8 @@ class WorkloadOptions:
     min_delay_s: float = 0.5
     cancel_share: float = 0.10
     reschedule_share: float = 0.05
+    # Puts that are repeating messages (Every, 2 to 5 occurrences 0.5 to 2 s apart); cancelled as often.
+    series_share: float = 0.02
     # How a cancel or reschedule is timed: well before the due time, within a second before it, within a
     # second after it (the race the rules spell out).
     well_before_share: float = 0.5
@@ -127,6 +130,12 @@ class Workload(threading.Thread):
         sent = now_ms()
         due = sent + round(self.rng.uniform(o.min_delay_s, o.max_delay_s) * 1000)
         topic = self.rng.choice(self.topics)
+        if self.rng.random() < o.series_share:
+            interval = self.rng.randint(500, 2000)
+            times = min(self.rng.randint(2, 5), (o.latest_due_ms - due) // interval + 1)
+            if times >= 2:
+                self._put_series(number, topic, sent, due, interval, times)
+                return
         write = Write(sent)
         delay_id = self._send(lambda report: self.producer.produce(
             topic, _value(number), key=_key(number), deliver_at=due, on_delivery=report), write)
@@ -138,6 +147,19 @@ class Workload(threading.Thread):
             self._later_at(self._race_time(sent, due), "cancel", delay_id, number)
         elif draw < o.cancel_share + o.reschedule_share:
             self._later_at(self._race_time(sent, due), "reschedule", delay_id, number)
+
+    def _put_series(self, number: int, topic: str, sent: int, due: int, interval_ms: int, times: int) -> None:
+        """A repeating message: ``times`` occurrences, ``interval_ms`` apart from ``due``; maybe cancelled."""
+        write = Write(sent)
+        repeat = Every(timedelta(milliseconds=interval_ms), times=times)
+        delay_id = self._send(lambda report: self.producer.produce(
+            topic, _value(number), key=_key(number), deliver_at=due, repeat=repeat, on_delivery=report), write)
+        dues = [due + k * interval_ms for k in range(times)]
+        self.recorder.messages[delay_id] = Delayed(delay_id, topic, [Version(d, write) for d in dues], series=True)
+        self.recorder.puts += times
+        self.recorder.last_due_ms = max(self.recorder.last_due_ms, dues[-1])
+        if self.rng.random() < self.options.cancel_share * 3:
+            self._later_at(self._race_time(sent, self.rng.choice(dues)), "cancel", delay_id, number)
 
     def _race_time(self, sent: int, due: int) -> int:
         """When to cancel or reschedule: well before the due time, just before it, or just after it."""

@@ -7,6 +7,7 @@ The judges are a read_committed consumer of the target topics (each delivered re
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import signal
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
+from process_testing import run_delayq, wait_until
 from service_testing import Cluster, now_ms
 
 from delayq import Cron, Every, Producer, RetryPolicy, Settings, lookup, retry_later, wire
@@ -256,3 +257,26 @@ def test_a_series_outlives_a_node_rebuilding_from_the_buffer(cluster: Cluster, s
     rebuilt = cluster.start("node-a")
     status, answer = rebuilt.get_json(f"/v1/messages/{series}")
     assert status == 200 and answer["occurrence"] == 2, answer
+
+
+def test_the_command_line_sends_levels_and_series_and_shows_the_next_occurrence(cluster: Cluster, settings: Settings,
+                                                                                names):
+    target = names.topic("cli")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    urls = {"DELAYQ_LOOKUP_URLS": f'["{node.url}"]'}
+    series = run_delayq("produce", "--topic", target, "--every", "1s", "--times", "3", "--delay", "0.5", "tick",
+                        settings=settings)
+    assert series.returncode == 0, series.stderr
+    series_id = series.stdout.strip()
+    level = run_delayq("produce", "--topic", target, "--level", "1", "once", settings=settings)
+    assert level.returncode == 0, level.stderr
+    got = run_delayq("get", "--json", series_id, settings=settings, env=urls)
+    assert got.returncode == 0 and json.loads(got.stdout)["repeat"] == "every=1000 times=3", got.stdout
+    records = occurrences(settings, target, 4)
+    assert sorted((r.value(), header(r, wire.OCCURRENCE)) for r in records) == [
+        (b"once", None), (b"tick", "1"), (b"tick", "2"), (b"tick", "3")]
+    for bad, text in ((["--times", "3"], "add --every or --cron"), (["--level", "19"], "delay_level 19 is not a level"),
+                      (["--cron", "* * *"], "five fields")):
+        refused = run_delayq("produce", "--topic", target, *bad, "x", settings=settings)
+        assert refused.returncode == 2 and text in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -354,3 +354,33 @@ def test_a_reconciliation_that_did_not_run_fails_the_soak():
 
     assert failures(findings, crashes=0, stall_limit_s=15, comparison=comparison) == [
         "the reconciliation did not run: exit code 2: Spark did not start"]
+
+
+# -- repeating messages --------------------------------------------------------
+
+
+def series(delay_id: str, *dues: int, cancel_acked_at: int | None = None) -> Message:
+    """A repeating message: one put, its occurrences due at ``dues``, maybe cancelled."""
+    put = acked(1_000, offset=1)
+    cancel = acked(cancel_acked_at, offset=9) if cancel_acked_at is not None else None
+    return Message(delay_id, "target", [Version(due, put) for due in dues], cancel, series=True)
+
+
+def test_each_occurrence_of_a_series_must_be_delivered_once_and_a_skipped_one_is_missing():
+    dues = (DUE, DUE + 1000, DUE + 2000)
+    whole = history([series("s", *dues)], [delivered("s", due, due + 5) for due in dues])
+    assert kinds(whole) == {}
+    assert (judge(whole).counts["series"], judge(whole).counts["rescheduled"]) == (1, 0)
+    skipped = history([series("s", *dues)], [delivered("s", due, due + 5) for due in (dues[0], dues[2])])
+    assert kinds(skipped) == {"missing": 1}
+    repeated = history([series("s", *dues)], [delivered("s", due, due + 5) for due in (*dues, dues[1])])
+    assert kinds(repeated) == {"duplicated": 1}
+
+
+def test_a_series_cancel_ends_the_occurrences_due_after_it_and_races_the_one_due_before():
+    dues = (DUE, DUE + 1000, DUE + 2000)
+    cancelled = series("s", *dues, cancel_acked_at=DUE + 500)
+    assert [cancelled.fate(i) for i in range(3)] == [Fate.MAY, Fate.MUST_NOT, Fate.MUST_NOT]
+    assert kinds(history([cancelled], [delivered("s", DUE, DUE + 5)])) == {}
+    assert kinds(history([cancelled], [delivered("s", DUE, DUE + 5), delivered("s", DUE + 1000, DUE + 1003)])) == {
+        "cancel_ignored": 1}
