@@ -21,6 +21,7 @@ from process_testing import run_delayq, wait_until
 from service_testing import Cluster, now_ms
 
 from delayq import Cron, Every, Producer, RetryPolicy, Settings, lookup, retry_later, wire
+from delayq.settings import DispatchLimit
 
 pytestmark = pytest.mark.integration
 
@@ -215,8 +216,7 @@ def test_a_cancel_after_the_second_occurrence_stops_the_series_and_lookup_shows_
 def test_a_topic_limited_to_500_a_second_waits_its_turn_while_another_topic_is_on_time(
         settings: Settings, names, tmp_path):
     limited, free = names.topic("limited"), names.topic("free")
-    settings = settings.model_copy(update={"dispatch_limits": {limited: {"rate": 500}}})
-    settings = Settings.model_validate(settings.model_dump())
+    settings = settings.model_copy(update={"dispatch_limits": {limited: DispatchLimit(rate=500)}})
     create_topics(settings.bootstrap_servers, [limited, free], partitions=3)
     cluster = Cluster(settings, tmp_path / "nodes")
     try:
