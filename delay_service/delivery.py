@@ -889,8 +889,8 @@ class Delivery:
                 # A series' next occurrence replaces this one in the same transaction: a failover
                 # neither skips nor repeats one. It replaces only this version (follows=): a cancel
                 # or reschedule that came between wins (docs/DESIGN.md, "Repeating messages").
-                produce(buffer_topic, following.buffer_value(follows=pending.version), id_bytes, partition=partition,
-                        headers=following.buffer_headers() or None)
+                value = following.buffer_value(follows=pending.version, cutoff=int(cutoffs.get(partition, b"0")))
+                produce(buffer_topic, value, id_bytes, partition=partition, headers=following.buffer_headers() or None)
             else:
                 produce(buffer_topic, None, id_bytes, partition=partition,
                         headers=wire.encoded_done_headers(id_bytes, version, cutoffs.get(partition, b"0")))

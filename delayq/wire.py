@@ -94,10 +94,11 @@ TIMES_OPTION = "times"            # at most this many occurrences
 UNTIL_OPTION = "until"            # no occurrence due after this (epoch ms)
 OCCURRENCE_OPTION = "occurrence"  # this put's number in its series (default 1)
 FOLLOWS_OPTION = "follows"        # a master's put of the next occurrence, after the put at this offset
+FOLLOWS_CUTOFF_OPTION = "cutoff"  # with follows: the cutoff the last occurrence was picked under (as a done's)
 ATTEMPT_OPTION = "attempt"        # a retry's attempt number (delayq.retry_later), delivered as delayq-attempt
 _SCHEDULE_OPTIONS = frozenset(name.encode() for name in (
     EVERY_OPTION, MULTIPLIER_OPTION, CRON_OPTION, TZ_OPTION, TIMES_OPTION, UNTIL_OPTION, OCCURRENCE_OPTION,
-    FOLLOWS_OPTION, ATTEMPT_OPTION))
+    FOLLOWS_OPTION, FOLLOWS_CUTOFF_OPTION, ATTEMPT_OPTION))
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
@@ -401,14 +402,16 @@ class Envelope:
         """The headers of this message's ``put`` record on the buffer topic: the user's."""
         return list(self.headers)
 
-    def buffer_value(self, restores: int | None = None, follows: int | None = None) -> bytes:
+    def buffer_value(self, restores: int | None = None, follows: int | None = None,
+                     cutoff: int | None = None) -> bytes:
         """The value of this message's ``put`` record: frame, key, payload.
 
         ``restores``: a master's copy of the put at that offset; ``follows``: a master's put of
-        this occurrence of a series, after the put of the last one at that offset.
+        this occurrence of a series, after the put of the last one at that offset, which it
+        picked under ``cutoff``.
         """
         return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner,
-                         restores, schedule_options(self.series, self.occurrence, self.attempt, follows))
+                         restores, schedule_options(self.series, self.occurrence, self.attempt, follows, cutoff))
 
     def delivery_headers(self, epoch: int, version: int) -> ProduceHeaders:
         """Headers of the delivered record: the user's, then which message, when, by whom (DESIGN.md).
@@ -455,7 +458,9 @@ class BufferRecord:
     ``closes_version`` is set for a ``done`` that names the put it closes (its buffer
     offset); a ``done`` without one, and a ``cancel``, close whatever is pending.
     ``restores`` is set for a put a master copied from the put at that offset, ``follows``
-    for a master's put of a series' next occurrence, after the occurrence put at that offset.
+    for a master's put of a series' next occurrence, after the occurrence put at that offset,
+    with ``cutoff``: the buffer offset up to which the master had read that occurrence's
+    partition when it picked it (what a ``done`` records in ``delayq-cutoff``).
     """
 
     op: bytes
@@ -464,6 +469,7 @@ class BufferRecord:
     closes_version: int | None = None
     restores: int | None = None
     follows: int | None = None
+    cutoff: int | None = None
 
 
 def check_topic(topic: object) -> str:
@@ -510,13 +516,15 @@ def frame_options(partition: int | None, partitioner: str | None, null_value: bo
 
 
 def schedule_options(series: Series | None, occurrence: int | None, attempt: int | None,
-                     follows: int | None = None) -> str:
+                     follows: int | None = None, cutoff: int | None = None) -> str:
     """The frame options of a repeating message and of a retry (empty, or each option after a space)."""
     options = series.options() if series is not None else ""
     if occurrence is not None and occurrence != 1:
         options += f" {OCCURRENCE_OPTION}={occurrence}"
     if follows is not None:
         options += f" {FOLLOWS_OPTION}={follows}"
+        if cutoff is not None:
+            options += f" {FOLLOWS_CUTOFF_OPTION}={cutoff}"
     if attempt is not None:
         options += f" {ATTEMPT_OPTION}={attempt}"
     return options
@@ -663,11 +671,13 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                         partition_option, user_headers, timestamp_ms, partitioner)
     if schedule is None:
         return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
-    return BufferRecord(OP_PUT, delay_id, envelope, None, restores, _read_schedule(schedule, envelope))
+    record = BufferRecord(OP_PUT, delay_id, envelope, None, restores)
+    _read_schedule(schedule, record, envelope)
+    return record
 
 
-def _read_schedule(options: dict[bytes, bytes], envelope: Envelope) -> int | None:
-    """Set ``envelope``'s series, occurrence and attempt from its frame's schedule options; the ``follows`` offset."""
+def _read_schedule(options: dict[bytes, bytes], record: BufferRecord, envelope: Envelope) -> None:
+    """Set ``envelope``'s series, occurrence and attempt, and ``record``'s follows and cutoff, from the options."""
     def number(name: str, least: int = 0) -> int | None:
         raw = options.get(name.encode())
         if raw is None:
@@ -685,7 +695,7 @@ def _read_schedule(options: dict[bytes, bytes], envelope: Envelope) -> int | Non
         if alone:
             raise MalformedRecord(Reason.BAD_FRAME, f"frame option {alone[0]} belongs to a repeating message, "
                                   f"which needs {EVERY_OPTION}=MS or {CRON_OPTION}=EXPRESSION")
-        return None
+        return
     if every is not None and cron is not None:
         raise MalformedRecord(Reason.BAD_FRAME, f"a frame has {EVERY_OPTION} or {CRON_OPTION}, not both")
     raw_multiplier, raw_tz = options.get(MULTIPLIER_OPTION.encode()), options.get(TZ_OPTION.encode())
@@ -711,7 +721,9 @@ def _read_schedule(options: dict[bytes, bytes], envelope: Envelope) -> int | Non
         raise MalformedRecord(Reason.BAD_FRAME, f"frame option {TZ_OPTION} needs {CRON_OPTION}")
     envelope.series = Series(every, multiplier, expression, tz, number(TIMES_OPTION, 1), number(UNTIL_OPTION))
     envelope.occurrence = number(OCCURRENCE_OPTION, 1) or 1
-    return number(FOLLOWS_OPTION)
+    record.follows, record.cutoff = number(FOLLOWS_OPTION), number(FOLLOWS_CUTOFF_OPTION)
+    if record.cutoff is not None and record.follows is None:
+        raise MalformedRecord(Reason.BAD_FRAME, f"frame option {FOLLOWS_CUTOFF_OPTION} needs {FOLLOWS_OPTION}")
 
 
 _DECIMAL = re.compile(rb"[0-9]{1,6}(\.[0-9]{1,6})?")

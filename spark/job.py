@@ -21,7 +21,10 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   nodes ignore it. A master's put of a repeating message's next occurrence (``follows=N``)
   is read the same way: a put like any other if N was still pending, so each occurrence
   is a version of the series' id, judged on its own due time (early, duplicated), and the
-  last one on whether it was delivered. A retry (``attempt=N``) is a delayed message like any other.
+  last one on whether it was delivered; the put also stands for the ``done`` of occurrence N
+  (its ``cutoff=`` is that done's cutoff), even when a cancel overtook it. An occurrence the
+  master continued is no older version (no reschedule); one continued but never delivered
+  is missing. A retry (``attempt=N``) is a delayed message like any other.
 * A version is *superseded* by the first put or cancel after it. If the done of a
   delivered version has a cutoff and the superseding record is below it, the master
   saw the cancel or reschedule and delivered anyway: **cancel_ignored** (the product
@@ -197,7 +200,7 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
         F.col("key").cast("string").alias("id"),
         F.col("code").isNotNull().cast("int").alias("malformed"),
         "kind", "code", "partition", "offset", "due", "put_topic", "restores", "ts", "version", "cutoff",
-        "follows",
+        "follows", "follows_cutoff",
     )
     # A put or cancel of a mark's id is malformed (nodes dead-letter it): only the marks themselves go.
     return rows.where((F.col("malformed") == 1) | F.col("id").isNull()
@@ -281,9 +284,17 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rows = (buffer.where(F.col("kind").isNotNull())
+    puts_and_tombstones = buffer.where(F.col("kind").isNotNull())
+    rows = (puts_and_tombstones
             .select("id", "kind", "offset", "due", _topic_index("put_topic", topics).alias("topic"), "ts",
                     "version", "cutoff", "restores", "follows")
+            # A master's put of a series' next occurrence closes the occurrence it follows, as a done
+            # would, and records the cutoff that occurrence was picked under: one row of each, even
+            # when a cancel overtook the put (nodes ignore it then, but the master had picked).
+            .unionByName(puts_and_tombstones.where(F.col("follows").isNotNull())
+                         .select("id", F.lit(DONE).alias("kind"), "offset", "ts", F.col("follows").alias("version"),
+                                 F.col("follows_cutoff").alias("cutoff")),
+                         allowMissingColumns=True)
             .unionByName(deliveries.select("id", "kind", "ts", "due", "epoch", "version",
                                            _topic_index("delivery_topic", topics).alias("topic")),
                          allowMissingColumns=True))

@@ -38,7 +38,8 @@ UNKNOWN_CODE = "unknown"
 # What buffer_input() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
 BUFFER_INPUT = ("key", "value", "headers", "partition", "offset", "ts")
 BUFFER_SCHEMA = ("key BINARY, partition INT, offset BIGINT, ts BIGINT, kind INT, code STRING, due BIGINT, "
-                 "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT")
+                 "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT, "
+                 "follows_cutoff BIGINT")
 DEAD_LETTER_SCHEMA = ("id STRING, key_text STRING, partition INT, offset BIGINT, ts BIGINT, code STRING, "
                       "text STRING, source STRING, version BIGINT, due BIGINT, put_topic STRING, "
                       "undeliverable BOOLEAN")
@@ -57,7 +58,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
     ``kind`` is PUT, CANCEL or DONE, or null with ``code`` the :class:`delayq.wire.Reason`
     of a malformed record. A put has ``due``, ``put_topic`` and ``restores`` (the version
     it replaces only: a master's copy, or a series' next occurrence, which also has
-    ``follows``); a done has ``version`` (the put it closes, null for a done of an older master)
+    ``follows`` and ``follows_cutoff``); a done has ``version`` (the put it closes, null for a done of an older master)
     and ``cutoff``.
 
     Args:
@@ -85,6 +86,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
         version: list[int | None] = [None] * n
         cutoff: list[int | None] = [None] * n
         follows: list[int | None] = [None] * n
+        follows_cutoff: list[int | None] = [None] * n
         start = starts[0] if n else 0
         for i in range(n):
             end = starts[i + 1]
@@ -105,6 +107,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
                 # A series' next occurrence (follows=N) replaces N only, as a copy (restores=N) does.
                 restores[i] = record.restores if record.restores is not None else record.follows
                 follows[i] = record.follows
+                follows_cutoff[i] = record.cutoff
             elif op == op_cancel:
                 kind[i] = CANCEL
             else:
@@ -116,9 +119,10 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
         yield pa.RecordBatch.from_arrays(
             [batch.column(0), batch.column(3), batch.column(4), batch.column(5), pa.array(kind, int32),
              pa.array(code, string), pa.array(due, int64), pa.array(topic, string), pa.array(restores, int64),
-             pa.array(version, int64), pa.array(cutoff, int64), pa.array(follows, int64)],
+             pa.array(version, int64), pa.array(cutoff, int64), pa.array(follows, int64),
+             pa.array(follows_cutoff, int64)],
             names=["key", "partition", "offset", "ts", "kind", "code", "due", "put_topic", "restores", "version",
-                   "cutoff", "follows"])
+                   "cutoff", "follows", "follows_cutoff"])
 
 
 def dead_letter(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None

@@ -25,8 +25,9 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Start an embedded Kafka + ZooKeeper of its own (free loopback ports, beside `delayq dev`)\n"
                     "and N nodes; produce delayed messages (10% cancelled, 5% rescheduled, some within a second\n"
-                    "of the due time) while a seeded plan of faults hits the cluster; judge every message with a\n"
-                    "read_committed consumer; then run `delayq reconcile` on the same topics and compare.\n"
+                    "of the due time, 2% repeating) while a seeded plan of faults hits the cluster; judge every\n"
+                    "message with a read_committed consumer; then run `delayq reconcile` on the same topics and\n"
+                    "compare.\n"
                     "Exit code 0 when every rule held, 1 when one broke, 2 when the soak could not run.\n\n"
                     f"faults (each at least once per run, never two at once):\n{faults}")
     soak.add_argument("--duration", type=_seconds, default=1800.0, metavar="DURATION",

@@ -52,9 +52,13 @@ class History:
         value = env.put_value(due, TOPIC, None, b"payload", restores=restores)
         return self._record(offset, value, [], T0 - 3_000_000 + offset if at is None else at)
 
-    def occurrence(self, offset: int, due: int, number: int, follows: int | None = None) -> History:
-        """A put of occurrence ``number`` of a series (every 1 s); ``follows``: the master's, after that put."""
-        options = env.schedule_options(env.Series(every_ms=1000), number, None, follows)
+    def occurrence(self, offset: int, due: int, number: int, follows: int | None = None,
+                   cutoff: int | None = None) -> History:
+        """A put of occurrence ``number`` of a series (every 1 s); ``follows``: the master's, after that put,
+        picked under ``cutoff`` (default: the next-occurrence put's own offset)."""
+        if follows is not None and cutoff is None:
+            cutoff = offset
+        options = env.schedule_options(env.Series(every_ms=1000), number, None, follows, cutoff)
         value = env.put_value(due, TOPIC, None, b"payload", more_options=options)
         return self._record(offset, value, [], T0 - 3_000_000 + offset if follows is None else due - 1000)
 
@@ -183,10 +187,14 @@ def histories() -> list[History]:
         # ... cancelled after the first occurrence: nothing more expected.
         h("series-cancelled").occurrence(0, T0, 1).deliver(T0 + 5, T0, 0).occurrence(1, T0 + 1000, 2, follows=0)
         .cancel(2, at=T0 + 100),
-        # ... a cancel that raced the first occurrence's delivery: the next-occurrence put after it is
-        # ignored (nodes ignore it, the master closes it with a done), and the series ends.
-        h("series-cancel-raced").occurrence(0, T0, 1).cancel(1, at=T0 + 10).deliver(T0 + 5, T0, 0)
-        .occurrence(2, T0 + 1000, 2, follows=0).done(3, 2, 3),
+        # ... a cancel that raced the first occurrence's delivery (written before the delivery record,
+        # above the cutoff the occurrence was picked under): the next-occurrence put after it is ignored
+        # (nodes ignore it, the master closes it with a done), and the series ends.
+        h("series-cancel-raced").occurrence(0, T0, 1).cancel(1, at=T0 + 3).deliver(T0 + 5, T0, 0)
+        .occurrence(2, T0 + 1000, 2, follows=0, cutoff=1).done(3, 2, 3),
+        # ... a cancel below that cutoff: the master had read it and delivered anyway.
+        h("series-cancel-ignored").occurrence(0, T0, 1).cancel(1, at=T0 - 500).deliver(T0 + 5, T0, 0)
+        .occurrence(2, T0 + 1000, 2, follows=0, cutoff=2).done(3, 2, 3),
         # Written when it was already due: no lateness; the delay from put to delivery instead.
         h("already-due").put(0, T0, at=T0 + 60_000).deliver(T0 + 60_020, T0, 0).done(1, 0, 1),
         h("written-at-due-time").put(0, T0, at=T0).deliver(T0 + 9, T0, 0).done(1, 0, 1),
@@ -283,6 +291,7 @@ def test_each_occurrence_of_a_series_is_a_version_judged_on_its_own_due_time(ver
     # The raced cancel lost to the first occurrence (delivered, as expected) and ended the series.
     assert anomalies(raced) == set() and raced["cancel_too_late"] and raced["is_delivered"]
     assert (raced["version"], raced["delivered_count"]) == (0, 1)
+    assert anomalies(verdicts["series-cancel-ignored"]) == {"is_cancel_ignored"}
 
 
 def test_a_lost_reschedule_is_missing_never_early(verdicts):
