@@ -53,6 +53,7 @@ class Sizes:
     lateness_rates: tuple[int, ...] = (1_000, 5_000, 20_000)
     lateness_seconds: int = 10
     expiry: int = 100_000
+    limit_rate: int = 20_000  # the limits suite's dispatch limit: the expiry above takes 5 s at it
     produce_calls: int = 10_000
     produce_runs: int = 21
     produce_quiet_wait_s: float = 120.0
@@ -66,9 +67,9 @@ class Sizes:
     scale_ingest: int = 400_000
 
 
-QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, produce_calls=2_000, produce_runs=5,
-              produce_quiet_wait_s=3.0, capacity=100_000, capacity_large=200_000, rebuild=50_000, reconcile=20_000,
-              scale_delivery=10_000, scale_ingest=20_000)
+QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, limit_rate=5_000,
+              produce_calls=2_000, produce_runs=5, produce_quiet_wait_s=3.0, capacity=100_000, capacity_large=200_000,
+              rebuild=50_000, reconcile=20_000, scale_delivery=10_000, scale_ingest=20_000)
 
 
 @dataclass
@@ -241,6 +242,25 @@ def suite_expiry(ctx: Context) -> list[Figure]:
     return [replace(figure, label=f"mass expiry: {n:,} due in the same ms, time until all delivered")]
 
 
+def suite_limits(ctx: Context) -> list[Figure]:
+    n, rate = ctx.sizes.expiry, ctx.sizes.limit_rate
+    runs = ctx.repeat("limited expiry", lambda: service.bench_limited_expiry(ctx.stack, n, rate, ctx.progress))
+    for run in runs:
+        for part in ("limited", "other"):
+            if run[part]["count"] != run[part]["expected"] or run[part]["early"] or run[part]["stored_ahead_ms"] < 0:
+                raise RuntimeError(f"limited expiry run is not valid ({part}): {run[part]}")
+    label = f"dispatch limit: {n:,} due in the same ms to a topic limited to {rate:,}/s"
+    return [
+        Figure("limits.limited", f"{label}, time until all delivered (the bucket's ideal: "
+               f"{runs[0]['ideal_ms']:,} ms)", "ms", "lower", [r["limited_ms"] for r in runs],
+               details={"master_cpu_s": [r["master_cpu_s"] for r in runs]}),
+        Figure("limits.other.p50", f"{label}: lateness of another topic's {n // 100:,} falling due meanwhile, p50",
+               "ms", "lower", [r["other"]["p50_ms"] for r in runs]),
+        Figure("limits.other.max", f"{label}: lateness of another topic's {n // 100:,} falling due meanwhile, max",
+               "ms", "lower", [r["other"]["max_ms"] for r in runs]),
+    ]
+
+
 def suite_failover(ctx: Context) -> list[Figure]:
     figures = []
     for sig in (signal.SIGKILL, signal.SIGTERM):
@@ -411,8 +431,9 @@ def suite_scale(ctx: Context) -> list[Figure]:
 
 _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
-    "failover": suite_failover, "scale": suite_scale, "produce": suite_produce, "capacity": suite_capacity,
-    "rebuild": suite_rebuild, "reconcile": suite_reconcile, "capacity-100m": suite_capacity_large,
+    "limits": suite_limits, "failover": suite_failover, "scale": suite_scale, "produce": suite_produce,
+    "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
+    "capacity-100m": suite_capacity_large,
 }
 assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"
 SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {

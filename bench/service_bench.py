@@ -324,6 +324,49 @@ def bench_mass_expiry(stack: DevStack, count: int, progress: Progress) -> dict:
     return run_schedule(stack, count, same_instant, f"{count:,} due at once", progress)
 
 
+def bench_limited_expiry(stack: DevStack, count: int, rate: int, progress: Progress) -> dict:
+    """``count`` messages due at once to a topic limited to ``rate``/s, and a hundredth as many to another topic
+    falling due over the same time: how long the limited ones take, and how late the others are."""
+    count_timeout_s = 120 + count / 1000
+    others = count // 100
+    span_ms = count * 1000 // rate
+    with bench_cluster(stack, dispatch_limits={"*-limited": {"rate": rate}}) as settings, \
+            tempfile.TemporaryDirectory() as tmp:
+        ensure_topics(settings)
+        limited, other = f"{settings.cluster}-limited", f"{settings.cluster}-target"
+        create_target(settings, limited)
+        create_target(settings, other)
+        cluster = LocalCluster(settings, Path(tmp))
+        try:
+            node = cluster.start("bench")
+            cluster.master()
+            start = now_ms() + lead_ms(count)
+            fill_buffer(settings, limited, count, lambda i: start, progress)
+            fill_buffer(settings, other, others, lambda i: start + i * span_ms // others, progress)
+            wait_for(progress, "storing", count + others,
+                     lambda: node_metric(node, "delayq_ingested_total", op="put"), count_timeout_s, interval_s=0.2)
+            stored_ahead_ms = start - now_ms()
+            cpu_before = process_cpu_s(node.running.pid)
+            wait_for(progress, f"{count:,} due at once, limited to {rate:,}/s", count + others,
+                     lambda: node_metric(node, "delayq_delivered_total"), count_timeout_s + span_ms / 1000,
+                     interval_s=0.2)
+            cpu_s = process_cpu_s(node.running.pid) - cpu_before
+        finally:
+            cluster.close()
+        held = read_append_times(settings, limited, count, timeout_s=60)
+        on_time = read_append_times(settings, other, others, timeout_s=60)
+    ideal_ms = (count - max(1, rate // 10)) * 1000 / rate  # after the burst (a tenth of a second's worth)
+    return {"limited_ms": max(t for t, _, _ in held) - start, "ideal_ms": round(ideal_ms), "master_cpu_s": cpu_s,
+            "limited": lateness_figures(held, count, stored_ahead_ms),
+            "other": lateness_figures(on_time, others, stored_ahead_ms)}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds ``pid`` has used (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_failover(stack: DevStack, progress: Progress, sig: signal.Signals = signal.SIGKILL) -> dict:
     """Three nodes, 500 msg/s falling due; the master gets ``sig``; the gap until the next epoch delivers."""
     with bench_cluster(stack, zk_session_timeout_ms=6000) as settings, tempfile.TemporaryDirectory() as tmp:

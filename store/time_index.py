@@ -713,7 +713,9 @@ class TimeIndex:
             resumed_at = None
             if end is not None and _holds_all(skip, self._skipped):
                 resumed_at = end + b"\x00"
-            run = dict(self._skipped) if resumed_at is not None else {}
+            # What this scan adds to the run (merged into the cached one by _learn, not copied:
+            # a master holding back a long run, a dispatch limit's backlog, scans it very often).
+            run: dict[str, bytes] = {}
             seek = self._scan_from if resumed_at is None else resumed_at
             try:
                 items = self._time.items(from_key=seek, read_opt=read_opts)
@@ -746,9 +748,13 @@ class TimeIndex:
                 started at _scan_from.
             first: The first key the scan saw, if any.
             upper: The scan's exclusive upper bound, if any.
-            run: The skipped run at the front: the cached one, extended by this scan.
+            run: The skipped keys this scan found at the front: they extend the cached run if it
+                resumed past it, else they are the run.
             last: The last key this scan added to the run, if any.
         """
+        if resumed_at is not None:
+            self._skipped.update(run)
+            run = self._skipped
         # Keys that are not live: everything before the run, or before the first key seen,
         # or (nothing seen) everything below the bound.
         lowest = next(iter(run.values())) if run else first if first is not None else upper
