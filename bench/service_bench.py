@@ -48,6 +48,8 @@ from delayq.store import TimeIndex
 from delayq.testing import LocalCluster, NodeProcess
 from delayq.wire import Envelope, new_delay_id
 
+from .proc import cpu_seconds
+
 console = Console()
 log = logging.getLogger("delayq.bench")
 PAYLOAD_SIZE = 200
@@ -286,6 +288,27 @@ def lateness_figures(records: list[tuple[int, int, int]], expected: int, stored_
             "stored_ahead_ms": stored_ahead_ms}
 
 
+@contextmanager
+def one_node(stack: DevStack, targets: tuple[str, ...] = ("target",), **overrides) -> Iterator[tuple[Settings,
+                                                                                                   NodeProcess]]:
+    """A fresh cluster of one node, once it is master, with target topics ``<cluster>-<name>`` for ``targets``.
+
+    Everything goes on leaving; read what the node delivered back inside, once it is done
+    (reading while it delivers would cost it).
+    """
+    with bench_cluster(stack, **overrides) as settings, tempfile.TemporaryDirectory() as tmp:
+        ensure_topics(settings)
+        for name in targets:
+            create_target(settings, f"{settings.cluster}-{name}")
+        cluster = LocalCluster(settings, Path(tmp))
+        try:
+            node = cluster.start("bench")
+            cluster.master()
+            yield settings, node
+        finally:
+            cluster.close()
+
+
 def run_schedule(stack: DevStack, count: int, due_at: Callable[[int, int], int], label: str,
                  progress: Progress) -> dict:
     """One master (a node process) delivers ``count`` messages due at ``due_at(start, i)``; their lateness figures.
@@ -294,23 +317,15 @@ def run_schedule(stack: DevStack, count: int, due_at: Callable[[int, int], int],
     time), so reading costs the node nothing while it delivers.
     """
     count_timeout_s = 120 + count / 1000
-    with bench_cluster(stack) as settings, tempfile.TemporaryDirectory() as tmp:
-        ensure_topics(settings)
+    with one_node(stack) as (settings, node):
         target = f"{settings.cluster}-target"
-        create_target(settings, target)
-        cluster = LocalCluster(settings, Path(tmp))
-        try:
-            node = cluster.start("bench")
-            cluster.master()
-            start = now_ms() + lead_ms(count)
-            fill_buffer(settings, target, count, lambda i: due_at(start, i), progress)
-            wait_for(progress, "storing", count, lambda: node_metric(node, "delayq_ingested_total", op="put"),
-                     count_timeout_s, interval_s=0.2)
-            stored_ahead_ms = start - now_ms()
-            wait_for(progress, label, count, lambda: node_metric(node, "delayq_delivered_total"), count_timeout_s,
-                     interval_s=0.2)
-        finally:
-            cluster.close()
+        start = now_ms() + lead_ms(count)
+        fill_buffer(settings, target, count, lambda i: due_at(start, i), progress)
+        wait_for(progress, "storing", count, lambda: node_metric(node, "delayq_ingested_total", op="put"),
+                 count_timeout_s, interval_s=0.2)
+        stored_ahead_ms = start - now_ms()
+        wait_for(progress, label, count, lambda: node_metric(node, "delayq_delivered_total"), count_timeout_s,
+                 interval_s=0.2)
         records = read_append_times(settings, target, count, timeout_s=60)
     return lateness_figures(records, count, stored_ahead_ms)
 
@@ -330,29 +345,18 @@ def bench_limited_expiry(stack: DevStack, count: int, rate: int, progress: Progr
     count_timeout_s = 120 + count / 1000
     others = count // 100
     span_ms = count * 1000 // rate
-    with bench_cluster(stack, dispatch_limits={"*-limited": {"rate": rate}}) as settings, \
-            tempfile.TemporaryDirectory() as tmp:
-        ensure_topics(settings)
+    with one_node(stack, ("limited", "target"), dispatch_limits={"*-limited": {"rate": rate}}) as (settings, node):
         limited, other = f"{settings.cluster}-limited", f"{settings.cluster}-target"
-        create_target(settings, limited)
-        create_target(settings, other)
-        cluster = LocalCluster(settings, Path(tmp))
-        try:
-            node = cluster.start("bench")
-            cluster.master()
-            start = now_ms() + lead_ms(count)
-            fill_buffer(settings, limited, count, lambda i: start, progress)
-            fill_buffer(settings, other, others, lambda i: start + i * span_ms // others, progress)
-            wait_for(progress, "storing", count + others,
-                     lambda: node_metric(node, "delayq_ingested_total", op="put"), count_timeout_s, interval_s=0.2)
-            stored_ahead_ms = start - now_ms()
-            cpu_before = process_cpu_s(node.running.pid)
-            wait_for(progress, f"{count:,} due at once, limited to {rate:,}/s", count + others,
-                     lambda: node_metric(node, "delayq_delivered_total"), count_timeout_s + span_ms / 1000,
-                     interval_s=0.2)
-            cpu_s = process_cpu_s(node.running.pid) - cpu_before
-        finally:
-            cluster.close()
+        start = now_ms() + lead_ms(count)
+        fill_buffer(settings, limited, count, lambda i: start, progress)
+        fill_buffer(settings, other, others, lambda i: start + i * span_ms // others, progress)
+        wait_for(progress, "storing", count + others, lambda: node_metric(node, "delayq_ingested_total", op="put"),
+                 count_timeout_s, interval_s=0.2)
+        stored_ahead_ms = start - now_ms()
+        cpu_before = cpu_seconds([node.running.pid])
+        wait_for(progress, f"{count:,} due at once, limited to {rate:,}/s", count + others,
+                 lambda: node_metric(node, "delayq_delivered_total"), count_timeout_s + span_ms / 1000, interval_s=0.2)
+        cpu_s = cpu_seconds([node.running.pid]) - cpu_before
         held = read_append_times(settings, limited, count, timeout_s=60)
         on_time = read_append_times(settings, other, others, timeout_s=60)
     ideal_ms = (count - max(1, rate // 10)) * 1000 / rate  # after the burst (a tenth of a second's worth)
@@ -360,11 +364,6 @@ def bench_limited_expiry(stack: DevStack, count: int, rate: int, progress: Progr
             "limited": lateness_figures(held, count, stored_ahead_ms),
             "other": lateness_figures(on_time, others, stored_ahead_ms)}
 
-
-def process_cpu_s(pid: int) -> float:
-    """User and system CPU seconds ``pid`` has used (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_failover(stack: DevStack, progress: Progress, sig: signal.Signals = signal.SIGKILL) -> dict:
