@@ -10,7 +10,8 @@
 #       cancels it; prints the delay id
 #
 # BUFFER_TOPIC is delayq-<cluster>-buffer. A reschedule is a put with the same delay id
-# (set ID=<the id> in the environment of a put). KCAT names the kcat to run (default: kcat).
+# (set ID=<the id> in the environment of a put); frame options go in OPTIONS (OPTIONS="every=60000
+# times=5" repeats the message every minute, five times; "attempt=2" marks a retry). KCAT names the kcat to run (default: kcat).
 # Needs python3 (the UUIDv7 and the CRC32) and GNU date. PAYLOAD and KEY must not contain
 # byte 0x1e, kcat's message delimiter here; for any bytes, write the value to a file and
 # give kcat the file name instead of stdin (kcat sends a file as one message).
@@ -44,7 +45,8 @@ put)
   DUE=$(( $(date +%s%3N) + DELAY_MS ))
   # The value: the frame line (ended by \n), the user's key bytes, the payload. -D '\x1e' makes kcat
   # split messages at byte 0x1e instead of newlines, so the frame's newline stays inside the value.
-  printf 'put %s %s %s\n%s%s' "$DUE" "$TOPIC" "$KEYLEN" "$KEY" "$PAYLOAD" \
+  # OPTIONS: frame options, if any; OPTIONS="every=60000 times=5" makes it a repeating message.
+  printf 'put %s %s %s%s\n%s%s' "$DUE" "$TOPIC" "$KEYLEN" "${OPTIONS:+ $OPTIONS}" "$KEY" "$PAYLOAD" \
     | "$KCAT" -P -b "$BROKERS" -t "$BUFFER" -p "$P" -k "$ID" -D '\x1e' "${HEADERS[@]}"
   ;;
 cancel)

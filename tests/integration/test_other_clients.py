@@ -7,6 +7,7 @@ kafka-clients jar. Neither may be skipped: if kcat or javac cannot be had, the t
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import time
@@ -33,7 +34,7 @@ DESIGN = ROOT / "docs" / "DESIGN.md"
 # Lines the DESIGN's kcat example and the runnable script share word for word.
 SHARED_KCAT_LINES = (
     """python3 -c 'import sys, zlib; print(zlib.crc32(sys.argv[1].encode()) % int(sys.argv[2]))'""",
-    """printf 'put %s %s %s\\n%s%s' "$DUE" "$TOPIC" "$KEYLEN" "$KEY" "$PAYLOAD" \\""",
+    """printf 'put %s %s %s%s\\n%s%s' "$DUE" "$TOPIC" "$KEYLEN" "${OPTIONS:+ $OPTIONS}" "$KEY" "$PAYLOAD" \\""",
     """-P -b "$BROKERS" -t "$BUFFER" -p "$P" -k "$ID" -D '\\x1e'""",
     """echo "$ID:" |""",
     """-P -b "$BROKERS" -t "$BUFFER" -p "$P" -K: -Z -H delayq-op=cancel -H "delayq-id=$ID\"""",
@@ -152,6 +153,23 @@ def test_a_kcat_put_is_delivered_like_the_python_producers(cluster, settings, na
     assert {r.partition() for r in buffer_records(settings, unpinned)} == {
         wire.buffer_partition(unpinned, settings.buffer_partitions)}
     assert delivered[unpinned][0].value() == b"unpinned" and delivered[unpinned][0].key() is None
+
+
+def test_a_kcat_repeating_message_is_delivered_once_per_occurrence(cluster, settings, names, kcat):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    series = kcat_example(kcat, "put", settings.bootstrap_servers, settings.buffer_topic, target, "300", "tick",
+                          env={"OPTIONS": "every=700 times=3"})
+    retry = kcat_example(kcat, "put", settings.bootstrap_servers, settings.buffer_topic, target, "300", "again",
+                         env={"OPTIONS": "attempt=2"})
+
+    delivered = by_id(read_topic(settings.bootstrap_servers, target, expect=4, timeout_s=30, idle_s=1.5))
+
+    assert [headers(r).get(wire.OCCURRENCE) for r in delivered[series]] == [b"1", b"2", b"3"]
+    dues = [int(headers(r)[wire.DELIVER_AT]) for r in delivered[series]]
+    assert [b - a for a, b in itertools.pairwise(dues)] == [700, 700]
+    assert [(r.value(), headers(r).get(wire.ATTEMPT)) for r in delivered[retry]] == [(b"again", b"2")]
 
 
 def test_a_kcat_cancel_of_a_pending_put_wins(cluster, settings, names, kcat):
