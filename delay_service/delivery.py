@@ -646,10 +646,11 @@ class Delivery:
 
     def _skip(self, now: int) -> set[str]:
         """Ids not to pick now: in flight, in retry back-off, unreadable, or waiting on a held partition."""
-        # A copy of its own (extended in place), from the largest part: the messages waiting for a
-        # dispatch limit can be many, and copying a set is cheaper than adding it to another.
-        skip = self._waiting_ids.copy() if self._waiting_ids else set()
-        skip |= self.in_flight.snapshot()
+        skip = self.in_flight.snapshot()  # a copy of its own: extended in place
+        if self._waiting_ids:
+            # The messages waiting for a dispatch limit can be many: a union copies them as a block
+            # (set | set), where adding them to the small set would insert them one by one.
+            skip = self._waiting_ids | skip
         if self._unreadable:
             skip |= self._unreadable
         for waiting in self._uncovered.values():

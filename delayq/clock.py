@@ -7,8 +7,11 @@ seconds (``90``, ``1.5``); otherwise a number and a unit, ``ms``, ``s``, ``m``, 
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import time
+from datetime import timedelta
 
 from delayq.errors import UsageError
 
@@ -23,6 +26,25 @@ DURATION_FORMS = "plain seconds (90) or a number and a unit: 250ms, 30s, 5m, 2h,
 def now_ms() -> int:
     """The wall clock in Unix epoch milliseconds (what due times, record timestamps and lateness use)."""
     return time.time_ns() // 1_000_000
+
+
+def seconds_of(value: object, argument: str) -> float:
+    """Seconds of ``value``, an int or float of seconds or a timedelta, checked finite and >= 0.
+
+    Raises:
+        TypeError: ``value`` is neither (a bool or str is refused).
+        ValueError: NaN, infinite or negative.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{argument} must be seconds (an int or float) or a timedelta; got "
+                        f"{type(value).__name__} {value!r:.60}")
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(f"{argument} must be a finite number of seconds >= 0; got {value!r}")
+    return seconds
 
 
 def parse_duration_ms(text: str, argument: str = "duration") -> int:

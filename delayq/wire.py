@@ -418,9 +418,8 @@ class Envelope:
 
         ``version`` is the buffer offset of the put delivered: a reschedule is a newer version.
         """
-        headers = delivery_headers(self.headers, self.delay_id.encode(), str(self.deliver_at_ms).encode(),
-                                   str(epoch).encode(), str(version).encode())
-        return headers + self.extra_delivery_headers() if self.occurrence or self.attempt else headers
+        return delivery_headers(self.headers, self.delay_id.encode(), str(self.deliver_at_ms).encode(),
+                                str(epoch).encode(), str(version).encode()) + self.extra_delivery_headers()
 
     def extra_delivery_headers(self) -> ProduceHeaders:
         """``delayq-occurrence`` of a series' occurrence and ``delayq-attempt`` of a retry, when they apply."""
@@ -669,10 +668,9 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                               f"the frame says {NULL_VALUE_OPTION} but {len(value) - start} bytes follow the key")
     envelope = Envelope(delay_id, topic, deliver_at, None if null_value else value[start:], user_key,
                         partition_option, user_headers, timestamp_ms, partitioner)
-    if schedule is None:
-        return BufferRecord(OP_PUT, delay_id, envelope, None, restores)
     record = BufferRecord(OP_PUT, delay_id, envelope, None, restores)
-    _read_schedule(schedule, record, envelope)
+    if schedule is not None:
+        _read_schedule(schedule, record, envelope)
     return record
 
 

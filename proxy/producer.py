@@ -350,6 +350,13 @@ def _as_bytes(data: object, argument: str) -> bytes:
     return view.tobytes()
 
 
+def _bad_partition(partition: object) -> TypeError | ValueError:
+    """The error for a ``partition`` that is neither -1 nor a partition number (an int >= 0)."""
+    error = ValueError if type(partition) is int else TypeError
+    return error(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
+                 f"got {partition!r}")
+
+
 def _check_user_headers(headers: object) -> list:
     """The user's headers as a list, in order; names starting ``delayq-`` are refused."""
     if isinstance(headers, dict):
@@ -580,9 +587,7 @@ class Producer(confluent_kafka.Producer):
         elif type(partition) is int and partition >= 0:
             value = put_value(due, topic, key, value, partition)
         else:
-            error = ValueError if type(partition) is int else TypeError
-            raise error(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
-                        f"got {partition!r}")
+            raise _bad_partition(partition)
         if headers is not None:
             headers = _check_user_headers(headers)
         if type(timestamp) is not int:
@@ -617,12 +622,8 @@ class Producer(confluent_kafka.Producer):
             key = _as_bytes(key, "key")
         if type(value) is not bytes and value is not None:
             value = _as_bytes(value, "value")
-        if type(partition) is not int:
-            raise TypeError(f"partition must be -1 (the partitioner decides) or a partition number >= 0 (an int); "
-                            f"got {partition!r}")
-        if partition < -1:
-            raise ValueError(f"partition must be -1 (the partitioner decides) or a partition number >= 0; "
-                             f"got {partition}")
+        if type(partition) is not int or partition < -1:
+            raise _bad_partition(partition)
         if partition == -1:
             frame = put_value(due, topic, key, value, None, self._partitioner_name, None, options)
         else:

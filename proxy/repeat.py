@@ -14,27 +14,18 @@ language could not read the same way), and takes a zoneinfo time zone.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from delayq import wire
+from delayq.clock import seconds_of
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _interval_ms(interval: object, argument: str) -> int:
-    if isinstance(interval, timedelta):
-        ms = round(interval / timedelta(milliseconds=1))
-    elif isinstance(interval, numbers.Real) and not isinstance(interval, bool):
-        seconds = float(interval)
-        if math.isnan(seconds) or math.isinf(seconds):
-            raise ValueError(f"{argument} must be a finite number of seconds; got {interval!r}")
-        ms = round(seconds * 1000)
-    else:
-        raise TypeError(f"{argument} must be seconds (an int or float) or a timedelta; got "
-                        f"{type(interval).__name__} {interval!r:.60}")
+    ms = round(seconds_of(interval, argument) * 1000)
     if ms < 1:
         raise ValueError(f"{argument} must be at least 1 ms; got {interval!r}")
     return ms
