@@ -9,7 +9,6 @@ up the record goes to the policy's dead-letter topic instead.
 
 from __future__ import annotations
 
-import math
 import numbers
 import random
 import time
@@ -21,6 +20,7 @@ from datetime import timedelta
 from confluent_kafka import KafkaError, KafkaException
 
 from delayq import wire
+from delayq.clock import seconds_of
 
 if typing.TYPE_CHECKING:
     from .producer import Producer
@@ -28,19 +28,6 @@ if typing.TYPE_CHECKING:
 # RocketMQ's consumer retry intervals: its delay levels without the first two (16 attempts).
 ROCKETMQ_DELAYS_S = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 DEAD_LETTER_SUFFIX = ".dlq"
-
-
-def _seconds(delay: object, argument: str) -> float:
-    if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, numbers.Real) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise TypeError(f"{argument} must be seconds (an int or float) or a timedelta; got "
-                        f"{type(delay).__name__} {delay!r:.60}")
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
-        raise ValueError(f"{argument} must be a finite number of seconds >= 0; got {delay!r}")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -67,7 +54,7 @@ class RetryPolicy:
                 raise TypeError(f"delays must be a non-empty list of seconds or timedeltas; got {self.delays!r:.80}")
             object.__setattr__(self, "delays", tuple(self.delays))
             for n, delay in enumerate(self.delays, 1):
-                _seconds(delay, f"delays[{n - 1}]")
+                seconds_of(delay, f"delays[{n - 1}]")
         if self.max_attempts is None:
             object.__setattr__(self, "max_attempts", len(self.delays))
         elif isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
@@ -92,24 +79,30 @@ class RetryPolicy:
         Each wait is moved at random by up to ``jitter`` of itself either way, so records that
         failed together do not all come back together.
         """
-        first, cap = _seconds(initial, "initial"), _seconds(max_delay, "max_delay")
+        first, cap = seconds_of(initial, "initial"), seconds_of(max_delay, "max_delay")
         if isinstance(multiplier, bool) or not isinstance(multiplier, numbers.Real) or not multiplier >= 1:
             raise ValueError(f"multiplier must be a number >= 1; got {multiplier!r}")
         if isinstance(jitter, bool) or not isinstance(jitter, numbers.Real) or not 0 <= jitter < 1:
             raise ValueError(f"jitter must be a fraction from 0 to below 1; got {jitter!r}")
 
-        def backoff(attempt: int) -> float:
-            wait = min(cap, first * float(multiplier) ** min(attempt - 1, 1000))
-            return wait * (1 + random.uniform(-jitter, jitter))
+        def capped(attempt: int) -> float:
+            """The wait before ``attempt`` without jitter: the one formula of delays and backoff."""
+            try:
+                return min(cap, first * float(multiplier) ** (attempt - 1))
+            except OverflowError:  # grown past any float: the cap
+                return cap
 
-        delays = tuple(min(cap, first * float(multiplier) ** n) for n in range(min(max_attempts, 64)))
+        def backoff(attempt: int) -> float:
+            return capped(attempt) * (1 + random.uniform(-jitter, jitter))
+
+        delays = tuple(capped(n) for n in range(1, min(max_attempts, 64) + 1))
         return cls(delays or (first,), max_attempts, dead_letter_topic, backoff)
 
     def delay_for(self, attempt: int) -> float:
         """Seconds to wait before attempt ``attempt`` (1 is the first retry)."""
         if self._backoff is not None:
             return self._backoff(attempt)
-        return _seconds(self.delays[min(attempt, len(self.delays)) - 1], "delay")
+        return seconds_of(self.delays[min(attempt, len(self.delays)) - 1], "delay")
 
     def dead_letters_to(self, topic: str) -> str:
         """Where records of ``topic`` go when their attempts are used up."""
