@@ -20,7 +20,14 @@ import time
 from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, CancelledError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    CancelledError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+)
 
 from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 
@@ -202,6 +209,18 @@ class Membership:
         self.node_id = node_id
         self._lock = threading.Lock()
 
+    def _session(self) -> int:
+        """This client's session id, to tell its own ephemeral nodes from another session's.
+
+        Raises:
+            ConnectionLoss: the client has none right now (kazoo drops it when the session is
+                lost, which can happen between a read and this call); the caller tries again.
+        """
+        session = self.client.client_id
+        if session is None:
+            raise ConnectionLoss("the ZooKeeper session was lost")
+        return session[0]
+
     def claim(self, record: NodeRecord, timeout_s: float) -> None:
         """Register this node, waiting up to ``timeout_s`` for a stale registration of its id to expire.
 
@@ -221,7 +240,7 @@ class Membership:
                 data, stat = self.client.get(self.path)
             except NoNodeError:
                 continue
-            if stat.ephemeralOwner == self.client.client_id[0]:
+            if stat.ephemeralOwner == self._session():
                 self.publish(record)
                 return
             if first_mzxid is None:
@@ -247,7 +266,7 @@ class Membership:
                 stat = self.client.exists(self.path)
                 if stat is None:
                     self.client.create(self.path, data, ephemeral=True, makepath=True)
-                elif stat.ephemeralOwner == self.client.client_id[0]:
+                elif stat.ephemeralOwner == self._session():
                     self.client.set(self.path, data, version=stat.version)
                 else:
                     raise DuplicateNodeId(f"node id {self.node_id!r} was registered by another ZooKeeper session "
@@ -260,7 +279,7 @@ class Membership:
         with self._lock:
             try:
                 stat = self.client.exists(self.path)
-                if stat is not None and stat.ephemeralOwner == self.client.client_id[0]:
+                if stat is not None and stat.ephemeralOwner == self._session():
                     self.client.delete(self.path, version=stat.version)
             except KazooException:
                 pass
