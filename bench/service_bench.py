@@ -90,7 +90,7 @@ def drop_cluster(settings: Settings) -> None:
             future.result(60)
     except KafkaException as err:  # leftovers cost disk, not correctness: the figure stands
         log.warning("topics of %s not deleted: %s", settings.cluster, err)
-    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_auth)
+    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_credentials)
     try:
         zk.delete(settings.zk_root, recursive=True)
     except Exception as err:  # kazoo's NoNodeError and friends: same reasoning as above

@@ -71,7 +71,7 @@ def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayou
     from .topics import admin_client, buffer_partition_count
 
     partitions = buffer_partition_count(settings, admin_client(settings))
-    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_auth,
+    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_credentials,
                  timeout_s=10)
     try:
         if check_only:

@@ -159,7 +159,7 @@ class Node:
                                      f"{s.http_port}): give this node another DELAYQ_HTTP_PORT, or stop what "
                                      "listens there") from None
         self.http.start()
-        self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_auth)
+        self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_credentials)
         self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
         self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
                                             compaction_lag_ms=self.info.min_compaction_lag_ms)

@@ -15,7 +15,7 @@ def cluster_status(settings: Settings) -> dict[str, Any]:
     nodes holding it). ``master``, ``epoch`` and ``cursor`` are shard 0's: the cluster's
     with one shard. Records: delayq.election.records.
     """
-    client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_auth,
+    client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_credentials,
                      timeout_s=10)
     try:
         root = settings.zk_root

@@ -10,6 +10,7 @@ over the file. Any librdkafka setting passes through ``kafka`` (for example
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import functools
 import logging
 import os
@@ -17,11 +18,12 @@ import re
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -40,6 +42,21 @@ TOOL_VARIABLES = frozenset({"DELAYQ_CONFIG", "DELAYQ_DEV_DIR", "DELAYQ_CACHE_DIR
                             "DELAYQ_TEST_KEEP_STACK"})
 # What Kubernetes injects for a Service named "delayq" (the chart turns service links off; others may not).
 _SERVICE_LINK = re.compile(r"DELAYQ_(SERVICE_(HOST|PORT)(_\w+)?|PORT(_\d+_(TCP|UDP)(_\w+)?)?)")
+
+
+# A librdkafka setting whose name holds one of these is a secret (sasl.password, ssl.key.password,
+# sasl.oauthbearer.client.secret, ssl.keystore.password, ...): kept as a SecretStr, never printed.
+SECRET_NAME_PARTS = ("password", "secret", "key", "jaas", "token")
+# What every delayq cluster names its buffer (Settings._derive_topic_names): no master delivers into one.
+BUFFER_TOPIC_PATTERN = "delayq-*-buffer"
+# Shown instead of a secret's value, wherever a value would be shown.
+REDACTED = "**********"
+
+
+def is_secret_name(name: str) -> bool:
+    """True for a librdkafka setting that holds a secret (its name says password, secret, key, ...)."""
+    lowered = name.lower()
+    return any(part in lowered for part in SECRET_NAME_PARTS)
 
 
 # RocketMQ's messageDelayLevel default: level N (1-18) is the Nth of these.
@@ -88,6 +105,33 @@ class DispatchLimit(BaseModel):
         return self.burst if self.burst is not None else max(1, int(self.rate / 10))
 
 
+# Kafka's topic characters, plus fnmatch's wildcards.
+_TOPIC_GLOB = re.compile(r"[A-Za-z0-9._\-*?\[\]!]+")
+
+
+def _always_forbidden(buffer_topic: str, dead_letter_topic: str, topic: str) -> str | None:
+    if topic == buffer_topic:
+        return f"{topic} is this cluster's own buffer topic"
+    if topic == dead_letter_topic:
+        return f"{topic} is this cluster's own dead-letter topic"
+    if topic.startswith("__"):
+        return f"{topic} is a Kafka internal topic"
+    if fnmatch.fnmatchcase(topic, BUFFER_TOPIC_PATTERN):
+        return f"{topic} is a delayq buffer topic"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _forbidden_target(buffer_topic: str, dead_letter_topic: str, patterns: tuple[str, ...], topic: str) -> str | None:
+    # Cached: the master asks once per message, with a few distinct topics.
+    always = _always_forbidden(buffer_topic, dead_letter_topic, topic)
+    if always is not None:
+        return always
+    if any(fnmatch.fnmatchcase(topic, pattern) for pattern in patterns):
+        return None
+    return f"{topic} is not in the cluster's target topics ({','.join(patterns)})"
+
+
 def _config_file() -> Path | None:
     name = os.environ.get("DELAYQ_CONFIG")
     return Path(name) if name else None
@@ -106,17 +150,21 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="ignore",
         validate_default=True,
+        # A ValidationError's text would quote every input, secrets too; validation_problems shows the safe ones.
+        hide_input_in_errors=True,
     )
 
     # Where Kafka and ZooKeeper are.
     bootstrap_servers: str = "127.0.0.1:9092"
     zk_connect: str = "127.0.0.1:2181"
-    zk_auth: str | None = Field(
-        default=None, description="ZooKeeper digest credentials 'user:password', if the ensemble wants them"
-    )
-    kafka: dict[str, str] = Field(
-        default_factory=dict, description="librdkafka settings passed through untouched (SASL, SSL, ...)"
-    )
+    zk_auth: SecretStr | None = Field(
+        default=None,
+        description="ZooKeeper digest credentials 'user:password': every znode of the cluster is then only "
+                    "theirs to change (read stays open to all)")
+    kafka: dict[str, str | SecretStr] = Field(
+        default_factory=dict,
+        description="librdkafka settings passed through untouched (SASL, SSL, ...); those whose name says "
+                    "password, secret or key are kept secret")
 
     # Which cluster, and its topics.
     cluster: str = "default"
@@ -157,6 +205,11 @@ class Settings(BaseSettings):
                     "messages a second the cluster delivers to it, and the burst, as JSON: "
                     '{"orders": {"rate": 500, "burst": 1000}, "*": {"rate": 20000}}')
 
+    target_topics: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"],
+        description="the topics the master may deliver to: names or globs ('orders.*'), comma-separated in "
+                    "DELAYQ_TARGET_TOPICS; a put to any other is dead-lettered forbidden-topic")
+
     # Producer side.
     max_delay_ms: int = Field(default=365 * DAY_MS, ge=1)
     delay_levels: str = Field(
@@ -170,7 +223,37 @@ class Settings(BaseSettings):
     @classmethod
     def _dotted_kafka_keys(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            return {str(k).replace("_", ".").lower(): str(v) for k, v in value.items()}
+            dotted = {str(k).replace("_", ".").lower(): v for k, v in value.items()}
+            return {k: v if isinstance(v, SecretStr) else SecretStr(str(v)) if is_secret_name(k) else str(v)
+                    for k, v in dotted.items()}
+        return value
+
+    @field_validator("zk_auth")
+    @classmethod
+    def _zk_auth_is_user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            user, colon, password = value.get_secret_value().partition(":")
+            if not user or not colon or not password:
+                # The value is a secret: the message never quotes it.
+                raise ValueError("ZooKeeper digest credentials are 'user:password', with both parts non-empty")
+        return value
+
+    @field_validator("target_topics", mode="before")
+    @classmethod
+    def _target_topics_from_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("target_topics")
+    @classmethod
+    def _target_topics_are_globs(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("no target topic pattern: give names or globs, like 'orders,payments.*' ('*' for any)")
+        for pattern in value:
+            if not _TOPIC_GLOB.fullmatch(pattern):
+                raise ValueError(f"{pattern!r} is no topic name or glob: use letters, digits, '.', '_', '-' and "
+                                 "the wildcards '*', '?', '[...]'")
         return value
 
     @field_validator("delay_levels")
@@ -192,8 +275,6 @@ class Settings(BaseSettings):
         found = limits.get(topic)
         if found is not None:
             return found
-        import fnmatch
-
         matching = [pattern for pattern in limits if pattern != "*" and fnmatch.fnmatchcase(topic, pattern)]
         if matching:
             return limits[max(matching, key=len)]
@@ -213,6 +294,18 @@ class Settings(BaseSettings):
         if not self.dead_letter_topic:
             self.dead_letter_topic = f"delayq-{self.cluster}-dead-letter"
         return self
+
+    def always_forbidden_target(self, topic: str) -> str | None:
+        """Why no delayq message may ever go to ``topic``, whatever ``target_topics`` says; None if it may.
+
+        The cluster's own buffer and dead-letter topics, any delayq buffer, and Kafka's internal
+        topics: delivering into them would let a buffer writer forge delayq's own records.
+        """
+        return _always_forbidden(self.buffer_topic, self.dead_letter_topic, topic)
+
+    def forbidden_target(self, topic: str) -> str | None:
+        """Why the master may not deliver to ``topic`` (always forbidden, or outside ``target_topics``); None if it may."""
+        return _forbidden_target(self.buffer_topic, self.dead_letter_topic, tuple(self.target_topics), topic)
 
     @property
     def zk_root(self) -> str:
@@ -239,9 +332,18 @@ class Settings(BaseSettings):
         formatted like every other log line), never raw to stderr as ``%3|1795...|FAIL|...``.
         """
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": KAFKA_LOGGER}
-        conf.update(self.kafka)
+        conf.update(self.kafka_passthrough())
         conf.update(overrides)
         return conf
+
+    def kafka_passthrough(self) -> dict[str, str]:
+        """The ``kafka`` settings with their secrets revealed: only for handing to a Kafka client."""
+        return {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in self.kafka.items()}
+
+    @property
+    def zk_credentials(self) -> str | None:
+        """``zk_auth`` revealed: only for handing to the ZooKeeper client."""
+        return self.zk_auth.get_secret_value() if self.zk_auth is not None else None
 
     @classmethod
     def settings_customise_sources(
@@ -325,7 +427,9 @@ def validation_problems(err: ValidationError, named: Callable[[str], str]) -> st
         # Inside a structured setting (dispatch_limits.orders.rate), which part.
         inner = ".".join(str(part) for part in error["loc"][1:])
         where = f"{named(field)} ({inner})" if inner else named(field)
-        problems.append(f"{where} = {error.get('input')!r:.80}: {error['msg']}")
+        secret = field == "zk_auth" or (field == "kafka" and (not inner or is_secret_name(inner)))
+        shown = REDACTED if secret else f"{error.get('input')!r:.80}"
+        problems.append(f"{where} = {shown}: {error['msg']}")
     return "; ".join(problems)
 
 

@@ -79,7 +79,7 @@ def node_urls(settings: Settings, timeout: float = 3.0, delay_id: str | None = N
 
     try:
         client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms,
-                         auth=settings.zk_auth, timeout_s=timeout)
+                         auth=settings.zk_credentials, timeout_s=timeout)
     except DelayqError as err:
         raise NodeUnreachable(f"{err}; or name the nodes with DELAYQ_LOOKUP_URLS") from err
     try:

@@ -112,7 +112,7 @@ def kafka_source_options(settings: Settings, *, isolation_level: str) -> dict[st
     """
     if isolation_level not in ("read_committed", "read_uncommitted"):
         raise ValueError(f"isolation_level {isolation_level!r} must be read_committed or read_uncommitted")
-    conf = dict(settings.kafka)
+    conf = settings.kafka_passthrough()
     username, password = conf.pop("sasl.username", None), conf.pop("sasl.password", None)
     java: dict[str, str] = {}
     for name, value in conf.items():

@@ -241,8 +241,9 @@ def container_env(docs: list[dict], container: dict, pod_name: str) -> dict[str,
         else:
             key = ref["secretKeyRef"]
             secrets = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == key["name"]]
-            # An existingSecret is not rendered: stand in a value so the variable is still checked.
-            env[var["name"]] = secrets[0]["stringData"][key["key"]] if secrets else f"<{key['name']}/{key['key']}>"
+            # An existingSecret is not rendered: stand in a value ("user:password"-shaped, as the ZooKeeper
+            # credentials must be) so the variable is still checked.
+            env[var["name"]] = secrets[0]["stringData"][key["key"]] if secrets else f"{key['name']}:{key['key']}"
     return env
 
 
@@ -502,7 +503,10 @@ def test_the_rendered_environment_loads_into_the_settings_model(rendered, values
         for name, value in env.items():
             monkeypatch.setenv(name, value)
 
-        loaded = Settings().model_dump(mode="json")
+        settings = Settings()
+        loaded = settings.model_dump(mode="json")
+        loaded["kafka"] = settings.kafka_passthrough()  # secrets revealed, to compare with what the chart set
+        loaded["zk_auth"] = settings.zk_credentials
 
         for name, value in env.items():
             if name.startswith("DELAYQ_KAFKA__"):
