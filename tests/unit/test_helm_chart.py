@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import confluent_kafka
 import kubernetes_validate
@@ -72,6 +72,7 @@ EVERYTHING = {
         "cluster": "orders", "bufferTopic": "orders-buffer", "deadLetterTopic": "orders-dead",
         "extraSettings": {"max_delay_ms": 86400000, "lookup_urls": ["http://a:8080", "http://b:8080"]},
         "dispatchLimits": {"orders": {"rate": 500, "burst": 1000}, "audit.*": {"rate": 2.5}},
+        "targetTopics": ["orders*", "audit.*", "payments"],
     },
     "extraEnvVars": [{"name": "TZ", "value": "UTC"}],
     "persistence": {"enabled": False},
@@ -82,7 +83,23 @@ EVERYTHING = {
     "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     "reconcile": {"enabled": True, "reports": {"existingClaim": "delayq-reports"}, "extraArgs": ["--days", "7"]},
 }
-VALUE_SETS = ("default", "production", "everything")
+# A cluster locked down as the secured dev stack is: SASL_SSL with SCRAM-SHA-512 and the chart's own Secret, the CA
+# under a key name of its own (not the default ca.crt), ZooKeeper digest auth, and a target-topic allowlist. The
+# reconcile CronJob is on so that every kind of delayq container is rendered.
+SECURED_KAFKA_PASSWORD = "kafka-Pa55-7f3e"
+SECURED_ZK_CREDENTIALS = "delayq-zk:zk-Pa55-41c9"
+SECURED = {
+    "kafka": {
+        "bootstrapServers": "kafka-0:9093",
+        "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": "SCRAM-SHA-512", "username": "delayq-node", "password": SECURED_KAFKA_PASSWORD},
+        "tls": {"existingSecret": "kafka-broker-ca", "caKey": "broker-ca.pem"},
+    },
+    "zookeeper": {"connect": "zk-0:2181", "auth": {"enabled": True, "credentials": SECURED_ZK_CREDENTIALS}},
+    "config": {"targetTopics": ["orders*", "audit"]},
+    "reconcile": {"enabled": True},
+}
+VALUE_SETS = ("default", "production", "everything", "secured")
 
 
 # --- helm, built once -------------------------------------------------------------------------------------
@@ -181,6 +198,7 @@ def value_args(tmp_path_factory) -> dict[str, list[str]]:
         "default": values_args(REQUIRED, folder, "default"),
         "production": ["-f", str(CHART / "values-production.yaml")],
         "everything": values_args(EVERYTHING, folder, "everything"),
+        "secured": values_args(SECURED, folder, "secured"),
     }
 
 
@@ -255,6 +273,37 @@ def delayq_containers(docs: list[dict]) -> list[tuple[str, dict, dict[str, str]]
         for container in spec["containers"]:
             found.append((owner, container, container_env(docs, container, pod_name)))
     return found
+
+
+def load_settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The real settings model over exactly ``env``: this machine's own DELAYQ_ variables are cleared first."""
+    for name in [name for name in os.environ if name.startswith("DELAYQ_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def secret_key_at(pod_spec: dict, container: dict, path: str) -> tuple[str, str] | None:
+    """(Secret name, key) of the file Kubernetes puts at ``path`` in ``container``; None if no Secret volume has it.
+
+    A Secret volume shows every key as a file of its name, or only its ``items``, each at its own ``path``;
+    a mount with a ``subPath`` shows that part of the volume only.
+    """
+    volumes = {volume["name"]: volume for volume in pod_spec.get("volumes", [])}
+    target = PurePosixPath(path)
+    for mount in container.get("volumeMounts", []):
+        secret = volumes.get(mount["name"], {}).get("secret")
+        mount_path = PurePosixPath(mount["mountPath"])
+        if secret is None or (target != mount_path and mount_path not in target.parents):
+            continue
+        file = str(PurePosixPath(mount.get("subPath", ""), target.relative_to(mount_path)))
+        if "items" in secret:
+            keys = [item["key"] for item in secret["items"] if item["path"] == file]
+            return (secret["secretName"], keys[0]) if keys else None
+        # Without items each key is a file at the volume's top (a key holds no '/').
+        return (secret["secretName"], file) if file != "." and "/" not in file else None
+    return None
 
 
 def dockerfile_instruction(name: str, stage: str | None = None) -> list[str]:
@@ -382,6 +431,11 @@ def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets)
     (["config.replicas=-1"], "/config/replicas"),
     (["config.extraSettings.shards=2"], "config.extraSettings.shards is set by the chart itself"),
     (["config.extraSettings.replicas=2"], "config.extraSettings.replicas is set by the chart itself"),
+    (["config.targetTopics={orders/eu}"], "/config/targetTopics/0"),
+    (["config.targetTopics={orders,pay ments}"], "/config/targetTopics/1"),
+    (["config.extraSettings.target_topics=orders"], "--set 'config.targetTopics={orders*,payments}'"),
+    (["config.targetTopics={orders}", "config.extraSettings.target_topics=orders"],
+     "config.extraSettings.target_topics is set by the chart itself"),
 ])
 def test_bad_values_are_refused_naming_the_key(helm, sets, message):
     args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
@@ -498,12 +552,7 @@ def test_every_delayq_variable_the_chart_sets_is_a_settings_field(rendered, valu
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_the_rendered_environment_loads_into_the_settings_model(rendered, values, monkeypatch):
     for owner, _container, env in delayq_containers(rendered[values]):
-        for name in [name for name in os.environ if name.startswith("DELAYQ_")]:
-            monkeypatch.delenv(name)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-
-        settings = Settings()
+        settings = load_settings(env, monkeypatch)
         loaded = settings.model_dump(mode="json")
         loaded["kafka"] = settings.kafka_passthrough()  # secrets revealed, to compare with what the chart set
         loaded["zk_auth"] = settings.zk_credentials
@@ -519,6 +568,9 @@ def test_the_rendered_environment_loads_into_the_settings_model(rendered, values
                 if field == "dispatch_limits":  # a map of models: compared as the model reads it
                     expected = {topic: {"burst": None, **limit} for topic, limit in expected.items()}
                     assert loaded[field] == expected, (owner, name)
+                    continue
+                if field == "target_topics":  # comma-separated in the environment, a list in the model
+                    assert loaded[field] == value.split(","), (owner, name)
                     continue
                 assert str(loaded[field]) == str(expected), (owner, name)
 
@@ -548,6 +600,59 @@ def test_production_reads_credentials_from_the_existing_secret_and_renders_none(
     assert not of_kind(docs, "Secret")
     assert env_vars["DELAYQ_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
         "name": "delayq-credentials", "key": "kafka-sasl-password"}
+
+
+def test_a_secured_release_gives_every_delayq_container_sasl_ssl_scram_the_ca_zookeeper_auth_and_target_topics(
+        rendered, monkeypatch):
+    docs = rendered["secured"]
+    specs = pod_specs(docs)
+    containers = delayq_containers(docs)
+
+    # The node, the init hook, the reconcile report and the helm test all talk to Kafka and ZooKeeper.
+    assert sorted(owner.split("/")[0] for owner, _, _ in containers) == ["CronJob", "Job", "Pod", "StatefulSet"]
+    for owner, container, env in containers:
+        settings = load_settings(env, monkeypatch)
+        conf = settings.kafka_conf()
+
+        assert conf["security.protocol"] == "SASL_SSL", owner
+        # The chart sets librdkafka's sasl.mechanism; its alias sasl.mechanisms must not say otherwise.
+        assert conf["sasl.mechanism"] == "SCRAM-SHA-512" and "sasl.mechanisms" not in conf, owner
+        assert conf["sasl.username"] == "delayq-node", owner
+        assert conf["sasl.password"] == SECURED_KAFKA_PASSWORD, owner
+        assert secret_key_at(specs[owner], container, conf["ssl.ca.location"]) == \
+            ("kafka-broker-ca", "broker-ca.pem"), (owner, conf["ssl.ca.location"])
+        assert settings.zk_credentials == SECURED_ZK_CREDENTIALS, owner
+        assert settings.target_topics == ["orders*", "audit"], owner
+        assert settings.forbidden_target("orders.eu") is None, owner
+        assert settings.forbidden_target("payments") is not None, owner
+
+
+def test_a_secured_release_shows_its_passwords_in_no_settings_repr_and_no_configmap(rendered, monkeypatch):
+    docs = rendered["secured"]
+    zk_password = SECURED_ZK_CREDENTIALS.split(":", 1)[1]
+    secrets = (SECURED_KAFKA_PASSWORD, zk_password)
+
+    for owner, _container, env in delayq_containers(docs):
+        settings = load_settings(env, monkeypatch)
+        # Loaded for real: the values are there, only hidden.
+        assert settings.kafka_passthrough()["sasl.password"] == SECURED_KAFKA_PASSWORD, owner
+        assert settings.zk_credentials == SECURED_ZK_CREDENTIALS, owner
+        shown = repr(settings) + str(settings)
+        assert not [secret for secret in secrets if secret in shown], owner
+    config_maps = of_kind(docs, "ConfigMap")
+    assert [cm["metadata"]["name"] for cm in config_maps] == ["dq-delayq", "dq-delayq-init"]
+    for config_map in config_maps:
+        text = json.dumps(config_map)
+        assert not [secret for secret in secrets if secret in text], config_map["metadata"]["name"]
+
+
+def test_target_topics_are_rendered_comma_joined_and_left_out_when_empty(rendered):
+    secured = the(rendered["secured"], "ConfigMap", "dq-delayq")["data"]
+    default = the(rendered["default"], "ConfigMap", "dq-delayq")["data"]
+
+    assert secured["DELAYQ_TARGET_TOPICS"] == "orders*,audit"
+    # Not rendered: the node's own default, "*" (any topic), applies.
+    assert "DELAYQ_TARGET_TOPICS" not in default
 
 
 def test_pdb_lets_one_node_go_at_a_time_and_selects_the_nodes(rendered):

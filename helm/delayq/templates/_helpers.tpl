@@ -177,6 +177,9 @@ DELAYQ_DELIVERY_RETRY_BACKOFF_MS: {{ .Values.config.deliveryRetryBackoffMs | int
 {{- with .Values.config.dispatchLimits }}
 DELAYQ_DISPATCH_LIMITS: {{ toJson . | quote }}
 {{- end }}
+{{- with .Values.config.targetTopics }}
+DELAYQ_TARGET_TOPICS: {{ join "," . | quote }}
+{{- end }}
 DELAYQ_DATA_DIR: {{ .Values.persistence.mountPath | quote }}
 DELAYQ_HTTP_HOST: "0.0.0.0"
 DELAYQ_HTTP_PORT: {{ .Values.containerPorts.http | int64 | quote }}
@@ -227,6 +230,9 @@ DELAYQ_KAFKA__SSL_KEY_LOCATION: {{ printf "/etc/delayq/kafka-tls/%s" .Values.kaf
 {{- fail "config.extraSettings.kafka: librdkafka settings go in kafka.extraConfig, e.g. --set kafka.extraConfig.client\\.rack=eu-west-1a" }}
 {{- else if or (hasKey $managed $name) (eq $key "node_id") }}
 {{- fail (printf "config.extraSettings.%s is set by the chart itself: use its own value (see values.yaml) instead" $key) }}
+{{- else if eq $key "target_topics" }}
+{{- /* Refused even when config.targetTopics is empty: a list here would reach the node as JSON, which DELAYQ_TARGET_TOPICS (comma-separated) does not read. */}}
+{{- fail "config.extraSettings.target_topics: use the chart's list, e.g. --set 'config.targetTopics={orders*,payments}'" }}
 {{- end }}
 {{ $name }}: {{ include "delayq.envValue" $value | quote }}
 {{- end }}
