@@ -43,7 +43,7 @@ from delayq.delay_service.ingest import Ingest
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
 from delayq.dev import DevStack
-from delayq.election import connect
+from delayq.election import connect_for
 from delayq.store import TimeIndex
 from delayq.testing import LocalCluster, NodeProcess
 from delayq.wire import Envelope, new_delay_id
@@ -90,7 +90,7 @@ def drop_cluster(settings: Settings) -> None:
             future.result(60)
     except KafkaException as err:  # leftovers cost disk, not correctness: the figure stands
         log.warning("topics of %s not deleted: %s", settings.cluster, err)
-    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_credentials)
+    zk = connect_for(settings)
     try:
         zk.delete(settings.zk_root, recursive=True)
     except Exception as err:  # kazoo's NoNodeError and friends: same reasoning as above

@@ -66,13 +66,12 @@ def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayou
         ConfigurationError: see :func:`ensure_layout`.
         UnavailableError: Kafka or ZooKeeper did not answer.
     """
-    from delayq.election import connect
+    from delayq.election import connect_for, ensure_cluster_root
 
     from .topics import admin_client, buffer_partition_count
 
     partitions = buffer_partition_count(settings, admin_client(settings))
-    zk = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_credentials,
-                 timeout_s=10)
+    zk = connect_for(settings, timeout_s=10)
     try:
         if check_only:
             layout = Layout(zk, settings.zk_root)
@@ -81,6 +80,8 @@ def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayou
         if partitions is None:
             raise ConfigurationError(f"buffer topic {settings.buffer_topic} does not exist: create it with "
                                      "`delayq init`")
+        # init also protects a cluster created before it had credentials (election/access.py).
+        ensure_cluster_root(zk, settings.zk_root, settings.zk_credentials, protect_existing=True)
         return ensure_layout(settings, zk, partitions)
     finally:
         zk.stop()

@@ -34,7 +34,8 @@ from delayq.election import (
     Role,
     ShardLayout,
     Term,
-    connect,
+    connect_for,
+    ensure_cluster_root,
 )
 from delayq.errors import ConfigurationError
 from delayq.settings import Settings
@@ -159,7 +160,9 @@ class Node:
                                      f"{s.http_port}): give this node another DELAYQ_HTTP_PORT, or stop what "
                                      "listens there") from None
         self.http.start()
-        self.zk = connect(s.zk_connect, session_timeout_ms=s.zk_session_timeout_ms, auth=s.zk_credentials)
+        self.zk = connect_for(s)
+        # A node with wrong or missing credentials exits here, with one line, before it touches the cluster.
+        ensure_cluster_root(self.zk, s.zk_root, s.zk_credentials, protect_existing=False)
         self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
         self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
                                             compaction_lag_ms=self.info.min_compaction_lag_ms)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayq.election import Cursor, Epoch, Layout, Leadership, Membership, connect
+from delayq.election import Cursor, Epoch, Layout, Leadership, Membership, connect_for
 from delayq.settings import Settings
 
 
@@ -15,8 +15,7 @@ def cluster_status(settings: Settings) -> dict[str, Any]:
     nodes holding it). ``master``, ``epoch`` and ``cursor`` are shard 0's: the cluster's
     with one shard. Records: delayq.election.records.
     """
-    client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms, auth=settings.zk_credentials,
-                     timeout_s=10)
+    client = connect_for(settings, timeout_s=10)
     try:
         root = settings.zk_root
         layout = Layout(client, root).read()

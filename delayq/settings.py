@@ -304,7 +304,7 @@ class Settings(BaseSettings):
         return _always_forbidden(self.buffer_topic, self.dead_letter_topic, topic)
 
     def forbidden_target(self, topic: str) -> str | None:
-        """Why the master may not deliver to ``topic`` (always forbidden, or outside ``target_topics``); None if it may."""
+        """Why the master may not deliver to ``topic`` (always forbidden, or not in ``target_topics``); None: it may."""
         return _forbidden_target(self.buffer_topic, self.dead_letter_topic, tuple(self.target_topics), topic)
 
     @property

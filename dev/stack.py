@@ -2,7 +2,9 @@
 
 Everything lives under one state folder::
 
-    <state>/stack.json     the ports the last ``up`` was asked for (Kafka, its controller, ZooKeeper)
+    <state>/stack.json     the ports the last ``up`` was asked for (Kafka, its controller, ZooKeeper),
+                           and whether the stack is secured
+    <state>/secure/        a secured stack's credentials and certificates (dev/secure.py)
     <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log, kafka.pid}
     <state>/zookeeper/{zoo.cfg, logback.xml, data/, zookeeper.log, zookeeper.pid}
 
@@ -11,6 +13,10 @@ stops exactly the processes whose pid files ``up`` wrote, and is safe to repeat.
 A ``DevStack`` made without ports uses the ports recorded in its state folder, so
 ``status``, ``env`` and ``down`` of a folder talk about that folder's stack. An ``up``
 that fails stops what it started: the next ``up`` starts from a clean slate.
+
+A secured stack (``DevStack(secure=True)``, ``delayq dev up --secure``) has its own folder
+and ports by default, so it runs beside the plain one: Kafka speaks SASL_SSL (SCRAM-SHA-512
+over TLS) and enforces ACLs; ZooKeeper is the same as the plain stack's.
 """
 
 from __future__ import annotations
@@ -29,10 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import secure as security
 from .runtime import KAFKA, ZOOKEEPER, StackError, ensure_runtime, java_executable
 
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_ZK_PORT = 2181
+# The secured stack's, so that it can run beside the plain one.
+DEFAULT_SECURE_KAFKA_PORT = 9192
+DEFAULT_SECURE_ZK_PORT = 2281
 HOST = "127.0.0.1"
 # The stack's services, in the order `up` starts them.
 SERVICES = ("zookeeper", "kafka")
@@ -40,12 +50,15 @@ SERVICES = ("zookeeper", "kafka")
 RECORD = "stack.json"
 
 
-def default_state_dir() -> Path:
+def default_state_dir(secure: bool = False) -> Path:
+    """The plain stack's folder (DELAYQ_DEV_DIR, else ~/.local/state/delayq/dev); the secured one adds -secure."""
     explicit = os.environ.get("DELAYQ_DEV_DIR")
     if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "delayq" / "dev"
+        plain = Path(explicit).expanduser()
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+        plain = Path(base) / "delayq" / "dev"
+    return plain.with_name(plain.name + "-secure") if secure else plain
 
 
 @dataclass
@@ -75,6 +88,16 @@ class Ports:
         return self.kafka + 1
 
 
+def recorded_secure(state_dir: Path) -> bool | None:
+    """Whether the stack of ``state_dir`` is secured; None if no ``up`` ran there."""
+    state_dir = Path(state_dir).expanduser()
+    try:
+        return bool(json.loads((state_dir / RECORD).read_text()).get("secure", False))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return (state_dir / security.FOLDER).is_dir() if recorded_ports(state_dir) is not None else None
+
+
 def recorded_ports(state_dir: Path) -> Ports | None:
     """The ports the last ``up`` in ``state_dir`` was asked for, or None if no ``up`` ran there.
 
@@ -92,7 +115,7 @@ def recorded_ports(state_dir: Path) -> Ports | None:
         zoo_cfg = (state_dir / "zookeeper" / "zoo.cfg").read_text()
     except OSError:
         return None
-    kafka = re.search(r"^listeners=PLAINTEXT://[^:]+:(\d+)", server_properties, re.MULTILINE)
+    kafka = re.search(r"^listeners=(?:PLAINTEXT|SASL_SSL)://[^:]+:(\d+)", server_properties, re.MULTILINE)
     zk = re.search(r"^clientPort=(\d+)", zoo_cfg, re.MULTILINE)
     return Ports(int(kafka[1]), int(zk[1])) if kafka and zk else None
 
@@ -112,10 +135,12 @@ class DevStack:
         >>> stack.down()
     """
 
-    state_dir: Path = field(default_factory=default_state_dir)
+    state_dir: Path | None = None
     kafka_port: int | None = None
     zk_port: int | None = None
     start_timeout_s: float = 90.0
+    # SASL_SSL and ACLs (dev/secure.py). None: as the state folder's last ``up`` recorded, else plain.
+    secure: bool | None = None
     # Where a new KRaft cluster id's randomness comes from (a test injects its own draws).
     draw_uuid: Callable[[], uuid.UUID] | None = field(default=None, repr=False, compare=False)
     # The processes this object started, by service: while one of them has not exited, it is
@@ -124,13 +149,28 @@ class DevStack:
     _children: dict[str, subprocess.Popen] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.state_dir = Path(self.state_dir).expanduser().resolve()
+        self.state_dir = Path(self.state_dir or default_state_dir(bool(self.secure))).expanduser().resolve()
         recorded = recorded_ports(self.state_dir)
+        was_secure = recorded_secure(self.state_dir)
+        if self.secure is None:
+            self.secure = bool(was_secure)
+        elif was_secure is not None and was_secure != self.secure:
+            kind = "secured" if was_secure else "plain"
+            raise StackError(
+                f"the dev stack in {self.state_dir} is a {kind} one: "
+                + ("add --secure to use it" if was_secure else "leave out --secure to use it")
+                + f", or choose another --state-dir (or wipe it: delayq dev down --wipe --state-dir {self.state_dir})")
         if self.kafka_port is None:
-            self.kafka_port = recorded.kafka if recorded else DEFAULT_KAFKA_PORT
+            self.kafka_port = recorded.kafka if recorded else (
+                DEFAULT_SECURE_KAFKA_PORT if self.secure else DEFAULT_KAFKA_PORT)
         if self.zk_port is None:
-            self.zk_port = recorded.zk if recorded else DEFAULT_ZK_PORT
+            self.zk_port = recorded.zk if recorded else (DEFAULT_SECURE_ZK_PORT if self.secure else DEFAULT_ZK_PORT)
         _check_ports(self.ports)
+
+    @property
+    def folder(self) -> Path:
+        assert self.state_dir is not None  # set by __post_init__
+        return self.state_dir
 
     # -- addresses -------------------------------------------------------
 
@@ -153,11 +193,68 @@ class DevStack:
 
     def recorded_ports(self) -> Ports | None:
         """The ports the last ``up`` in this state folder was asked for (None: no ``up`` ran here)."""
-        return recorded_ports(self.state_dir)
+        return recorded_ports(self.folder)
 
-    def env(self) -> dict[str, str]:
+    def env(self, user: str | None = None, *, zk_auth: bool = True) -> dict[str, str]:
+        """The ``DELAYQ_*`` settings that reach this stack; on a secured one, as ``user`` (default: the admin).
+
+        A secured stack's include the librdkafka security settings (``DELAYQ_KAFKA__*``) and,
+        with ``zk_auth``, ZooKeeper's digest credentials (a node needs them, a producer does not).
+
+        Raises:
+            StackError: ``user`` was never created on this stack (``delayq dev user NAME``).
+        """
         self._check_ports_match_running()
-        return {"DELAYQ_BOOTSTRAP_SERVERS": self.bootstrap_servers, "DELAYQ_ZK_CONNECT": self.zk_connect}
+        env = {"DELAYQ_BOOTSTRAP_SERVERS": self.bootstrap_servers, "DELAYQ_ZK_CONNECT": self.zk_connect}
+        if not self.secure:
+            return env
+        stored = self._secrets()
+        password = stored.admin_password if user in (None, security.ADMIN) else stored.users.get(user or "")
+        if password is None:
+            raise StackError(f"no user {user!r} on the secured stack in {self.folder}: create it with "
+                             f"delayq dev user {user} --state-dir {self.folder}")
+        conf = security.client_conf(self.folder, user or security.ADMIN, password)
+        env.update({"DELAYQ_KAFKA__" + key.upper().replace(".", "_"): value for key, value in conf.items()})
+        if zk_auth:
+            env["DELAYQ_ZK_AUTH"] = stored.zk_auth
+        return env
+
+    def client_conf(self, user: str | None = None) -> dict[str, str]:
+        """librdkafka settings (bootstrap.servers included) for ``user`` (default: the admin) of this stack."""
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        if self.secure:
+            stored = self._secrets()
+            password = stored.admin_password if user in (None, security.ADMIN) else stored.users[user or ""]
+            conf.update(security.client_conf(self.folder, user or security.ADMIN, password))
+        return conf
+
+    def add_user(self, name: str) -> str:
+        """Create SCRAM user ``name`` on this secured stack (again, with the same password, if it exists).
+
+        Returns:
+            its password.
+
+        Raises:
+            StackError: the stack is not secured, ``name`` is reserved or malformed, or the broker refused.
+        """
+        if not self.secure:
+            raise StackError(f"the dev stack in {self.folder} is not secured, and has no users: start a secured "
+                             "one with delayq dev up --secure")
+        security.check_user_name(name)
+        stored = self._secrets()
+        password = stored.users.get(name) or security._password()
+        security.upsert_scram_user(self.bootstrap_servers, self.client_conf(), name, password)
+        if stored.users.get(name) != password:
+            stored.users[name] = password
+            stored.save(self.folder)
+        return password
+
+    def _secrets(self) -> security.Secrets:
+        stored = security.Secrets.load(self.folder)
+        if stored is None:
+            raise StackError(f"the secured stack in {self.folder} has no credentials yet: start it with "
+                             f"delayq dev up --secure --state-dir {self.folder}")
+        return stored
 
     # -- lifecycle -------------------------------------------------------
 
@@ -285,7 +382,7 @@ class DevStack:
     def wipe(self) -> None:
         """Stop both services and delete their data (a fresh cluster on next ``up``)."""
         self.down()
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _launch(self, name: str, java: str, say) -> None:
         if name == "zookeeper":
@@ -299,10 +396,11 @@ class DevStack:
     # -- ports -----------------------------------------------------------
 
     def _record_ports(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        record = self.state_dir / RECORD
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = self.folder / RECORD
         scratch = record.with_suffix(".tmp")
-        scratch.write_text(json.dumps({"kafka_port": self.ports.kafka, "zk_port": self.ports.zk}) + "\n")
+        scratch.write_text(json.dumps({"kafka_port": self.ports.kafka, "zk_port": self.ports.zk,
+                                       "secure": bool(self.secure)}) + "\n")
         scratch.replace(record)
 
     def _check_ports_match_running(self) -> None:
@@ -314,8 +412,8 @@ class DevStack:
                                          ("zookeeper", self.ports.zk, recorded.zk, "--zk-port")):
             if asked != has and self._running(name):
                 raise StackError(
-                    f"the {name} of the dev stack in {self.state_dir} runs on port {has}, not {asked}: "
-                    f"leave out {option} to use it, or stop it first (delayq dev down --state-dir {self.state_dir})"
+                    f"the {name} of the dev stack in {self.folder} runs on port {has}, not {asked}: "
+                    f"leave out {option} to use it, or stop it first (delayq dev down --state-dir {self.folder})"
                 )
 
     def _preflight(self, name: str) -> None:
@@ -325,7 +423,7 @@ class DevStack:
         else:
             self._check_port_free("kafka", self.ports.kafka, "--kafka-port")
             self._check_port_free("the kafka controller (the Kafka port + 1)", self.controller_port, "--kafka-port")
-            meta = self.state_dir / "kafka" / "data" / "meta.properties"
+            meta = self.folder / "kafka" / "data" / "meta.properties"
             if meta.exists():
                 self._check_meta_properties(meta)
 
@@ -394,7 +492,16 @@ class DevStack:
         home = self._home("kafka")
         data = home / "data"
         config = self._config_file("kafka")
-        config.write_text(self._kafka_properties(data))
+        if self.secure and (data / "meta.properties").exists() and security.Secrets.load(self.folder) is None:
+            raise StackError(f"the secured stack in {self.folder} has Kafka data but lost its credentials "
+                             f"({security.Secrets.path(self.folder)}): wipe it (delayq dev down --wipe --secure "
+                             f"--state-dir {self.folder}) and start it again")
+        if self.secure:
+            security.ensure_certificates(self.folder, java, security.Secrets.load_or_create(self.folder).store_password)
+        # Private: a secured broker's settings hold its passwords.
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self._kafka_properties(data))
         (home / "log4j2.properties").write_text(
             "status = warn\nappender.out.type = Console\nappender.out.name = OUT\n"
             "appender.out.layout.type = PatternLayout\n"
@@ -422,7 +529,8 @@ class DevStack:
         try:
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
-                 "--config", str(config), "--ignore-formatted"],
+                 "--config", str(config), "--ignore-formatted",
+                 *(security.scram_bootstrap(self._secrets()) if self.secure else [])],
                 capture_output=True, text=True,
             )
         except BaseException:
@@ -433,7 +541,7 @@ class DevStack:
             said = _telling_line((fmt.stdout + fmt.stderr).splitlines()) or "nothing"
             raise StackError(
                 f"Kafka's StorageTool could not format {data} (exit {fmt.returncode}, cluster id {cluster_id}); "
-                f"it said: {said}; fix that and run delayq dev up --state-dir {self.state_dir} again"
+                f"it said: {said}; fix that and run delayq dev up --state-dir {self.folder} again"
             )
 
     def _check_meta_properties(self, meta: Path) -> None:
@@ -453,19 +561,20 @@ class DevStack:
         if problem:
             raise StackError(
                 f"Kafka's storage in {meta.parent} is damaged: {meta} {problem}; wipe the stack's data "
-                f"(delayq dev down --wipe --state-dir {self.state_dir}; every topic is lost) and run up again"
+                f"(delayq dev down --wipe --state-dir {self.folder}; every topic is lost) and run up again"
             )
 
     def _kafka_properties(self, data: Path) -> str:
+        client, controller = (security.PROTOCOL, "SASL_PLAINTEXT") if self.secure else ("PLAINTEXT", "PLAINTEXT")
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{HOST}:{self.ports.kafka},CONTROLLER://{HOST}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.ports.kafka}",
+            "listeners": f"{client}://{HOST}:{self.ports.kafka},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"{client}://{HOST}:{self.ports.kafka}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": client,
+            "listener.security.protocol.map": f"{client}:{client},CONTROLLER:{controller}",
             "log.dirs": str(data),
             "num.partitions": "1",
             # One broker: every internal topic has one replica.
@@ -482,6 +591,8 @@ class DevStack:
             # Compaction runs soon after a segment rolls, so tests can watch it.
             "log.cleaner.backoff.ms": "1000",
         }
+        if self.secure:
+            settings.update(security.kafka_properties(self.folder, self._secrets()))
         return "".join(f"{k}={v}\n" for k, v in settings.items())
 
     def _kafka_answers(self) -> bool:
@@ -491,8 +602,7 @@ class DevStack:
             return False
         try:
             # log_level 0: a broker still starting is expected here, not worth librdkafka's stderr noise.
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": 3000,
-                                 "log_level": 0})
+            admin = AdminClient({**self.client_conf(), "socket.timeout.ms": 3000, "log_level": 0})
             metadata = admin.list_topics(timeout=3)
             return bool(metadata.brokers)
         except Exception:
@@ -501,19 +611,19 @@ class DevStack:
     # -- processes -------------------------------------------------------
 
     def _home(self, name: str) -> Path:
-        home = self.state_dir / name
+        home = self.folder / name
         home.mkdir(parents=True, exist_ok=True)
         return home
 
     def _config_file(self, name: str) -> Path:
         """The file the service's JVM is started with: its last argument, and how :meth:`_is_ours` knows it."""
-        return self.state_dir / name / ("zoo.cfg" if name == "zookeeper" else "server.properties")
+        return self.folder / name / ("zoo.cfg" if name == "zookeeper" else "server.properties")
 
     def _pid_file(self, name: str) -> Path:
-        return self.state_dir / name / f"{name}.pid"
+        return self.folder / name / f"{name}.pid"
 
     def _log_file(self, name: str) -> Path:
-        return self.state_dir / name / f"{name}.log"
+        return self.folder / name / f"{name}.log"
 
     def _pid(self, name: str) -> int | None:
         try:
@@ -558,7 +668,7 @@ class DevStack:
             if gone:
                 raise StackError(
                     f"{name} exited while starting; its log {self._log_file(name)} says: {self._log_says(name)}; "
-                    f"fix that and run delayq dev up --state-dir {self.state_dir} again"
+                    f"fix that and run delayq dev up --state-dir {self.folder} again"
                 )
             if probe():
                 return

@@ -2,12 +2,26 @@
 
 Public surface::
 
-    from delayq.election import connect, Leadership, Term, Epoch, Cursor, Membership, Layout, FencedError
+    from delayq.election import connect, connect_for, ensure_cluster_root
+    from delayq.election import Leadership, Term, Epoch, Cursor, Membership, Layout, FencedError
     from delayq.election import NodeRecord, CursorRecord, ShardLayout, Role, DuplicateNodeId
 """
 
-from .recipes import Cursor, DuplicateNodeId, Epoch, FencedError, Layout, Leadership, Membership, Term, connect
+from .access import ensure_cluster_root
+from .recipes import (
+                      Cursor,
+                      DuplicateNodeId,
+                      Epoch,
+                      FencedError,
+                      Layout,
+                      Leadership,
+                      Membership,
+                      Term,
+                      connect,
+                      connect_for,
+)
 from .records import CursorRecord, NodeRecord, Role, ShardLayout
 
 __all__ = ["Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FencedError", "Layout", "Leadership",
-           "Membership", "NodeRecord", "Role", "ShardLayout", "Term", "connect"]
+           "Membership", "NodeRecord", "Role", "ShardLayout", "Term", "connect", "connect_for",
+           "ensure_cluster_root"]

@@ -30,7 +30,9 @@ from kazoo.exceptions import (
 )
 
 from delayq.errors import ConfigurationError, DelayqError, UnavailableError
+from delayq.settings import Settings
 
+from .access import cluster_acl
 from .records import CursorRecord, NodeRecord, ShardLayout
 
 log = logging.getLogger("delayq.election")
@@ -48,6 +50,9 @@ class FencedError(DelayqError):
 def connect(hosts: str, *, session_timeout_ms: int, auth: str | None = None, timeout_s: float = 15.0) -> KazooClient:
     """A started kazoo client with the session timeout delayq wants.
 
+    With ``auth`` (digest ``user:password``), every znode it creates carries the cluster's
+    ACL (election/access.py): all rights for that identity, read for anyone.
+
     Raises:
         UnavailableError: ZooKeeper did not answer within ``timeout_s``; the message names the hosts.
     """
@@ -55,6 +60,7 @@ def connect(hosts: str, *, session_timeout_ms: int, auth: str | None = None, tim
         hosts=hosts,
         timeout=session_timeout_ms / 1000,
         auth_data=[("digest", auth)] if auth else None,
+        default_acl=cluster_acl(auth),
         # Retry forever in the background: a node outlives ZooKeeper outages as a standby.
         connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2},
     )
@@ -65,6 +71,12 @@ def connect(hosts: str, *, session_timeout_ms: int, auth: str | None = None, tim
         raise UnavailableError(f"ZooKeeper at {hosts} did not answer within {timeout_s:.0f}s: is it running "
                            f"and is DELAYQ_ZK_CONNECT right? ({err})") from err
     return client
+
+
+def connect_for(settings: Settings, *, timeout_s: float = 15.0) -> KazooClient:
+    """:func:`connect` to the ensemble ``settings`` name, with their session timeout and credentials."""
+    return connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms,
+                   auth=settings.zk_credentials, timeout_s=timeout_s)
 
 
 class Epoch:

@@ -75,11 +75,10 @@ def node_urls(settings: Settings, timeout: float = 3.0, delay_id: str | None = N
     """
     if settings.lookup_urls:
         return [url.rstrip("/") for url in settings.lookup_urls]
-    from delayq.election import Layout, Membership, Role, connect
+    from delayq.election import Layout, Membership, Role, connect_for
 
     try:
-        client = connect(settings.zk_connect, session_timeout_ms=settings.zk_session_timeout_ms,
-                         auth=settings.zk_credentials, timeout_s=timeout)
+        client = connect_for(settings, timeout_s=timeout)
     except DelayqError as err:
         raise NodeUnreachable(f"{err}; or name the nodes with DELAYQ_LOOKUP_URLS") from err
     try:

@@ -1,8 +1,10 @@
-"""``delayq dev up|down|status|env``: the embedded local stack.
+"""``delayq dev up|down|status|env|user``: the embedded local stack.
 
 Every action works on the stack of one state folder (``--state-dir``) and, unless
-``--kafka-port``/``--zk-port`` say otherwise, on the ports ``up`` recorded there. An
-error is one line: what failed, the value, the fix; never a traceback.
+``--kafka-port``/``--zk-port`` say otherwise, on the ports ``up`` recorded there.
+``--secure`` picks the secured stack (SASL_SSL, ACLs: dev/secure.py), which has its own
+folder and ports, so it runs beside the plain one. An error is one line: what failed,
+the value, the fix; never a traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from delayq.dev import DevStack, StackError, cache_dir, default_state_dir
-from delayq.dev.stack import DEFAULT_KAFKA_PORT, DEFAULT_ZK_PORT
+from delayq.dev.stack import DEFAULT_KAFKA_PORT, DEFAULT_SECURE_KAFKA_PORT, DEFAULT_SECURE_ZK_PORT, DEFAULT_ZK_PORT
 
 console = Console()
 
@@ -28,21 +30,32 @@ def register(subparsers) -> None:
         ("up", _up, "start Kafka and ZooKeeper (downloads the jars once) and wait until both answer"),
         ("down", _down, "stop the processes `up` started"),
         ("status", _status, "say what runs where"),
-        ("env", _env, "print export lines for DELAYQ_BOOTSTRAP_SERVERS and DELAYQ_ZK_CONNECT"),
+        ("env", _env, "print export lines for DELAYQ_BOOTSTRAP_SERVERS and DELAYQ_ZK_CONNECT (and, on a secured "
+                      "stack, the admin's DELAYQ_KAFKA__* security settings and DELAYQ_ZK_AUTH)"),
+        ("user", _user, "create a SCRAM user on the secured stack and print its settings as export lines"),
     ):
         action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("--state-dir", type=Path, default=default_state_dir(),
-                            help="the stack's folder: its data, logs and recorded ports (default %(default)s)")
+        action.add_argument("--state-dir", type=Path,
+                            help=f"the stack's folder: its data, logs and recorded ports (default "
+                                 f"{default_state_dir()}, with --secure {default_state_dir(secure=True)})")
+        action.add_argument("--secure", action="store_true", default=None,
+                            help="the secured stack: SASL_SSL with SCRAM-SHA-512 over TLS, ACLs enforced "
+                                 "(default: whatever --state-dir holds)")
         action.add_argument("--kafka-port", type=int,
                             help=f"Kafka's port; its controller takes the next one (default: the port `up` "
-                                 f"recorded in --state-dir, else {DEFAULT_KAFKA_PORT})")
+                                 f"recorded in --state-dir, else {DEFAULT_KAFKA_PORT}, secured "
+                                 f"{DEFAULT_SECURE_KAFKA_PORT})")
         action.add_argument("--zk-port", type=int,
                             help=f"ZooKeeper's port (default: the port `up` recorded in --state-dir, "
-                                 f"else {DEFAULT_ZK_PORT})")
+                                 f"else {DEFAULT_ZK_PORT}, secured {DEFAULT_SECURE_ZK_PORT})")
         action.set_defaults(func=_one_line(func))
     actions.choices["up"].add_argument("--timeout", type=float, default=90.0, help="seconds to wait for both to answer")
     actions.choices["down"].add_argument(
         "--wipe", action="store_true", help="also delete the stack's data and logs (the next `up` starts an empty one)")
+    user = actions.choices["user"]
+    user.add_argument("name", help="the SCRAM user (Kafka principal User:NAME); run again to print its settings again")
+    user.add_argument("--zk", action="store_true",
+                      help="also print the stack's ZooKeeper credentials (DELAYQ_ZK_AUTH): what a node needs")
 
 
 def _one_line(func):
@@ -62,7 +75,7 @@ def _one_line(func):
 
 
 def _os_problem(args: argparse.Namespace, err: OSError) -> str:
-    state_dir = Path(args.state_dir).expanduser()
+    state_dir = Path(args.state_dir or default_state_dir(bool(args.secure))).expanduser()
     if state_dir.exists() and not state_dir.is_dir():
         return f"the state folder {state_dir} is a file, not a folder: choose another with --state-dir"
     what = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
@@ -75,7 +88,7 @@ def _os_problem(args: argparse.Namespace, err: OSError) -> str:
 
 def stack_from(args: argparse.Namespace) -> DevStack:
     return DevStack(args.state_dir, kafka_port=args.kafka_port, zk_port=args.zk_port,
-                    start_timeout_s=getattr(args, "timeout", 90.0))
+                    start_timeout_s=getattr(args, "timeout", 90.0), secure=args.secure)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -83,8 +96,12 @@ def _up(args: argparse.Namespace) -> int:
     with console.status("starting Kafka and ZooKeeper"):
         started = stack.up(say=console.print)
     what = ", ".join(started) if started else "nothing (both were running)"
-    console.print(f"started {what}; Kafka at {stack.bootstrap_servers}, ZooKeeper at {stack.zk_connect}",
+    kind = " (SASL_SSL, SCRAM-SHA-512, ACLs enforced)" if stack.secure else ""
+    console.print(f"started {what}; Kafka at {stack.bootstrap_servers}{kind}, ZooKeeper at {stack.zk_connect}",
                   highlight=False)
+    if stack.secure:
+        console.print(f"the admin's settings: eval \"$(delayq dev env --state-dir {stack.folder})\"; a user's: "
+                      f"delayq dev user NAME --state-dir {stack.folder}", highlight=False, markup=False)
     return 0
 
 
@@ -94,13 +111,14 @@ def _down(args: argparse.Namespace) -> int:
     console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running", highlight=False)
     if args.wipe:
         stack.wipe()
-        console.print(f"deleted {stack.state_dir}", highlight=False, markup=False)
+        console.print(f"deleted {stack.folder}", highlight=False, markup=False)
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     stack = stack_from(args)
-    table = Table(title=escape(f"delayq dev stack ({stack.state_dir})"))
+    kind = "secured dev stack" if stack.secure else "dev stack"
+    table = Table(title=escape(f"delayq {kind} ({stack.folder})"))
     for column in ("service", "version", "address", "pid", "state", "log"):
         table.add_column(column)
     healthy = True
@@ -114,10 +132,29 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
+    _print_exports(_ran_here(args).env())
+    return 0
+
+
+def _user(args: argparse.Namespace) -> int:
+    stack = _ran_here(args)
+    stack.add_user(args.name)
+    _print_exports(stack.env(args.name, zk_auth=args.zk))
+    return 0
+
+
+def _ran_here(args: argparse.Namespace) -> DevStack:
     stack = stack_from(args)
     if args.kafka_port is None and args.zk_port is None and stack.recorded_ports() is None:
-        raise StackError(f"no dev stack has run in {stack.state_dir} (no ports recorded there): start one with "
-                         f"delayq dev up --state-dir {stack.state_dir}")
-    for key, value in stack.env().items():
-        print(f"export {key}={value}")
-    return 0
+        secure = " --secure" if stack.secure else ""
+        raise StackError(f"no dev stack has run in {stack.folder} (no ports recorded there): start one with "
+                         f"delayq dev up{secure} --state-dir {stack.folder}")
+    return stack
+
+
+def _print_exports(env: dict[str, str]) -> None:
+    # The values are delayq's own (addresses, generated URL-safe passwords, paths): shlex-quoted all the same.
+    import shlex
+
+    for key, value in env.items():
+        print(f"export {key}={shlex.quote(value)}")
