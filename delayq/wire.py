@@ -130,6 +130,7 @@ class Reason(enum.StrEnum):
     MISSING_TOPIC = "missing-topic"      # the target topic does not exist
     BAD_PARTITION = "bad-partition"      # the target partition does not exist
     REJECTED = "rejected"                # Kafka refused the record (too large, ...)
+    FORBIDDEN_TOPIC = "forbidden-topic"  # the target is not in target_topics, or is delayq's or Kafka's own
     # Written by delayq.retry_later, not by a node: a record whose retries are used up.
     RETRIES_EXHAUSTED = "retries-exhausted"
 
@@ -139,6 +140,11 @@ class Reason(enum.StrEnum):
         text = header.decode(errors="replace") if isinstance(header, bytes) else header or ""
         code = text.partition(":")[0]
         return cls(code) if code in cls._value2member_map_ else None
+
+
+# The codes of messages the master could not deliver (valid puts); every other code but retries-exhausted
+# is a malformed buffer record's.
+UNDELIVERABLE = frozenset({Reason.MISSING_TOPIC, Reason.BAD_PARTITION, Reason.REJECTED, Reason.FORBIDDEN_TOPIC})
 
 
 def reason_text(code: Reason, text: str) -> str:

@@ -580,12 +580,15 @@ class Producer(confluent_kafka.Producer):
             last = self._last_frame
             if last[0] != due or last[1] != topic or last[2] != length:
                 head = frame_head(due, topic, None if key is None else length, self._partitioner_option)
+                self._refuse_forbidden(topic)
                 last = self._last_frame = (due, topic, length, head)  # one tuple: no torn reads across threads
             value = last[3] + value if key is None else b"".join((last[3], key, value))
         elif partition == -1:  # a null value
             value = put_value(due, topic, key, None, None, self._partitioner_name)
+            self._refuse_forbidden(topic)
         elif type(partition) is int and partition >= 0:
             value = put_value(due, topic, key, value, partition)
+            self._refuse_forbidden(topic)
         else:
             raise _bad_partition(partition)
         if headers is not None:
@@ -610,6 +613,13 @@ class Producer(confluent_kafka.Producer):
                           None, timestamp, headers)
         return delay_id
 
+    def _refuse_forbidden(self, topic: str) -> None:
+        """Raises: ValueError: no delayq master ever delivers to ``topic`` (Settings.always_forbidden_target)."""
+        problem = self._settings.always_forbidden_target(topic)
+        if problem is not None:
+            raise ValueError(f"delayq never delivers to {topic}: {problem} (a put there would be dead-lettered "
+                             "forbidden-topic); choose the topic the message is for")
+
     def produce_put(self, topic: str, value: str | bytes | None, key: str | bytes | None, partition: int,
                     on_delivery: Callable | None, timestamp: int, headers: dict | list | None, *, due: int,
                     options: str = "", delay_id: str | None = None) -> str:
@@ -628,6 +638,7 @@ class Producer(confluent_kafka.Producer):
             frame = put_value(due, topic, key, value, None, self._partitioner_name, None, options)
         else:
             frame = put_value(due, topic, key, value, partition, None, None, options)
+        self._refuse_forbidden(topic)
         if headers is not None:
             headers = _check_user_headers(headers)
         timestamp = _check_timestamp(timestamp)

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 PUT, CANCEL, DONE, DELIVERY, DEAD_LETTER = 0, 1, 2, 3, 4
 
 # Dead-letter reason codes of messages the master could not deliver (the rest are malformed records).
-UNDELIVERABLE = frozenset({wire.Reason.MISSING_TOPIC.value, wire.Reason.BAD_PARTITION.value,
-                           wire.Reason.REJECTED.value})
+UNDELIVERABLE = frozenset(code.value for code in wire.UNDELIVERABLE)
 # Codes a malformed buffer record can have (what parse_buffer_record raises).
 MALFORMED_CODES = tuple(r.value for r in wire.Reason if r.value not in UNDELIVERABLE)
 # A dead letter whose reason header starts with no known code.

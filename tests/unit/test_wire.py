@@ -77,7 +77,7 @@ def test_a_record_read_without_its_partition_is_not_judged_by_the_partition_rule
 def test_every_reason_code_is_a_stable_lower_case_word_and_reads_back():
     assert [r.value for r in env.Reason] == [
         "wrong-partition", "bad-id", "bad-frame", "unknown-option", "bad-due-time", "reserved-header", "bad-control",
-        "missing-topic", "bad-partition", "rejected", "retries-exhausted"]
+        "missing-topic", "bad-partition", "rejected", "forbidden-topic", "retries-exhausted"]
     for reason in env.Reason:
         assert env.Reason.of(env.reason_text(reason, "why")) is reason
     assert env.Reason.of(b"malformed: old text") is None and env.Reason.of(None) is None
