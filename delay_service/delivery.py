@@ -688,7 +688,7 @@ class Delivery:
             if forbidden is not None:
                 # Never delivered, never retried: the buffer's writer may not reach this topic through delayq.
                 item = Outgoing(entry, pending, message.partition if message.partition is not None else 0)
-                dead.append(Undeliverable(item, wire.Reason.FORBIDDEN_TOPIC, f"delayq may not deliver to {forbidden}"))
+                dead.append(Undeliverable(item, wire.Reason.FORBIDDEN_TOPIC, forbidden))
                 continue
             if topic in counts:
                 count = counts[topic]

@@ -144,7 +144,7 @@ class Ingest:
         self._unflushed: set[int] = set()  # shards with batches applied since their store was last flushed
         self._progress = threading.Condition()
         self._consumer_conf = settings.kafka_conf(**{
-            "group.id": f"delayq-{settings.cluster}-ingest-{settings.node_id}",
+            "group.id": settings.ingest_group,
             "client.id": f"delayq-ingest-{settings.node_id}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -325,6 +325,20 @@ class Settings(BaseSettings):
         """The consumer group whose committed buffer offsets say which malformed records are dead-lettered."""
         return f"delayq-{self.cluster}-dead-letters"
 
+    @property
+    def ingest_group(self) -> str:
+        """The consumer group id of this node's buffer reader: it never commits (librdkafka wants one all the same)."""
+        return f"{self.ingest_group_prefix}{self.node_id}"
+
+    @property
+    def ingest_group_prefix(self) -> str:
+        return f"delayq-{self.cluster}-ingest-"
+
+    @property
+    def reconcile_group_prefix(self) -> str:
+        """The consumer groups of the reconciliation's Spark Kafka source start with this (its ``groupIdPrefix``)."""
+        return f"delayq-{self.cluster}-reconcile"
+
     def kafka_conf(self, **overrides: Any) -> dict[str, Any]:
         """librdkafka configuration: bootstrap servers, pass-through settings, then overrides.
 

@@ -419,6 +419,7 @@ class Producer(confluent_kafka.Producer):
         "_partitioner",
         "_partitioner_name",
         "_partitioner_option",
+        "_sasl_user",
         "_settings",
     )
 
@@ -441,6 +442,8 @@ class Producer(confluent_kafka.Producer):
         # With a CRC32 partitioner librdkafka already puts key=id where buffer_partition() says.
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
         self._buffer_partitions: int | None = None
+        # Kafka lists only the topics a principal may see: a missing buffer may be a missing ACL.
+        self._sasl_user = {**rest, **rest_kw}.get("sasl.username")
         self._lock = threading.Lock()
         if conf is None:
             super().__init__(**rest_kw)
@@ -756,10 +759,14 @@ class Producer(confluent_kafka.Producer):
                 topics = self.list_topics(timeout=timeout).topics
                 found = topics.get(self._buffer_topic)
                 if found is None or found.error is not None or not found.partitions:
+                    user = self._sasl_user
+                    unseen = f", or Kafka user {user!r} may not see it" if user else ""
+                    grant = f", grant the producer ACLs (delayq acls --producer User:{user} --apply)" if user else ""
                     raise KafkaException(KafkaError(
                         KafkaError.UNKNOWN_TOPIC_OR_PART,
-                        f"buffer topic {self._buffer_topic!r} does not exist: create it with `delayq init`, or set "
-                        "DELAYQ_CLUSTER or conf key delayq.cluster (or the buffer topic) to the cluster's"))
+                        f"buffer topic {self._buffer_topic!r} does not exist{unseen}: create it with `delayq init`"
+                        f"{grant}, or set DELAYQ_CLUSTER or conf key delayq.cluster (or the buffer topic) to the "
+                        "cluster's"))
                 self._buffer_partitions = len(found.partitions)
         return self._buffer_partitions
 

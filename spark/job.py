@@ -164,6 +164,8 @@ def read_topics(spark: SparkSession, settings: Settings, options: ReconcileOptio
     reader = (spark.read.format("kafka")
               .options(**kafka_source_options(settings, isolation_level=options.isolation_level))
               .option("subscribe", ",".join(topics))
+              # Its consumer groups, which `delayq acls --reconcile` grants by this prefix.
+              .option("groupIdPrefix", settings.reconcile_group_prefix)
               .option("includeHeaders", "true")
               .option("endingOffsets", "latest"))
     if from_ms is None:

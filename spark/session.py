@@ -127,6 +127,11 @@ def kafka_source_options(settings: Settings, *, isolation_level: str) -> dict[st
                              "set kafka.sasl.jaas.config yourself")
         java["sasl.jaas.config"] = (f'{_JAAS_MODULES[mechanism]} required username="{_escape(username)}" '
                                     f'password="{_escape(password or "")}";')
+    ca = java.pop("ssl.ca.location", None)
+    if ca is not None and "ssl.truststore.location" not in java:
+        # librdkafka takes the CA as a PEM file; the Java client as a PEM trust store.
+        java["ssl.truststore.type"] = "PEM"
+        java["ssl.truststore.location"] = ca
     java["bootstrap.servers"] = settings.bootstrap_servers
     java["isolation.level"] = isolation_level
     return {f"kafka.{name}": value for name, value in java.items()}
