@@ -153,7 +153,8 @@ def apply_acls(settings: Settings, lines: list[AclLine], timeout_s: float = 30.0
         for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
             future.result(timeout=timeout_s)
     except Exception as err:
-        said = getattr(err.args[0], "str", lambda: str(err))() if err.args else str(err)
+        first = err.args[0] if err.args else err
+        said = first.str() if hasattr(first, "str") else str(first)  # a KafkaError says it best
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not create the ACLs ({said}): run "
                                "this as a principal allowed to alter ACLs (the cluster admin)") from None
     return len(bindings)
