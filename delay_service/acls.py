@@ -154,7 +154,8 @@ def apply_acls(settings: Settings, lines: list[AclLine], timeout_s: float = 30.0
             future.result(timeout=timeout_s)
     except Exception as err:
         first = err.args[0] if err.args else err
-        said = first.str() if hasattr(first, "str") else str(first)  # a KafkaError says it best
+        # A KafkaError's code says it; its text may be a broker's whole request dump.
+        said = first.name() if hasattr(first, "name") else str(first)[:200]
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not create the ACLs ({said}): run "
                                "this as a principal allowed to alter ACLs (the cluster admin)") from None
     return len(bindings)
