@@ -18,6 +18,20 @@ from delayq.delay_service import ensure_topics
 from delayq.settings import Settings
 
 
+def free_stack_ports() -> tuple[int, int]:
+    """Ports for a dev stack: a Kafka port whose next one (its controller's) is free too, and a ZooKeeper port."""
+    while True:
+        with socket.socket() as kafka, socket.socket() as controller, socket.socket() as zookeeper:
+            kafka.bind(("127.0.0.1", 0))
+            port = kafka.getsockname()[1]
+            try:
+                controller.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            zookeeper.bind(("127.0.0.1", 0))
+            return port, zookeeper.getsockname()[1]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -71,6 +85,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
     if settings.dispatch_limits:
         env["DELAYQ_DISPATCH_LIMITS"] = json.dumps(
             {topic: limit.model_dump(exclude_none=True) for topic, limit in settings.dispatch_limits.items()})
+    if settings.target_topics != ["*"]:
+        env["DELAYQ_TARGET_TOPICS"] = ",".join(settings.target_topics)
+    # A secured cluster's: librdkafka's security settings and ZooKeeper's credentials, as a node reads them.
+    for key, value in settings.kafka_passthrough().items():
+        env["DELAYQ_KAFKA__" + key.upper().replace(".", "_")] = value
+    if settings.zk_credentials is not None:
+        env["DELAYQ_ZK_AUTH"] = settings.zk_credentials
     return env
 
 

@@ -632,6 +632,9 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     lap("buffer")
 
     wanted = put_topics if options.topics is None else list(options.topics)
+    # A put may name delayq's own topics or Kafka's (a forged one, dead-lettered forbidden-topic): their
+    # records are no deliveries, and reading the buffer as a target would count every done as one.
+    wanted = [topic for topic in wanted if settings.always_forbidden_target(topic) is None]
     present = _topics_on_broker(settings, wanted)
     targets = [t for t in wanted if t in present]
     missing_topics = [t for t in wanted if t not in present]

@@ -24,11 +24,16 @@ def read_topic(
     timeout_s: float = 20.0,
     isolation: str = "read_committed",
     idle_s: float = 1.0,
+    conf: dict | None = None,
 ) -> list[Message]:
-    """Read ``topic`` from the beginning: until ``expect`` records came, or until it stays idle for ``idle_s``."""
+    """Read ``topic`` from the beginning: until ``expect`` records came, or until it stays idle for ``idle_s``.
+
+    ``conf``: more consumer settings (a secured cluster's, a group id the reader's ACLs allow).
+    """
     consumer = Consumer({
         "bootstrap.servers": bootstrap,
         "group.id": f"reader-{topic}-{time.monotonic_ns()}",
+        **(conf or {}),
         "enable.auto.commit": False,
         "isolation.level": isolation,
         "auto.offset.reset": "earliest",

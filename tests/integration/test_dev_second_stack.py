@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from process_testing import run_delayq, wait_until
 
 from delayq.dev import DevStack, StackError
+from delayq.testing import free_stack_ports
 
 pytestmark = pytest.mark.integration
 
@@ -33,20 +34,6 @@ DASH_DRAW = uuid.UUID(bytes=b"\xf8" + os.urandom(15))
 GOOD_DRAW = uuid.UUID(bytes=b"\x01" + os.urandom(15))
 GOOD_ID = base64.urlsafe_b64encode(GOOD_DRAW.bytes).decode().rstrip("=")
 LEFT_BY_AN_INTERRUPTED_FORMAT = "left-by-an-interrupted-format"
-
-
-def free_ports() -> tuple[int, int]:
-    """A Kafka port whose next port (the controller's) is free too, and a ZooKeeper port."""
-    while True:
-        with socket.socket() as a, socket.socket() as b, socket.socket() as c:
-            a.bind(("127.0.0.1", 0))
-            kafka = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", kafka + 1))
-            except OSError:
-                continue
-            c.bind(("127.0.0.1", 0))
-            return kafka, c.getsockname()[1]
 
 
 def processes_of(state_dir: Path) -> list[int]:
@@ -92,7 +79,7 @@ class SecondStack:
 @pytest.fixture(scope="module")
 def second(tmp_path_factory) -> SecondStack:
     state_dir = tmp_path_factory.mktemp("second-stack").resolve()
-    kafka_port, zk_port = free_ports()
+    kafka_port, zk_port = free_stack_ports()
     second = SecondStack(state_dir, kafka_port, zk_port)
     try:
         # 1. Kafka's port is taken by a stranger: `up` refuses, in one line, before starting anything.
