@@ -203,11 +203,14 @@ class NodeProcess:
 class LocalCluster:
     """Nodes of one cluster on this machine; :meth:`close` kills whatever is still running."""
 
-    def __init__(self, settings: Settings, root: Path):
+    def __init__(self, settings: Settings, root: Path, *, create_topics: bool = True):
+        """``create_topics``: make the buffer and dead-letter topics first (False: someone else made them, as
+        the admin of a secured cluster does, where the nodes' principal may not)."""
         self.settings = settings
         self.root = root
         self.nodes: dict[str, NodeProcess] = {}
-        ensure_topics(settings)
+        if create_topics:
+            ensure_topics(settings)
 
     def start(self, node_id: str, *, wait: bool = True) -> NodeProcess:
         node = NodeProcess(self.settings, node_id, self.root / node_id / "data").start()

@@ -23,6 +23,8 @@ class DemoOptions:
     seed: int | None = None
     # The state folder of a running dev stack to use (`delayq dev up --state-dir`); see choose_stack.
     stack_dir: Path | None = None
+    # The secured dev stack (SASL_SSL, ACLs, ZooKeeper ACLs), each part running as its own principal.
+    secure: bool = False
 
     def __post_init__(self) -> None:
         if self.orders_per_second <= 0 or self.order_seconds <= 0:

@@ -9,7 +9,9 @@ it lands, and the Spark reconciliation proves the run at the end.
 
 Kafka and ZooKeeper (:func:`choose_stack`): the dev stack of ``stack_dir`` if one is
 named, else ``DELAYQ_BOOTSTRAP_SERVERS`` and ``DELAYQ_ZK_CONNECT`` if set, else the
-embedded dev stack, which the demo starts (and stops at the end) only then.
+embedded dev stack, which the demo starts (and stops at the end) only then. On a
+secured dev stack (``--secure``) the nodes, the orders app and the reconciliation each
+run as their own SCRAM user with exactly the ACLs ``delayq acls`` gives their role.
 """
 
 from __future__ import annotations
@@ -64,35 +66,43 @@ class StackChoice:
     start: bool = False  # the demo starts ``stack`` (and stops, at the end, what it started)
 
 
-def choose_stack(stack_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> StackChoice:
+def choose_stack(stack_dir: Path | None = None, environ: Mapping[str, str] | None = None, *,
+                 secure: bool = False) -> StackChoice:
     """Which Kafka and ZooKeeper the demo uses: a named dev stack, else the environment's, else its own.
 
     1. ``stack_dir``: the dev stack ``delayq dev up --state-dir stack_dir`` started, at the
        ports it recorded there; the demo does not start it.
-    2. ``DELAYQ_BOOTSTRAP_SERVERS`` and ``DELAYQ_ZK_CONNECT`` (both): those addresses.
-    3. Neither: the embedded dev stack of the default state folder, started if it is not running.
+    2. ``DELAYQ_BOOTSTRAP_SERVERS`` and ``DELAYQ_ZK_CONNECT`` (both): those addresses (and
+       whatever security settings the environment gives, ``DELAYQ_KAFKA__*``, ``DELAYQ_ZK_AUTH``).
+    3. Neither: the embedded dev stack of the default state folder (the secured one's with
+       ``secure``), started if it is not running.
 
     Raises:
-        StackError: ``stack_dir`` holds no dev stack.
-        ConfigurationError: only one of the two variables is set.
+        StackError: ``stack_dir`` holds no dev stack, or (with ``secure``) a plain one.
+        ConfigurationError: only one of the two variables is set, or both with ``secure``.
     """
     environ = os.environ if environ is None else environ
     if stack_dir is not None:
-        stack = DevStack(stack_dir)
+        stack = DevStack(stack_dir, secure=True if secure else None)
         if stack.recorded_ports() is None:
-            raise StackError(f"no dev stack has run in {stack.state_dir} (no ports recorded there): start one with "
-                             f"delayq dev up --state-dir {stack.state_dir}, or leave out --state-dir")
-        return StackChoice(stack.bootstrap_servers, stack.zk_connect, f"the dev stack in {stack.state_dir}", stack)
+            secured = " --secure" if secure else ""
+            raise StackError(f"no dev stack has run in {stack.folder} (no ports recorded there): start one with "
+                             f"delayq dev up{secured} --state-dir {stack.folder}, or leave out --state-dir")
+        return StackChoice(stack.bootstrap_servers, stack.zk_connect, f"the dev stack in {stack.folder}", stack)
     bootstrap = environ.get(BOOTSTRAP_VARIABLE, "").strip()
     zk_connect = environ.get(ZK_VARIABLE, "").strip()
+    if secure and (bootstrap or zk_connect):
+        raise ConfigurationError(f"--secure runs on the secured dev stack, but {BOOTSTRAP_VARIABLE}/{ZK_VARIABLE} "
+                                 "name another cluster: unset them, or leave out --secure and export that "
+                                 "cluster's security settings (DELAYQ_KAFKA__*, DELAYQ_ZK_AUTH)")
     if bootstrap and zk_connect:
         return StackChoice(bootstrap, zk_connect, f"{BOOTSTRAP_VARIABLE} and {ZK_VARIABLE}")
     if bootstrap or zk_connect:
         given, missing = (BOOTSTRAP_VARIABLE, ZK_VARIABLE) if bootstrap else (ZK_VARIABLE, BOOTSTRAP_VARIABLE)
         raise ConfigurationError(f"{given} is set but {missing} is not: the demo needs both Kafka and ZooKeeper; "
                                  f"set {missing} too, or unset {given} to have the demo start its own dev stack")
-    stack = DevStack()
-    return StackChoice(stack.bootstrap_servers, stack.zk_connect, f"the dev stack in {stack.state_dir}", stack,
+    stack = DevStack(secure=secure)
+    return StackChoice(stack.bootstrap_servers, stack.zk_connect, f"the dev stack in {stack.folder}", stack,
                        start=True)
 
 
@@ -174,7 +184,9 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         consumer = Consumer(self.settings.kafka_conf(**{
-            "group.id": f"delayq-demo-watcher-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed",
+            # Under the reconciliation's group prefix: its principal may read the target with it.
+            "group.id": f"{self.settings.reconcile_group_prefix}-watcher-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
             "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
         partitions = consumer.list_topics(self.target, timeout=10).topics[self.target].partitions
         consumer.assign([TopicPartition(self.target, p, 0) for p in partitions])
@@ -205,7 +217,8 @@ class Story:
         self.tally = Tally()
         self.rng = random.Random(options.seed)
         self.run_dir = options.out_dir / time.strftime("run-%Y%m%d-%H%M%S")
-        self.settings: Settings | None = None
+        self.settings: Settings | None = None  # the admin's: creates the topics, records the shards
+        self.roles: dict[str, Settings] = {}  # node, producer, reconcile: each part's own principal
         self.cluster: LocalCluster | None = None
         self.status: dict = {}
         self.stack_started: list[str] = []
@@ -213,24 +226,25 @@ class Story:
     # -- the story -------------------------------------------------------
 
     def run(self) -> int:
-        choice = choose_stack(self.options.stack_dir)
+        choice = choose_stack(self.options.stack_dir, secure=self.options.secure)
         try:
             if choice.start:
                 with self.console.status("starting the embedded Kafka + ZooKeeper"):
                     self.stack_started = choice.stack.up(say=self.console.print)
             elif choice.stack is not None and not all(s.healthy for s in choice.stack.status()):
-                raise StackError(f"the dev stack in {choice.stack.state_dir} is not running: start it with "
-                                 f"delayq dev up --state-dir {choice.stack.state_dir}")
+                raise StackError(f"the dev stack in {choice.stack.folder} is not running: start it with "
+                                 f"delayq dev up --state-dir {choice.stack.folder}")
+            secured = choice.stack is not None and choice.stack.secure
             self.console.print(f"Kafka at {choice.bootstrap_servers}, ZooKeeper at {choice.zk_connect} "
-                               f"({choice.source})", highlight=False, markup=False)
+                               f"({choice.source}{', SASL_SSL with ACLs' if secured else ''})",
+                               highlight=False, markup=False)
             cluster = f"demo-{uuid.uuid4().hex[:6]}"
-            self.settings = Settings(bootstrap_servers=choice.bootstrap_servers, zk_connect=choice.zk_connect,
-                                     cluster=cluster, buffer_partitions=DEMO_PARTITIONS, shards=DEMO_SHARDS,
-                                     zk_session_timeout_ms=4000)
+            self.target = f"{cluster}-order-timeouts"
+            self.settings = self._settings_as(choice, None, cluster)
             if not choice.start:
                 self._check_reachable(choice)
-            self.target = f"{cluster}-order-timeouts"
             self._prepare_topics()
+            self._prepare_roles(choice, cluster)
             return self._tell()
         finally:
             if self.cluster is not None:
@@ -261,6 +275,30 @@ class Story:
             client.stop()
             client.close()
 
+    def _settings_as(self, choice: StackChoice, user: str | None, cluster: str) -> Settings:
+        """The demo cluster's settings as ``user`` of a secured dev stack (None: its admin, or the environment's)."""
+        reach = (choice.stack.settings_values(user, zk_auth=user in (None, "demo-node"))
+                 if choice.stack is not None else
+                 {"bootstrap_servers": choice.bootstrap_servers, "zk_connect": choice.zk_connect})
+        return Settings(**reach, cluster=cluster, buffer_partitions=DEMO_PARTITIONS, shards=DEMO_SHARDS,
+                        zk_session_timeout_ms=4000, target_topics=[self.target])
+
+    def _prepare_roles(self, choice: StackChoice, cluster: str) -> None:
+        """Each part's settings; on a secured dev stack its own SCRAM user, with the ACLs of its role."""
+        if choice.stack is None or not choice.stack.secure:
+            self.roles = dict.fromkeys(("node", "producer", "reconcile"), self.settings)
+            return
+        from delayq.delay_service.acls import apply_acls, required_acls
+
+        users = {"node": "demo-node", "producer": "demo-orders-app", "reconcile": "demo-reconcile"}
+        for user in users.values():
+            choice.stack.add_user(user)
+        lines = required_acls(self.settings, **{role: f"User:{user}" for role, user in users.items()})
+        apply_acls(self.settings, lines)
+        self.roles = {role: self._settings_as(choice, user, cluster) for role, user in users.items()}
+        self.tally.event(f"secured: SCRAM users {', '.join(users.values())}, {len(lines)} ACLs (delayq acls), "
+                         "ZooKeeper ACLs on the cluster's znodes")
+
     def _prepare_topics(self) -> None:
         admin = AdminClient(self.settings.kafka_conf())
         # LogAppendTime: lateness is measured against the broker's clock, as a consumer sees it.
@@ -268,13 +306,14 @@ class Story:
                                                 config={"message.timestamp.type": "LogAppendTime"})])
         futures[self.target].result(30)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.cluster = LocalCluster(self.settings, self.run_dir)  # creates the buffer and dead-letter topics
-        from delayq.delay_service import ensure_shards  # loads kazoo: only when the demo runs
+        from delayq.delay_service import ensure_shards, ensure_topics  # load kazoo: only when the demo runs
 
-        ensure_shards(self.settings)  # what `delayq init --shards 3` records
+        ensure_topics(self.settings)  # what `delayq init --shards 3` creates and records
+        ensure_shards(self.settings)
 
     def _tell(self) -> int:
         o, tally = self.options, self.tally
+        self.cluster = LocalCluster(self.roles["node"], self.run_dir, create_topics=False)  # the admin made them
         with self.console.status(f"starting {o.nodes} delay-service nodes"):
             for i in range(o.nodes):
                 self.cluster.start(f"node-{chr(ord('a') + i)}", wait=False)
@@ -283,9 +322,10 @@ class Story:
             owners = self._wait_for_masters()
         tally.event(f"{o.nodes} nodes up, {DEMO_SHARDS} shards; masters: " +
                     ", ".join(f"shard {k} [bold]{owners[k]}[/]" for k in sorted(owners)))
-        producer = Producer(self.settings.kafka_conf(**{"delayq.cluster": self.settings.cluster, "linger.ms": 5}))
+        app = self.roles["producer"]
+        producer = Producer(app.kafka_conf(**{"delayq.cluster": app.cluster, "linger.ms": 5}))
         orders = Orders(producer, self.target, o, tally, self.rng)
-        watcher = Watcher(self.settings, self.target, tally)
+        watcher = Watcher(self.roles["reconcile"], self.target, tally)
         watcher.start()
         orders.start()
         tally.event(f"orders arriving at {o.orders_per_second:g}/s for {o.order_seconds:g}s; "
@@ -419,7 +459,8 @@ class Story:
         options = ReconcileOptions(since_ms=int((time.time() - 600) * 1000), until_ms=until, out=out,
                                    grace_ms=1000, topics=(self.target,), master="local[2]")
         with self.console.status("reconciling with Spark (buffer vs. deliveries)") as spinner:
-            report = reconcile(self.settings, options, progress=lambda text: spinner.update(f"reconcile: {text}"))
+            report = reconcile(self.roles["reconcile"], options,
+                               progress=lambda text: spinner.update(f"reconcile: {text}"))
         totals = report.totals
         table = Table(title="reconciliation (Spark)")
         for key in ("expected", "delivered", "duplicates", "missing", "unexpected", "early"):

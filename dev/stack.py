@@ -205,28 +205,37 @@ class DevStack:
             StackError: ``user`` was never created on this stack (``delayq dev user NAME``).
         """
         self._check_ports_match_running()
-        env = {"DELAYQ_BOOTSTRAP_SERVERS": self.bootstrap_servers, "DELAYQ_ZK_CONNECT": self.zk_connect}
+        found = self.settings_values(user, zk_auth=zk_auth)
+        env = {"DELAYQ_BOOTSTRAP_SERVERS": found["bootstrap_servers"], "DELAYQ_ZK_CONNECT": found["zk_connect"]}
+        for key, value in found.get("kafka", {}).items():
+            env["DELAYQ_KAFKA__" + key.upper().replace(".", "_")] = value
+        if "zk_auth" in found:
+            env["DELAYQ_ZK_AUTH"] = found["zk_auth"]
+        return env
+
+    def settings_values(self, user: str | None = None, *, zk_auth: bool = True) -> dict:
+        """``Settings`` fields reaching this stack as ``user`` (default: the admin): what :meth:`env` exports.
+
+        Raises:
+            StackError: ``user`` was never created on this stack (``delayq dev user NAME``).
+        """
+        found: dict = {"bootstrap_servers": self.bootstrap_servers, "zk_connect": self.zk_connect}
         if not self.secure:
-            return env
+            return found
         stored = self._secrets()
         password = stored.admin_password if user in (None, security.ADMIN) else stored.users.get(user or "")
         if password is None:
             raise StackError(f"no user {user!r} on the secured stack in {self.folder}: create it with "
                              f"delayq dev user {user} --state-dir {self.folder}")
-        conf = security.client_conf(self.folder, user or security.ADMIN, password)
-        env.update({"DELAYQ_KAFKA__" + key.upper().replace(".", "_"): value for key, value in conf.items()})
+        found["kafka"] = security.client_conf(self.folder, user or security.ADMIN, password)
         if zk_auth:
-            env["DELAYQ_ZK_AUTH"] = stored.zk_auth
-        return env
+            found["zk_auth"] = stored.zk_auth
+        return found
 
     def client_conf(self, user: str | None = None) -> dict[str, str]:
         """librdkafka settings (bootstrap.servers included) for ``user`` (default: the admin) of this stack."""
-        conf = {"bootstrap.servers": self.bootstrap_servers}
-        if self.secure:
-            stored = self._secrets()
-            password = stored.admin_password if user in (None, security.ADMIN) else stored.users[user or ""]
-            conf.update(security.client_conf(self.folder, user or security.ADMIN, password))
-        return conf
+        found = self.settings_values(user, zk_auth=False)
+        return {"bootstrap.servers": found["bootstrap_servers"], **found.get("kafka", {})}
 
     def add_user(self, name: str) -> str:
         """Create SCRAM user ``name`` on this secured stack (again, with the same password, if it exists).

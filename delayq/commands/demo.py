@@ -13,7 +13,9 @@ _WHERE = """\
 Kafka and ZooKeeper: with --state-dir DIR, the dev stack `delayq dev up --state-dir DIR`
 started (at the ports it recorded there); else DELAYQ_BOOTSTRAP_SERVERS and
 DELAYQ_ZK_CONNECT when set (both); else the embedded dev stack, which the demo starts
-if it is not running and stops at the end if it started it.
+if it is not running and stops at the end if it started it. With --secure, the secured
+dev stack (delayq dev up --secure): the nodes, the orders app and the reconciliation
+each run as their own SCRAM user, with the ACLs `delayq acls` gives them.
 """
 
 
@@ -33,6 +35,8 @@ def register(subparsers) -> None:
     demo.add_argument("--state-dir", type=Path, metavar="DIR",
                       help="use the running dev stack of this state folder (delayq dev up --state-dir DIR) "
                            "instead of DELAYQ_BOOTSTRAP_SERVERS/DELAYQ_ZK_CONNECT or the default dev stack")
+    demo.add_argument("--secure", action="store_true",
+                      help="run on the secured dev stack: SASL_SSL, Kafka ACLs, ZooKeeper ACLs, a principal per part")
     demo.add_argument("--out", type=Path, default=_DEFAULTS.out_dir, metavar="DIR",
                       help="where node data and reports go (default %(default)s)")
     demo.add_argument("--seed", type=int, help="random seed, for a repeatable run")
@@ -46,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
         orders_per_second=args.rate, order_seconds=args.seconds, min_delay_s=args.min_delay,
         max_delay_s=args.max_delay, pay_ratio=args.pay_ratio, nodes=args.nodes, kill_master=not args.no_kill,
         reconcile=not args.no_reconcile, out_dir=args.out, seed=args.seed, stack_dir=args.state_dir,
+        secure=args.secure,
     )
     return run_demo(options)

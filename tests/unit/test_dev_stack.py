@@ -181,3 +181,54 @@ def test_demo_refuses_half_an_address_in_one_line(given, missing):
 def test_demo_with_a_state_dir_where_no_stack_ran_says_how_to_start_one(tmp_path):
     with pytest.raises(StackError, match=f"no dev stack has run in {tmp_path}.*delayq dev up --state-dir"):
         choose_stack(tmp_path, {})
+
+
+def test_demo_secure_starts_the_secured_stack_of_its_own_folder_and_ports(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELAYQ_DEV_DIR", str(tmp_path / "dev"))
+
+    choice = choose_stack(None, {}, secure=True)
+
+    assert choice.start is True and choice.stack.secure is True
+    assert choice.stack.state_dir == (tmp_path / "dev-secure").resolve()
+    assert (choice.bootstrap_servers, choice.zk_connect) == ("127.0.0.1:9192", "127.0.0.1:2281")
+
+
+def test_demo_secure_refuses_another_clusters_addresses_and_a_plain_stacks_folder(tmp_path):
+    with pytest.raises(ConfigurationError, match="--secure runs on the secured dev stack") as caught:
+        choose_stack(None, BOTH, secure=True)
+    assert "\n" not in str(caught.value)
+    record(tmp_path, 19092, 12181)  # a plain stack ran there
+    with pytest.raises(StackError, match="is a plain one: leave out --secure to use it"):
+        choose_stack(tmp_path, {}, secure=True)
+
+
+def test_a_secured_stacks_settings_carry_sasl_ssl_the_ca_and_zookeeper_credentials(tmp_path):
+    from delayq.dev.secure import Secrets
+
+    record(tmp_path, 19192, 12281)
+    stored = Secrets(users={"app": "app-password"})
+    stored.save(tmp_path)
+    (tmp_path / "stack.json").write_text('{"kafka_port": 19192, "zk_port": 12281, "secure": true}')
+    stack = DevStack(tmp_path)
+
+    assert stack.secure is True
+    env = stack.env("app", zk_auth=False)
+    assert env["DELAYQ_KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL" and env["DELAYQ_KAFKA__SASL_USERNAME"] == "app"
+    assert env["DELAYQ_KAFKA__SASL_MECHANISMS"] == "SCRAM-SHA-512"
+    assert env["DELAYQ_KAFKA__SASL_PASSWORD"] == "app-password" and "DELAYQ_ZK_AUTH" not in env
+    assert env["DELAYQ_KAFKA__SSL_CA_LOCATION"] == str(tmp_path.resolve() / "secure" / "ca.pem")
+    assert stack.env()["DELAYQ_ZK_AUTH"] == stored.zk_auth  # the admin's, with ZooKeeper's credentials
+    assert oct(Secrets.path(tmp_path).stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(StackError, match="no user 'nobody' on the secured stack.*delayq dev user nobody"):
+        stack.env("nobody")
+    with pytest.raises(StackError, match="user 'admin' is the secured stack's own"):
+        stack.add_user("admin")
+    with pytest.raises(StackError, match="user name 'a b' is not allowed"):
+        stack.add_user("a b")
+
+
+def test_a_plain_stack_has_no_users(tmp_path):
+    record(tmp_path, 19092, 12181)
+    with pytest.raises(StackError, match="is not secured, and has no users: start a secured one with delayq dev up "
+                                         "--secure"):
+        DevStack(tmp_path).add_user("app")
