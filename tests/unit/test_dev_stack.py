@@ -219,7 +219,7 @@ def test_a_secured_stacks_settings_carry_sasl_ssl_the_ca_and_zookeeper_credentia
     assert env["DELAYQ_KAFKA__SSL_CA_LOCATION"] == str(tmp_path.resolve() / "secure" / "ca.pem")
     assert stack.env()["DELAYQ_ZK_AUTH"] == stored.zk_auth  # the admin's, with ZooKeeper's credentials
     assert oct(Secrets.path(tmp_path).stat().st_mode & 0o777) == "0o600"
-    with pytest.raises(StackError, match="no user 'nobody' on the secured stack.*delayq dev user nobody"):
+    with pytest.raises(StackError, match=r"no user 'nobody' on the secured stack.*delayq dev user nobody"):
         stack.env("nobody")
     with pytest.raises(StackError, match="user 'admin' is the secured stack's own"):
         stack.add_user("admin")
