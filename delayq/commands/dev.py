@@ -32,7 +32,8 @@ def register(subparsers) -> None:
         ("status", _status, "say what runs where"),
         ("env", _env, "print export lines for DELAYQ_BOOTSTRAP_SERVERS and DELAYQ_ZK_CONNECT (and, on a secured "
                       "stack, the admin's DELAYQ_KAFKA__* security settings and DELAYQ_ZK_AUTH)"),
-        ("user", _user, "create a SCRAM user on the secured stack and print its settings as export lines"),
+        ("user", _user, "create a SCRAM user on the secured stack (the default folder's, unless --state-dir) and "
+                        "print its settings as export lines"),
     ):
         action = actions.add_parser(name, help=text, description=text)
         action.add_argument("--state-dir", type=Path,
@@ -137,6 +138,8 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _user(args: argparse.Namespace) -> int:
+    if args.state_dir is None and args.secure is None:
+        args.secure = True  # users exist on the secured stack only: its folder is the default here
     stack = _ran_here(args)
     stack.add_user(args.name)
     _print_exports(stack.env(args.name, zk_auth=args.zk))
