@@ -136,6 +136,7 @@ class Context:
     exits: ExitStack
     versions: dict[str, str] = field(default_factory=dict)
     _redis: object | None = None
+    _secured: DevStack | None = None
 
     @property
     def sizes(self) -> Sizes:
@@ -155,6 +156,20 @@ class Context:
             self.versions["Redis"] = self._redis.version
             self.versions["redis-py"] = redis.__version__
         return self._redis
+
+    def secured(self) -> DevStack:
+        """A secured dev stack (SASL_SSL, ACLs) on free ports, started on first use, stopped and wiped at the end."""
+        if self._secured is None:
+            from delayq.testing import free_stack_ports
+
+            folder = Path(self.exits.enter_context(tempfile.TemporaryDirectory(prefix="delayq-bench-secure-")))
+            kafka_port, zk_port = free_stack_ports()
+            stack = DevStack(folder / "stack", kafka_port=kafka_port, zk_port=zk_port, secure=True)
+            with self.progress.console.status("starting the secured dev stack"):
+                stack.up(say=self.progress.console.print)
+            self.exits.callback(stack.down)
+            self._secured = stack
+        return self._secured
 
     def step(self, label: str, measure: Callable[[], object]):
         """One measurement, under ``label`` in the progress display; the bars it adds go when it ends."""
@@ -258,6 +273,26 @@ def suite_limits(ctx: Context) -> list[Figure]:
                "ms", "lower", [r["other"]["p50_ms"] for r in runs]),
         Figure("limits.other.max", f"{label}: lateness of another topic's {n // 100:,} falling due meanwhile, max",
                "ms", "lower", [r["other"]["max_ms"] for r in runs]),
+    ]
+
+
+def suite_security(ctx: Context) -> list[Figure]:
+    n = ctx.sizes.delivery
+    secured = ctx.secured()
+    plain, sasl = [], []
+    for run in range(ctx.runs):  # alternating: the machine's load swings hit both alike
+        plain.append(ctx.step(f"delivery, plain stack ({run + 1}/{ctx.runs})",
+                              lambda: service.bench_delivery(ctx.stack, n, ctx.progress)))
+        sasl.append(ctx.step(f"delivery, secured stack ({run + 1}/{ctx.runs})",
+                             lambda: service.bench_delivery(secured, n, ctx.progress)))
+    ratios = [round(s / p, 3) for s, p in zip(sasl, plain, strict=True)]
+    label = f"delivery of {n:,} due messages"
+    return [
+        Figure("security.plain", f"{label}, plain stack (PLAINTEXT, no ACLs)", "msg/s", "higher", plain),
+        Figure("security.sasl_ssl", f"{label}, secured stack (SASL_SSL SCRAM-SHA-512, ACLs, node as its own user)",
+               "msg/s", "higher", sasl, details={"secured_over_plain_per_run": ratios}),
+        Figure("security.ratio", "delivery on the secured stack / the plain one (per run, same run)", "x", "higher",
+               ratios),
     ]
 
 
@@ -431,8 +466,8 @@ def suite_scale(ctx: Context) -> list[Figure]:
 
 _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
-    "limits": suite_limits, "failover": suite_failover, "scale": suite_scale, "produce": suite_produce,
-    "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
+    "limits": suite_limits, "security": suite_security, "failover": suite_failover, "scale": suite_scale,
+    "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
     "capacity-100m": suite_capacity_large,
 }
 assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"

@@ -38,7 +38,7 @@ from rich.progress import Progress
 
 from delayq import Settings, wire
 from delayq.clock import now_ms
-from delayq.delay_service import ensure_topics
+from delayq.delay_service import apply_acls, ensure_topics, required_acls
 from delayq.delay_service.ingest import Ingest
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
@@ -56,6 +56,10 @@ PAYLOAD_SIZE = 200
 DAY_MS = 86_400_000
 
 
+# The nodes' SCRAM user on a secured stack (the delivery suites).
+BENCH_NODE_USER = "bench-node"
+
+
 def payload() -> bytes:
     """A message value: random bytes, so no compression (Kafka's lz4, RocksDB's) flatters a size figure."""
     return os.urandom(PAYLOAD_SIZE)
@@ -63,8 +67,9 @@ def payload() -> bytes:
 
 
 def fresh_settings(stack: DevStack, **overrides) -> Settings:
-    return Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect,
-                    cluster=f"bench-{uuid.uuid4().hex[:8]}", **{"buffer_partitions": 6, **overrides})
+    """A new cluster on ``stack``, as its admin (on a secured stack: SASL_SSL and ZooKeeper's credentials)."""
+    return Settings(**stack.settings_values(), cluster=f"bench-{uuid.uuid4().hex[:8]}",
+                    **{"buffer_partitions": 6, **overrides})
 
 
 @contextmanager
@@ -82,7 +87,7 @@ def bench_cluster(stack: DevStack, **overrides) -> Iterator[Settings]:
 
 def drop_cluster(settings: Settings) -> None:
     """Delete the cluster's buffer, dead-letter and ``<cluster>-*`` topics and its ZooKeeper folder."""
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    admin = AdminClient(settings.kafka_conf())
     try:
         topics = [t for t in admin.list_topics(timeout=10).topics
                   if t in (settings.buffer_topic, settings.dead_letter_topic) or t.startswith(f"{settings.cluster}-")]
@@ -158,7 +163,7 @@ def fill_buffer(settings: Settings, target: str, count: int, due_ms, progress: P
 
 
 def create_target(settings: Settings, topic: str, partitions: int = 6) -> None:
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    admin = AdminClient(settings.kafka_conf())
     new = NewTopic(topic, partitions, 1, config={"message.timestamp.type": "LogAppendTime"})
     admin.create_topics([new])[topic].result(30)
 
@@ -226,7 +231,7 @@ def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
         target = f"{settings.cluster}-target"
         create_target(settings, target)
         fill_buffer(settings, target, count, lambda i: now_ms() - 1000, progress)
-        cluster = LocalCluster(settings, Path(tmp))
+        cluster = LocalCluster(node_principal(stack, settings, target), Path(tmp), create_topics=False)
         started_ms = now_ms()
         try:
             node = cluster.start("bench", wait=False)
@@ -236,6 +241,16 @@ def bench_delivery(stack: DevStack, count: int, progress: Progress) -> float:
             cluster.close()
         records = read_append_times(settings, target, count, timeout_s=120)
     return delivery_rate([appended for appended, _, _ in records], count, started_ms)
+
+
+def node_principal(stack: DevStack, settings: Settings, target: str) -> Settings:
+    """``settings`` as a node runs them: on a secured stack as SCRAM user ``bench-node``, with its role's ACLs."""
+    if not stack.secure:
+        return settings
+    stack.add_user(BENCH_NODE_USER)
+    apply_acls(settings, required_acls(settings, node=f"User:{BENCH_NODE_USER}", targets=[target]))
+    given = {name: getattr(settings, name) for name in settings.model_fields_set}
+    return Settings(**{**given, **stack.settings_values(BENCH_NODE_USER)})
 
 
 def node_metric(node: NodeProcess, name: str, **labels: str) -> float:
@@ -248,8 +263,8 @@ def node_metric(node: NodeProcess, name: str, **labels: str) -> float:
 
 def delivered_records(settings: Settings, topic: str, count: int, timeout_s: float) -> list[tuple[int, dict]]:
     """(append time, headers) of the records on ``topic``, read_committed from the start, up to ``count``."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer = Consumer(settings.kafka_conf(**{"group.id": f"bench-{uuid.uuid4()}", "isolation.level": "read_committed",
+                                               "enable.auto.commit": False}))
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     found = []

@@ -288,7 +288,7 @@ class Story:
         if choice.stack is None or not choice.stack.secure:
             self.roles = dict.fromkeys(("node", "producer", "reconcile"), self.settings)
             return
-        from delayq.delay_service.acls import apply_acls, required_acls
+        from delayq.delay_service import apply_acls, required_acls
 
         users = {"node": "demo-node", "producer": "demo-orders-app", "reconcile": "demo-reconcile"}
         for user in users.values():

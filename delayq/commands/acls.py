@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from delayq.delay_service.acls import apply_acls, required_acls
+    from delayq.delay_service import apply_acls, required_acls
     from delayq.settings import Settings
 
     settings = Settings()
