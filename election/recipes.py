@@ -287,7 +287,13 @@ class Membership:
                 pass  # raced with a re-creation of this session's own node: the next publish updates it
 
     def withdraw(self) -> None:
-        """Remove this node's registration, only if it is this session's (never another live node's)."""
+        """Remove this node's registration, only if it is this session's (never another live node's).
+
+        With ZooKeeper away it does nothing: the registration is ephemeral and goes with the
+        session, and a request now would wait for ZooKeeper to come back.
+        """
+        if self.client.state != KazooState.CONNECTED:
+            return
         with self._lock:
             try:
                 stat = self.client.exists(self.path)
@@ -436,6 +442,13 @@ class Leadership:
         self.client.remove_listener(self._session_changed)
 
     def _release(self) -> None:
+        # The lock must go, or no other node can lead: wait for ZooKeeper to be back, unless the node stops
+        # meanwhile. Then the lock znode, ephemeral, goes with the session the stopping node closes, and
+        # waiting would hold the node's exit until ZooKeeper is back.
+        while self.client.state != KazooState.CONNECTED:
+            if self._stopping.wait(0.2):
+                log.info("shard %d: election lock left to the session, ZooKeeper is away", self.shard)
+                return
         try:
             self.lock.release()
         except KazooException as err:
