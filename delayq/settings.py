@@ -16,6 +16,8 @@ import logging
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,8 +36,42 @@ from .errors import ConfigurationError
 
 DAY_MS = 24 * 3600 * 1000
 ENV_PREFIX = "DELAYQ_"
+
+
+class QuietRepeats(logging.Filter):
+    """Passes a log line, then holds back lines like it (digits aside) for ``window_s``; the next one says how many.
+
+    While a broker is down librdkafka says "Connect to ... failed" about twenty times a second
+    per client: without this a node's log grows by thousands of identical lines a minute.
+    """
+
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.window_s = window_s
+        self._clock = clock
+        self._seen: dict[tuple[int, str], tuple[float, int]] = {}  # (level, shape) -> (passed at, held back)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        key = (record.levelno, re.sub(r"\d+", "#", text))
+        now = self._clock()
+        with self._lock:
+            passed_at, held = self._seen.get(key, (-float("inf"), 0))
+            if now - passed_at < self.window_s:
+                self._seen[key] = (passed_at, held + 1)
+                return False
+            if len(self._seen) > 1000:  # forget shapes not seen for a window
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
+            self._seen[key] = (now, 0)
+        if held:
+            record.msg, record.args = f"{text} (and {held} more like it in the last {now - passed_at:.0f}s)", None
+        return True
+
+
 # Where librdkafka's log lines go, in every client delayq creates (Settings.kafka_conf).
 KAFKA_LOGGER = logging.getLogger("delayq.kafka")
+KAFKA_LOGGER.addFilter(QuietRepeats())
 # Variables delayq's own tools read that are not settings: the config file, the dev stack's and the
 # jar cache's folders, a kcat to use, and the test suite's switch to keep the dev stack running.
 TOOL_VARIABLES = frozenset({"DELAYQ_CONFIG", "DELAYQ_DEV_DIR", "DELAYQ_CACHE_DIR", "DELAYQ_KCAT",

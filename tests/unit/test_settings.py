@@ -117,3 +117,34 @@ def test_an_unknown_key_in_the_settings_file_is_an_error_naming_the_closest_sett
     monkeypatch.setenv("DELAYQ_CONFIG", str(path))
     with pytest.raises(ConfigurationError, match=r"delayq.yaml: zk_conect: no such setting; did you mean zk_connect\?"):
         Settings()
+
+
+def test_librdkafkas_repeated_lines_pass_once_a_window_and_the_next_says_how_many_were_held():
+    from delayq.settings import QuietRepeats
+
+    now = [100.0]
+    quiet = QuietRepeats(window_s=10.0, clock=lambda: now[0])
+    logger = logging.getLogger("delayq.test.quiet")
+    passed: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            passed.append(record.getMessage())
+
+    logger.addHandler(Keep())
+    logger.addFilter(quiet)
+    logger.propagate = False
+    for i in range(200):  # 20 a second for 10 s: the same failure, its numbers changing
+        now[0] = 100.0 + i * 0.05
+        logger.error("FAIL [rdkafka#consumer-1]: Connect to ipv4#127.0.0.1:43057 failed (after %dms)", i % 3)
+    logger.error("FAIL [rdkafka#consumer-1]: SSL handshake failed")  # another line passes at once
+    now[0] = 110.5
+    logger.error("FAIL [rdkafka#consumer-1]: Connect to ipv4#127.0.0.1:43057 failed (after 0ms)")
+
+    assert passed == ["FAIL [rdkafka#consumer-1]: Connect to ipv4#127.0.0.1:43057 failed (after 0ms)",
+                      "FAIL [rdkafka#consumer-1]: SSL handshake failed",
+                      "FAIL [rdkafka#consumer-1]: Connect to ipv4#127.0.0.1:43057 failed (after 0ms) "
+                      "(and 199 more like it in the last 10s)"]
+    from delayq.settings import KAFKA_LOGGER
+
+    assert any(isinstance(f, QuietRepeats) for f in KAFKA_LOGGER.filters)
