@@ -674,6 +674,7 @@ class Delivery:
     def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[Undeliverable]]:
         outgoing, dead = [], []
         counts: dict[str, int | None] = {}  # this batch's partition counts: one cache lookup per topic
+        refusals: dict[str, str | None] = {}  # and why a topic is forbidden (None: it is not), once per topic
         limited = self.limiter.active
         for entry in entries:
             try:
@@ -684,7 +685,10 @@ class Delivery:
                 continue
             message = pending.message
             topic = message.topic
-            forbidden = self.settings.forbidden_target(topic)
+            if topic in refusals:
+                forbidden = refusals[topic]
+            else:
+                forbidden = refusals[topic] = self.settings.forbidden_target(topic)
             if forbidden is not None:
                 # Never delivered, never retried: the buffer's writer may not reach this topic through delayq.
                 item = Outgoing(entry, pending, message.partition if message.partition is not None else 0)

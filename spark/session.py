@@ -173,7 +173,13 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
     if not settings_file.exists() or settings_file.read_text() != text:
         settings_file.write_text(text)
     builder = SparkSession.builder.appName("delayq-reconcile")
-    settings: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
+    settings: dict[str, str] = {
+        "spark.sql.session.timeZone": "UTC",
+        # The Kafka source's options carry the SASL credentials (kafka.sasl.jaas.config): plans, the UI
+        # and event logs show them redacted, as they do Spark's own secrets.
+        "spark.sql.redaction.options.regex": "(?i)url|jaas|password|secret|token|key\\.pem",
+        "spark.redaction.regex": "(?i)secret|password|token|access[.]key|jaas",
+    }
     # Under spark-submit the JVM is already up with the --master and --packages it was given.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # The buffer is parsed by delayq's own parser in Python workers (records.py): on this machine they
