@@ -97,6 +97,19 @@ _RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._INVALID_A
                             KafkaError._UNKNOWN_TOPIC})
 
 
+def _denied(topic: str) -> str:
+    """Why a target the nodes' principal may not write is dead-lettered (forbidden-topic), and the fix."""
+    return (f"Kafka denies the nodes' principal writing to {topic} (TOPIC_AUTHORIZATION_FAILED): grant it "
+            f"(delayq acls --node User:NAME --targets {topic} --apply), or leave {topic} out of target_topics")
+
+
+def _refused(item: Outgoing, error: KafkaError) -> Undeliverable:
+    """A delivery the broker kept refusing, as it is dead-lettered: an ACL missing for the target is forbidden-topic."""
+    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return Undeliverable(item, wire.Reason.FORBIDDEN_TOPIC, _denied(item.message.topic))
+    return Undeliverable(item, wire.Reason.REJECTED, f"Kafka refused the record: {error.str()}")
+
+
 class RecordRejected(Exception):
     """produce() refused one delivery for what it is (too large, ...): dead-letter it, deliver the rest."""
 
@@ -325,6 +338,7 @@ class Delivery:
         # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
         self._unreadable: set[str] = set()
         self._topics: dict[str, tuple[float, int | None]] = {}
+        self._denied_topics: set[str] = set()  # targets Kafka says the nodes' principal may not see (no ACL)
         self.delivered_total = 0
         self.producer: Producer | None = None
         # Why delivery cannot go on right now, since when (monotonic s); None while it can.
@@ -699,7 +713,9 @@ class Delivery:
             else:
                 count = counts[topic] = self._partition_count(topic)
             problem: tuple[wire.Reason, str] | None = None
-            if count is None:
+            if count is None and topic in self._denied_topics:
+                problem = wire.Reason.FORBIDDEN_TOPIC, _denied(topic)
+            elif count is None:
                 problem = wire.Reason.MISSING_TOPIC, f"target topic {topic} does not exist"
             elif message.partition is not None and message.partition >= count:
                 problem = (wire.Reason.BAD_PARTITION,
@@ -791,8 +807,7 @@ class Delivery:
             now = now_ms()
             for item in outgoing:
                 if self._give_up(item.entry.delay_id, f"rejected: {error.str()}", now):
-                    self._commit(term, [], [Undeliverable(item, wire.Reason.REJECTED,
-                                                          f"Kafka refused the record: {error.str()}")])
+                    self._commit(term, [], [_refused(item, error)])
 
     def _repair(self, term: Term, shadowed: dict[str, bytes | None]) -> None:
         """Make each shadowed id's newest buffer record say what is stored of it, before compaction.
@@ -1083,6 +1098,12 @@ class Delivery:
         count = None
         if metadata is not None and metadata.error is None and metadata.partitions:
             count = len(metadata.partitions)
+        # A topic the nodes' principal may not describe looks missing; Kafka says which it is.
+        if metadata is not None and metadata.error is not None and \
+                metadata.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            self._denied_topics.add(topic)
+        else:
+            self._denied_topics.discard(topic)
         self._topics[topic] = (time.monotonic(), count)
         return count
 

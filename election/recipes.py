@@ -292,7 +292,7 @@ class Membership:
         With ZooKeeper away it does nothing: the registration is ephemeral and goes with the
         session, and a request now would wait for ZooKeeper to come back.
         """
-        if self.client.state != KazooState.CONNECTED:
+        if not self.client.connected:
             return
         with self._lock:
             try:

@@ -37,7 +37,10 @@ from delayq.testing import NodeProcess, free_stack_ports
 pytestmark = pytest.mark.slow
 
 CLUSTER = "secured"
-TARGETS = "orders*"
+# The cluster delivers to orders* and audit; the node's principal may write orders* only (an operator's
+# mistake the master must survive: `delayq acls --targets 'orders*'`).
+TARGETS = "orders*,audit"
+GRANTED = "orders*"
 
 
 @dataclass
@@ -55,7 +58,8 @@ class Secured:
         kafka = {key.removeprefix("DELAYQ_KAFKA__").lower().replace("_", "."): value
                  for key, value in env.items() if key.startswith("DELAYQ_KAFKA__")}
         return Settings(bootstrap_servers=env["DELAYQ_BOOTSTRAP_SERVERS"], zk_connect=env["DELAYQ_ZK_CONNECT"],
-                        zk_auth=env.get("DELAYQ_ZK_AUTH"), kafka=kafka, cluster=CLUSTER, target_topics=[TARGETS],
+                        zk_auth=env.get("DELAYQ_ZK_AUTH"), kafka=kafka, cluster=CLUSTER,
+                        target_topics=TARGETS.split(","),
                         zk_session_timeout_ms=3000, **more)
 
     def conf(self, role: str) -> dict[str, str]:
@@ -110,10 +114,10 @@ def secured(tmp_path_factory) -> Secured:
     secured = Secured(stack, root, env, outputs=[up.stdout, up.stderr])
     assert secured.run("admin", "init").returncode == 0
     acls = secured.run("admin", "acls", "--node", "User:dq-node", "--producer", "User:orders-app",
-                       "--reconcile", "User:dq-reconcile", "--apply")
+                       "--reconcile", "User:dq-reconcile", "--targets", GRANTED, "--apply")
     assert acls.returncode == 0, acls.stderr
     admin = AdminClient(secured.conf("admin"))
-    for future in admin.create_topics([NewTopic(t, 3, 1) for t in ("orders", "payments")]).values():
+    for future in admin.create_topics([NewTopic(t, 3, 1) for t in ("orders", "payments", "audit")]).values():
         future.result(30)
     nodes = [secured.start_node(f"n{i}") for i in range(3)]
     for node in nodes:
@@ -164,11 +168,25 @@ def test_a_put_to_a_topic_outside_target_topics_is_dead_lettered_forbidden_never
 
     assert wait_until(lambda: to_payments in dead_letters(secured, idle_s=0.5), timeout_s=30)
     reason = dead_letters(secured)[to_payments]
-    assert reason == "forbidden-topic: payments is not in the cluster's target topics (orders*)"
+    assert reason == "forbidden-topic: payments is not in the cluster's target topics (orders*,audit)"
     delivered = read_as(secured, "reconcile", "orders", idle_s=2)
     assert to_orders in {dict(r.headers()).get(wire.ID, b"").decode() for r in delivered}
     admin_conf = {k: v for k, v in secured.conf("admin").items() if k != "bootstrap.servers"}
     assert read_topic(secured.stack.bootstrap_servers, "payments", conf=admin_conf, idle_s=2, timeout_s=5) == []
+
+
+def test_an_allowed_target_the_nodes_principal_may_not_write_is_dead_lettered_and_stalls_nothing(secured):
+    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    to_audit = producer.produce("audit", b"no ACL for the node", delay=0.2)
+    after = producer.produce("orders", b"behind it", delay=0.4)
+    producer.flush(20)
+
+    assert wait_until(lambda: to_audit in dead_letters(secured, idle_s=0.5), timeout_s=60)
+    reason = dead_letters(secured)[to_audit]
+    assert reason.startswith("forbidden-topic: Kafka denies the nodes' principal writing to audit"), reason
+    assert "delayq acls --node" in reason
+    assert wait_until(lambda: after in {dict(r.headers()).get(wire.ID, b"").decode()
+                                        for r in read_as(secured, "reconcile", "orders", idle_s=0.5)}, 30)
 
 
 @pytest.mark.parametrize("target", ["buffer", "__consumer_offsets"])
@@ -226,6 +244,30 @@ def test_an_unauthenticated_zookeeper_client_can_change_nothing_while_nodes_keep
     producer.flush(20)
     assert wait_until(lambda: delay_id in {dict(r.headers()).get(wire.ID, b"").decode()
                                            for r in read_as(secured, "reconcile", "orders", idle_s=0.5)}, 30)
+
+
+def test_init_with_credentials_protects_a_cluster_created_without_them(secured):
+    """A cluster from before ZooKeeper credentials: open znodes, until `delayq init` runs with DELAYQ_ZK_AUTH."""
+    legacy = "legacy-open"
+    without = {key: value for key, value in secured.env["admin"].items() if key != "DELAYQ_ZK_AUTH"}
+    secured.env["admin-without-zk-auth"] = without
+    assert secured.run("admin-without-zk-auth", "init", DELAYQ_CLUSTER=legacy).returncode == 0
+    client = KazooClient(hosts=secured.stack.zk_connect)
+    client.start(timeout=15)
+    try:
+        client.set(f"/delayq/{legacy}/layout", client.get(f"/delayq/{legacy}/layout")[0])  # open: anyone may write
+        protected = secured.run("admin", "init", DELAYQ_CLUSTER=legacy)
+        assert protected.returncode == 0, protected.stderr
+        assert "open to anyone" in protected.stderr and "now carry the ACL of delayq" in protected.stderr
+        for path in (f"/delayq/{legacy}", f"/delayq/{legacy}/layout"):
+            with pytest.raises(NoAuthError):
+                client.set(path, b"{}")
+        with pytest.raises(NoAuthError):
+            client.create(f"/delayq/{legacy}/nodes/fake", b"{}", ephemeral=True, makepath=True)
+        assert client.get(f"/delayq/{legacy}/layout")[0]  # reading stays open
+    finally:
+        client.stop()
+        client.close()
 
 
 @pytest.mark.parametrize("credentials", ["dq-node-wrong:pw", None], ids=["wrong", "none"])
