@@ -22,6 +22,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import confluent_kafka
@@ -376,6 +377,118 @@ def _check_user_headers(headers: object) -> list:
 # -- the producer ------------------------------------------------------------
 
 
+# -- the rules of a delayed put, shared with delayq.aio ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A delayed message as the buffer takes it: the put's value, its id (the record key), user headers, timestamp."""
+
+    frame: bytes
+    delay_id: str
+    headers: list | None
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferWriter:
+    """What a producer needs to write delayed messages, and the checks they pass: one home for both producers.
+
+    :class:`Producer` and :class:`delayq.aio.AIOProducer` accept, refuse and write a delayed
+    message through these methods (the synchronous producer's plain-``delay`` hot path
+    inlines the same checks for speed, and tests/integration/test_aio_producer.py holds
+    the two to the same errors).
+
+    Args:
+        settings: from ``DELAYQ_*`` and the ``delayq.*`` conf keys.
+        partitioner: the producer's librdkafka ``partitioner`` (a put's frame names it unless it is the default).
+        sasl_user: the producer's SASL user, named when the buffer cannot be seen.
+    """
+
+    settings: Settings
+    partitioner: str = DEFAULT_PARTITIONER
+    sasl_user: str | None = None
+
+    @classmethod
+    def from_conf(cls, conf: dict[str, typing.Any]) -> tuple[BufferWriter, dict[str, typing.Any]]:
+        """The writer for a producer conf, and the conf without its ``delayq.*`` keys (librdkafka's).
+
+        Raises:
+            ValueError: a ``delayq.*`` key names no setting or has a bad value.
+        """
+        own, rest = split_conf(conf)
+        topic_conf = rest.get("default.topic.config") or {}
+        partitioner = str({**topic_conf, **rest}.get("partitioner", DEFAULT_PARTITIONER))
+        return cls(settings_from_conf(own), partitioner, rest.get("sasl.username")), rest
+
+    @property
+    def partitioner_name(self) -> str | None:
+        """The partitioner a put's frame names: None for librdkafka's default (a shorter frame)."""
+        return None if self.partitioner == DEFAULT_PARTITIONER else self.partitioner
+
+    def schedule(self, now_ms: int, delay: object, deliver_at: object, delay_level: object = None,
+                 repeat: Every | Cron | None = None) -> tuple[int | None, str]:
+        """(due time, more frame options) of a produce; (None, "") when it is no delayed message.
+
+        Raises:
+            TypeError, ValueError: as :meth:`Producer.produce` raises them for these arguments.
+        """
+        if delay is None and deliver_at is None and delay_level is None and repeat is None:
+            return None, ""
+        due, series = scheduled_due(now_ms, delay, deliver_at, delay_level, repeat, self.settings)
+        return due, env.schedule_options(series, None, None) if due is not None else ""
+
+    def put(self, topic: str, value: object, key: object, partition: object, timestamp: object,
+            headers: object, *, due: int, options: str = "", delay_id: str | None = None) -> Put:
+        """Check a delayed message and build its put.
+
+        Raises:
+            TypeError, ValueError: a key or value that is not bytes or str, a bad partition, a
+                topic Kafka refuses or delayq never delivers to, a ``delayq-`` header, a
+                timestamp that is no int, a malformed ``delay_id``. Nothing is sent.
+        """
+        if type(key) is not bytes and key is not None:
+            key = _as_bytes(key, "key")
+        if type(value) is not bytes and value is not None:
+            value = _as_bytes(value, "value")
+        if type(partition) is not int or partition < -1:
+            raise _bad_partition(partition)
+        if partition == -1:
+            frame = put_value(due, topic, key, value, None, self.partitioner_name, None, options)
+        else:
+            frame = put_value(due, topic, key, value, partition, None, None, options)
+        self.refuse_forbidden(topic)
+        checked = _check_user_headers(headers) if headers is not None else None
+        return Put(frame, new_id() if delay_id is None else check_delay_id(delay_id), checked,
+                   _check_timestamp(timestamp))
+
+    def refuse_forbidden(self, topic: str) -> None:
+        """Raises: ValueError: no delayq master ever delivers to ``topic`` (Settings.always_forbidden_target)."""
+        problem = self.settings.always_forbidden_target(topic)
+        if problem is not None:
+            raise ValueError(f"delayq never delivers to {topic}: {problem} (a put there would be dead-lettered "
+                             "forbidden-topic); choose the topic the message is for")
+
+    def partition_count(self, topics: dict[str, typing.Any]) -> int:
+        """The buffer's partition count from a ``list_topics()`` answer (of all topics: one by name may auto-create it).
+
+        Raises:
+            KafkaException: UNKNOWN_TOPIC_OR_PART, saying how to fix it, when the buffer is not
+                listed: it does not exist, or (Kafka lists only what a principal may see) an ACL is missing.
+        """
+        buffer_topic = self.settings.buffer_topic
+        found = topics.get(buffer_topic)
+        if found is None or found.error is not None or not found.partitions:
+            user = self.sasl_user
+            unseen = f", or Kafka user {user!r} may not see it" if user else ""
+            grant = f", grant the producer ACLs (delayq acls --producer User:{user} --apply)" if user else ""
+            raise KafkaException(KafkaError(
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                f"buffer topic {buffer_topic!r} does not exist{unseen}: create it with `delayq init`{grant}, or "
+                "set DELAYQ_CLUSTER or conf key delayq.cluster (or the buffer topic) to the cluster's"))
+        return len(found.partitions)
+
+
 class Producer(confluent_kafka.Producer):
     """confluent-kafka's Producer that can also hold a message back until a due time.
 
@@ -419,31 +532,28 @@ class Producer(confluent_kafka.Producer):
         "_partitioner",
         "_partitioner_name",
         "_partitioner_option",
-        "_sasl_user",
         "_settings",
+        "_writer",
     )
 
     def __init__(self, conf: dict[str, typing.Any] | None = None, /, **kwargs: typing.Any) -> None:
         if conf is not None and not isinstance(conf, dict):
             raise TypeError(f"conf must be a configuration dict, not {type(conf).__name__}")
-        own, rest = split_conf(conf or {})
-        own_kw, rest_kw = split_conf(kwargs)
-        own.update(own_kw)
-        self._settings = settings_from_conf(own)
+        # delayq's keys of both, the writer's; librdkafka's part of each goes on as confluent-kafka takes them.
+        self._writer, _ = BufferWriter.from_conf({**(conf or {}), **kwargs})
+        rest, rest_kw = split_conf(conf or {})[1], split_conf(kwargs)[1]
+        self._settings = self._writer.settings
         self._buffer_topic = self._settings.buffer_topic
         self._max_delay_ms = self._settings.max_delay_ms
         self._max_delay_s = self._max_delay_ms / 1000
-        topic_conf = {**rest, **rest_kw}.get("default.topic.config") or {}
-        self._partitioner = str({**topic_conf, **rest, **rest_kw}.get("partitioner", DEFAULT_PARTITIONER))
+        self._partitioner = self._writer.partitioner
         # Absent means librdkafka's default to the nodes (delay_service.partitioners): a shorter frame.
-        self._partitioner_name = None if self._partitioner == DEFAULT_PARTITIONER else self._partitioner
+        self._partitioner_name = self._writer.partitioner_name
         self._partitioner_option = env.frame_options(None, self._partitioner_name, False)
         self._last_frame: tuple = (None, None, None, b"")
         # With a CRC32 partitioner librdkafka already puts key=id where buffer_partition() says.
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
         self._buffer_partitions: int | None = None
-        # Kafka lists only the topics a principal may see: a missing buffer may be a missing ACL.
-        self._sasl_user = {**rest, **rest_kw}.get("sasl.username")
         self._lock = threading.Lock()
         if conf is None:
             super().__init__(**rest_kw)
@@ -583,15 +693,15 @@ class Producer(confluent_kafka.Producer):
             last = self._last_frame
             if last[0] != due or last[1] != topic or last[2] != length:
                 head = frame_head(due, topic, None if key is None else length, self._partitioner_option)
-                self._refuse_forbidden(topic)
+                self._writer.refuse_forbidden(topic)
                 last = self._last_frame = (due, topic, length, head)  # one tuple: no torn reads across threads
             value = last[3] + value if key is None else b"".join((last[3], key, value))
         elif partition == -1:  # a null value
             value = put_value(due, topic, key, None, None, self._partitioner_name)
-            self._refuse_forbidden(topic)
+            self._writer.refuse_forbidden(topic)
         elif type(partition) is int and partition >= 0:
             value = put_value(due, topic, key, value, partition)
-            self._refuse_forbidden(topic)
+            self._writer.refuse_forbidden(topic)
         else:
             raise _bad_partition(partition)
         if headers is not None:
@@ -616,13 +726,6 @@ class Producer(confluent_kafka.Producer):
                           None, timestamp, headers)
         return delay_id
 
-    def _refuse_forbidden(self, topic: str) -> None:
-        """Raises: ValueError: no delayq master ever delivers to ``topic`` (Settings.always_forbidden_target)."""
-        problem = self._settings.always_forbidden_target(topic)
-        if problem is not None:
-            raise ValueError(f"delayq never delivers to {topic}: {problem} (a put there would be dead-lettered "
-                             "forbidden-topic); choose the topic the message is for")
-
     def produce_put(self, topic: str, value: str | bytes | None, key: str | bytes | None, partition: int,
                     on_delivery: Callable | None, timestamp: int, headers: dict | list | None, *, due: int,
                     options: str = "", delay_id: str | None = None) -> str:
@@ -631,24 +734,12 @@ class Producer(confluent_kafka.Producer):
         The one path for puts beyond a plain delay (a level, a series, a retry); the arguments
         as :meth:`produce` takes them, ``options`` as :func:`delayq.wire.schedule_options` writes them.
         """
-        if type(key) is not bytes and key is not None:
-            key = _as_bytes(key, "key")
-        if type(value) is not bytes and value is not None:
-            value = _as_bytes(value, "value")
-        if type(partition) is not int or partition < -1:
-            raise _bad_partition(partition)
-        if partition == -1:
-            frame = put_value(due, topic, key, value, None, self._partitioner_name, None, options)
-        else:
-            frame = put_value(due, topic, key, value, partition, None, None, options)
-        self._refuse_forbidden(topic)
-        if headers is not None:
-            headers = _check_user_headers(headers)
-        timestamp = _check_timestamp(timestamp)
-        delay_id = new_id() if delay_id is None else check_delay_id(delay_id)
-        target = -1 if self._crc_by_librdkafka else self._partition_of(delay_id)
-        _base_produce(self, self._buffer_topic, frame, delay_id, target, on_delivery, None, timestamp, headers)
-        return delay_id
+        put = self._writer.put(topic, value, key, partition, timestamp, headers, due=due, options=options,
+                               delay_id=delay_id)
+        target = -1 if self._crc_by_librdkafka else self._partition_of(put.delay_id)
+        _base_produce(self, self._buffer_topic, put.frame, put.delay_id, target, on_delivery, None, put.timestamp,
+                      put.headers)
+        return put.delay_id
 
     def reschedule(
         self,
@@ -755,19 +846,7 @@ class Producer(confluent_kafka.Producer):
         """
         with self._lock:
             if self._buffer_partitions is None:
-                # All topics, not just the buffer: a metadata request naming a missing topic may auto-create it.
-                topics = self.list_topics(timeout=timeout).topics
-                found = topics.get(self._buffer_topic)
-                if found is None or found.error is not None or not found.partitions:
-                    user = self._sasl_user
-                    unseen = f", or Kafka user {user!r} may not see it" if user else ""
-                    grant = f", grant the producer ACLs (delayq acls --producer User:{user} --apply)" if user else ""
-                    raise KafkaException(KafkaError(
-                        KafkaError.UNKNOWN_TOPIC_OR_PART,
-                        f"buffer topic {self._buffer_topic!r} does not exist{unseen}: create it with `delayq init`"
-                        f"{grant}, or set DELAYQ_CLUSTER or conf key delayq.cluster (or the buffer topic) to the "
-                        "cluster's"))
-                self._buffer_partitions = len(found.partitions)
+                self._buffer_partitions = self._writer.partition_count(self.list_topics(timeout=timeout).topics)
         return self._buffer_partitions
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from confluent_kafka import Producer
 
 from delayq import Settings, wire
@@ -10,7 +12,20 @@ from delayq.testing import LocalCluster as Cluster
 from delayq.testing import NodeProcess, free_port, settings_env
 from delayq.wire import Envelope, new_delay_id
 
-__all__ = ["Cluster", "Feeder", "NodeProcess", "free_port", "now_ms", "settings_env"]
+__all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "free_port", "now_ms", "settings_env"]
+
+
+def assert_reconcile_clean(settings: Settings, since_ms: int, out: Path, expected: int) -> dict:
+    """``delayq reconcile`` (the job, in this process) over the window from ``since_ms``: clean, ``expected`` delivered."""
+    from delayq.spark import ReconcileOptions, reconcile, spark_session
+
+    report = reconcile(settings, ReconcileOptions(since_ms=since_ms, until_ms=now_ms(), out=out, grace_ms=0),
+                       spark=spark_session("local[2]"))
+    totals = report.totals
+    assert report.exit_code == 0, report.anomalies
+    assert (totals["expected"], totals["delivered"], totals["duplicates"], totals["missing"], totals["early"]) == (
+        expected, expected, 0, 0, 0), totals
+    return totals
 
 
 

@@ -12,13 +12,12 @@ import shutil
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
 from kafka_testing import create_topics, read_topic
 from process_testing import run_delayq, wait_until
-from service_testing import Cluster, now_ms
+from service_testing import Cluster, assert_reconcile_clean, now_ms
 
 from delayq import Cron, Every, Producer, RetryPolicy, Settings, lookup, retry_later, wire
 from delayq.settings import DispatchLimit
@@ -38,18 +37,6 @@ def header(record, name: str) -> str | None:
 
 def delivered_at(record) -> int:
     return record.timestamp()[1]
-
-
-def assert_reconcile_clean(settings: Settings, since_ms: int, out: Path, expected: int) -> dict:
-    from delayq.spark import ReconcileOptions, reconcile, spark_session
-
-    report = reconcile(settings, ReconcileOptions(since_ms=since_ms, until_ms=now_ms(), out=out, grace_ms=0),
-                       spark=spark_session("local[2]"))
-    totals = report.totals
-    assert report.exit_code == 0, report.anomalies
-    assert (totals["expected"], totals["delivered"], totals["duplicates"], totals["missing"], totals["early"]) == (
-        expected, expected, 0, 0, 0), totals
-    return totals
 
 
 def occurrences(settings: Settings, target: str, expect: int, timeout_s: float = 60, idle_s: float = 2) -> list:
