@@ -333,6 +333,32 @@ def suite_produce(ctx: Context) -> list[Figure]:
                                  "max": cpu["delayed"]["x_plain_q3"], "runs": runs}, spread="IQR",
                           details={"wall_x_plain": result["wall"]["delayed"]["x_plain"],
                                    "background_cores": result["background_cores"]}))
+    return figures + aio_produce_figures(ctx)
+
+
+def aio_produce_figures(ctx: Context) -> list[Figure]:
+    """The asyncio producer's per-call cost: delayq.aio's delayed produce against confluent-kafka's plain one."""
+    command = [sys.executable, "-m", "delayq.bench.aio_produce_bench", "--json", "--bootstrap",
+               ctx.stack.bootstrap_servers, "--calls", str(ctx.sizes.produce_calls),
+               "--runs", str(max(3, ctx.sizes.produce_runs // 2)), "--quiet-wait", str(ctx.sizes.produce_quiet_wait_s)]
+    done = ctx.step("delayed AIOProducer.produce() vs plain", lambda: subprocess.run(command, capture_output=True,
+                                                                                    text=True))
+    if done.returncode != 0:
+        raise RuntimeError(f"aio_produce_bench failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    runs, cpu = result["runs"], result["cpu"]
+    per_call = f"{result['calls']:,} awaited calls of a {result['payload']}-byte value, CPU time of the process"
+    figures = [Figure(f"produce.aio.{key}", f"{name} per call ({per_call})", "µs", "lower",
+                      stats={"median": cpu[key]["median_us"], "min": cpu[key]["min_us"], "max": cpu[key]["max_us"],
+                             "runs": runs})
+               for key, name in (("plain", "confluent-kafka AIOProducer.produce()"),
+                                 ("delayed", "delayq.aio.AIOProducer.produce(delay=)"))]
+    figures.append(Figure("produce.aio.ratio", "delayed / plain AIOProducer.produce(), CPU (per-run ratios)", "x",
+                          "lower", stats={"median": cpu["delayed"]["x_plain"], "min": cpu["delayed"]["x_plain_q1"],
+                                          "max": cpu["delayed"]["x_plain_q3"], "runs": runs}, spread="IQR",
+                          details={"wall_x_plain": result["wall"]["delayed"]["x_plain"],
+                                   "wall_us": {k: result["wall"][k]["median_us"] for k in ("plain", "delayed")},
+                                   "background_cores": result["background_cores"]}))
     return figures
 
 

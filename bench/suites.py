@@ -13,7 +13,8 @@ SUITE_TEXT: dict[str, str] = {
     "scale": "6 shards on 1, 2, 3 nodes, R=0 and R=1: delivery msg/s (all due at once on a settled cluster) and "
              "ingest msg/s (a backlog written while the readers are paused, timed from their resume until every "
              "holder stored its shards' messages); the Redis poller's delivery beside",
-    "produce": "delayed produce() cost against plain confluent-kafka produce()",
+    "produce": "delayed produce() cost against plain confluent-kafka produce(), and the asyncio producer's against "
+               "confluent-kafka's AIOProducer",
     "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",
     "rebuild": "a wiped node with 10M pending: time until ready",
     "reconcile": "the Spark reconciliation of 1M delayed messages",
