@@ -80,7 +80,8 @@ EVERYTHING = {
     "serviceAccount": {"create": False, "name": "delayq-sa"},
     "podAntiAffinityPreset": "none",
     "commonAnnotations": {"team": "platform"},
-    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Kafka"}}},
     "reconcile": {"enabled": True, "reports": {"existingClaim": "delayq-reports"}, "extraArgs": ["--days", "7"]},
 }
 # A cluster locked down as the secured dev stack is: SASL_SSL with SCRAM-SHA-512 and the chart's own Secret, the CA
@@ -880,6 +881,173 @@ def test_master_and_lag_alerts_are_per_shard(helm, value_args, rendered):
         assert alerts["DelayqBufferPartitionHeld"] == f"max by (shard) (delayq_held_partitions{{{selector}}}) > 0"
     assert production["DelayqIngestLag"] == f"sum by (pod) (delayq_buffer_lag{{{selector}}}) > 50000"
     assert default["DelayqIngestLag"] == f"sum by (pod) (delayq_buffer_lag{{{selector}}}) > 10000"
+
+
+# --- Grafana dashboard (files/grafana-dashboard.json in a ConfigMap for the Grafana sidecar) ---------------------
+
+DASHBOARD_FILE = CHART / "files" / "grafana-dashboard.json"
+DASHBOARD_CONFIG_MAP = "dq-delayq-grafana-dashboard"
+# What every delayq series in a panel is narrowed to: the dashboard's namespace, job and node variables.
+DASHBOARD_SELECTOR = 'namespace="$namespace", job="$job", pod=~"$pod"'
+
+
+def dashboard_config_maps(docs: list[dict]) -> list[dict]:
+    return [cm for cm in of_kind(docs, "ConfigMap") if cm["metadata"]["name"] == DASHBOARD_CONFIG_MAP]
+
+
+def dashboard_targets(dashboard: dict) -> list[tuple[str, dict]]:
+    """(panel title, target) of every query of every panel."""
+    return [(panel["title"], target) for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def datasource_refs(node: object, path: str = "") -> list[tuple[str, object]]:
+    """Every "datasource" value anywhere in the dashboard, with where it is."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource":
+                found.append((f"{path}.{key}", value))
+            found += datasource_refs(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += datasource_refs(value, f"{path}[{i}]")
+    return found
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD_FILE.read_text())
+
+
+def test_the_grafana_dashboard_config_map_renders_only_when_enabled(helm, value_args, rendered):
+    enabled = template(helm, *value_args["default"], "--set", "metrics.grafanaDashboard.enabled=true")
+
+    assert not dashboard_config_maps(rendered["default"])  # off by default
+    assert not dashboard_config_maps(rendered["secured"])
+    assert len(dashboard_config_maps(enabled)) == 1
+    assert len(dashboard_config_maps(rendered["production"])) == 1
+    # Nothing else changes: the dashboard is one more ConfigMap.
+    assert len(enabled) == len(rendered["default"]) + 1
+
+
+def test_the_grafana_dashboard_config_map_carries_the_sidecar_label_in_the_release_namespace(helm, value_args):
+    config_map, = dashboard_config_maps(
+        template(helm, *value_args["default"], "--set", "metrics.grafanaDashboard.enabled=true"))
+    labels = config_map["metadata"]["labels"]
+
+    assert labels["grafana_dashboard"] == "1"  # kube-prometheus-stack's and bitnami/grafana's sidecar label
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+    assert config_map["metadata"]["namespace"] == NAMESPACE
+    assert "annotations" not in config_map["metadata"]
+
+
+def test_the_grafana_dashboard_goes_to_the_namespace_labels_and_annotations_given(helm, value_args, rendered,
+                                                                                 tmp_path):
+    values = {"metrics": {"grafanaDashboard": {
+        "enabled": True, "namespace": "monitoring", "labels": {"dashboards": "kafka", "grafana_dashboard": None},
+        "annotations": {"grafana_folder": "Kafka"}}}}
+    config_map, = dashboard_config_maps(template(helm, *value_args["default"], *values_args(values, tmp_path, "g")))
+    numeric, = dashboard_config_maps(template(helm, *value_args["default"], "--set",
+                                              "metrics.grafanaDashboard.enabled=true", "--set",
+                                              "metrics.grafanaDashboard.labels.grafana_dashboard=1"))
+    everything, = dashboard_config_maps(rendered["everything"])
+
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["dashboards"] == "kafka"
+    assert "grafana_dashboard" not in config_map["metadata"]["labels"]  # null removes the default label
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "Kafka"}
+    # --set makes 1 a number; a label value must be a string, or the API server refuses the ConfigMap.
+    assert numeric["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert everything["metadata"]["annotations"] == {"grafana_folder": "Kafka", "team": "platform"}
+
+
+@pytest.mark.parametrize("values", ["production", "everything"])
+def test_the_grafana_dashboard_config_map_holds_the_charts_dashboard_json(rendered, values, dashboard):
+    config_map, = dashboard_config_maps(rendered[values])
+
+    assert list(config_map["data"]) == ["delayq.json"]
+    assert json.loads(config_map["data"]["delayq.json"]) == dashboard
+
+
+def test_the_dashboard_is_a_recent_grafana_dashboard_with_a_uid_and_unique_panel_ids(dashboard):
+    ids = [panel["id"] for panel in dashboard["panels"]]
+
+    assert dashboard["schemaVersion"] >= 36  # datasources referenced as {type, uid} objects (Grafana 8.3+)
+    assert re.fullmatch(r"[a-z0-9-]{1,40}", dashboard["uid"])
+    assert dashboard["title"]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_every_dashboard_panel_has_a_title_and_a_query(dashboard):
+    assert len(dashboard["panels"]) >= 10
+    for panel in dashboard["panels"]:
+        assert isinstance(panel.get("title"), str) and panel["title"].strip(), panel
+        assert panel.get("targets"), f"panel {panel['title']!r} has no query"
+        for target in panel["targets"]:
+            assert isinstance(target.get("expr"), str) and target["expr"].strip(), panel["title"]
+            assert target["expr"].count("(") == target["expr"].count(")"), panel["title"]
+            assert target["expr"].count("{") == target["expr"].count("}"), panel["title"]
+
+
+def test_the_dashboard_shows_masters_elections_pending_lag_deliveries_dead_letters_lateness_and_rebuilds(dashboard):
+    exprs = " ".join(target["expr"] for _, target in dashboard_targets(dashboard))
+    lateness = [target["expr"] for _, target in dashboard_targets(dashboard)
+                if "delayq_delivery_lateness_seconds_bucket" in target["expr"]]
+
+    for series in ("delayq_is_master", "delayq_elections_total", "delayq_pending", "delayq_buffer_lag",
+                   "delayq_delivered_total", "delayq_dead_lettered_total", "delayq_store_rebuilds_total"):
+        assert series + "{" in exprs, series
+    assert "sum by (reason) (rate(delayq_dead_lettered_total{" in exprs
+    assert any(e.startswith("histogram_quantile(0.5, sum by (le) (rate(") for e in lateness)
+    assert any(e.startswith("histogram_quantile(0.99, sum by (le) (rate(") for e in lateness)
+
+
+def test_the_dashboard_queries_prometheus_through_its_datasource_variable(dashboard):
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    refs = datasource_refs(dashboard)
+
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job", "pod"):
+        assert variables[name]["type"] == "query", name
+    # Every panel, query and variable reads ${datasource}; Grafana's own annotation source is the only other.
+    for where, ref in refs:
+        if where.startswith(".annotations."):
+            assert ref == {"type": "grafana", "uid": "-- Grafana --"}, where
+        else:
+            assert ref == {"type": "prometheus", "uid": "${datasource}"}, where
+    assert len(refs) > len(dashboard["panels"]) + len(dashboard_targets(dashboard))
+
+
+def test_every_dashboard_query_is_narrowed_to_the_chosen_namespace_job_and_nodes(dashboard):
+    for title, target in dashboard_targets(dashboard):
+        selectors = re.findall(r"\b(delayq_\w+)(\{[^}]*\})?", target["expr"])
+        assert selectors, title
+        for metric, selector in selectors:
+            assert selector == "{" + DASHBOARD_SELECTOR + "}", f"{title}: {metric}{selector}"
+
+
+def test_every_metric_the_dashboard_queries_is_one_the_node_registry_exposes(dashboard):
+    from prometheus_client import generate_latest
+
+    from delayq.delay_service.metrics import NodeMetrics
+
+    metrics = NodeMetrics()
+    shard = metrics.shard(0)  # what a node's feed and master create: every per-shard series
+    shard.dead_lettered.labels("missing-topic").inc()
+    shard.rebuilds.labels("stale").inc()
+    metrics.ingested.labels("put").inc()
+    shard.lateness.observe_many([0.01])
+    exposed = {line.split("{")[0].split(" ")[0] for line in generate_latest(metrics.registry).decode().splitlines()
+               if line and not line.startswith("#")}
+    queried = {name for _, target in dashboard_targets(dashboard) for name in re.findall(r"\bdelayq_\w+",
+                                                                                       target["expr"])}
+
+    assert queried
+    assert not queried - exposed, f"the dashboard queries series no node exposes: {sorted(queried - exposed)}"
 
 
 def render_notes(helm: Path, tmp_path: Path, *args: str) -> str:
