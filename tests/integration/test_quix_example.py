@@ -34,8 +34,9 @@ EXAMPLE = ROOT / "examples" / "order_timeouts_quix.py"
 
 @pytest.fixture(scope="session")
 def quix_python() -> str:
-    """The python of a virtualenv with ``delayq[quix]`` installed from this clone; made once per pyproject."""
-    stamp = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    """The python of a virtualenv with ``delayq[quix]`` installed from this clone; made once per clone and pyproject."""
+    # Per clone and pyproject: the virtualenv holds an editable install of this clone.
+    stamp = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + str(ROOT).encode()).hexdigest()[:16]
     venv = cache_dir() / f"venv-quix-{stamp}"
     python = venv / "bin" / "python"
     done = venv / ".installed"
