@@ -66,6 +66,10 @@ class Secured:
         """librdkafka settings of ``role``'s principal."""
         return self.settings(role).kafka_conf()
 
+    def producer(self) -> Producer:
+        """delayq.Producer as the producer principal."""
+        return Producer({**self.conf("producer"), "delayq.cluster": CLUSTER})
+
     def run(self, role: str, *args: str, **more_env: str) -> subprocess.CompletedProcess:
         """``delayq ARGS`` as ``role``, in the cluster, its output kept for the password search."""
         result = run_delayq(*args, env={**self.env[role], "DELAYQ_CLUSTER": CLUSTER,
@@ -134,6 +138,11 @@ def read_as(secured: Secured, role: str, topic: str, **kwargs) -> list:
     return read_topic(secured.stack.bootstrap_servers, topic, conf={**conf, **group}, **kwargs)
 
 
+def delivered_ids(secured: Secured, topic: str, **kwargs) -> set[str]:
+    """The delay ids of what was delivered to ``topic`` (read as the reconciliation's principal)."""
+    return {dict(r.headers()).get(wire.ID, b"").decode() for r in read_as(secured, "reconcile", topic, **kwargs)}
+
+
 def dead_letters(secured: Secured, **kwargs) -> dict[str, str]:
     """Delay id -> reason header of every dead letter of the cluster (read as the admin)."""
     records = read_topic(secured.stack.bootstrap_servers, secured.settings("admin").dead_letter_topic,
@@ -153,7 +162,7 @@ def test_the_stack_enforces_acls_and_the_principals_got_exactly_their_roles(secu
     assert refused.stderr.count("\n") == 1 and "Kafka user 'stranger' may not see it" in refused.stderr
     assert "delayq acls --producer User:stranger --apply" in refused.stderr
 
-    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    producer = secured.producer()
     reports.clear()
     producer.produce("payments", b"plain, not delayed", on_delivery=lambda e, m: reports.append(e))
     producer.flush(20)
@@ -161,7 +170,7 @@ def test_the_stack_enforces_acls_and_the_principals_got_exactly_their_roles(secu
 
 
 def test_a_put_to_a_topic_outside_target_topics_is_dead_lettered_forbidden_never_delivered(secured):
-    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    producer = secured.producer()
     to_payments = producer.produce("payments", b"pay me", delay=0.5)
     to_orders = producer.produce("orders", b"an order", delay=0.5)
     producer.flush(20)
@@ -169,14 +178,13 @@ def test_a_put_to_a_topic_outside_target_topics_is_dead_lettered_forbidden_never
     assert wait_until(lambda: to_payments in dead_letters(secured, idle_s=0.5), timeout_s=30)
     reason = dead_letters(secured)[to_payments]
     assert reason == "forbidden-topic: payments is not in the cluster's target topics (orders*,audit)"
-    delivered = read_as(secured, "reconcile", "orders", idle_s=2)
-    assert to_orders in {dict(r.headers()).get(wire.ID, b"").decode() for r in delivered}
+    assert to_orders in delivered_ids(secured, "orders", idle_s=2)
     admin_conf = {k: v for k, v in secured.conf("admin").items() if k != "bootstrap.servers"}
     assert read_topic(secured.stack.bootstrap_servers, "payments", conf=admin_conf, idle_s=2, timeout_s=5) == []
 
 
 def test_an_allowed_target_the_nodes_principal_may_not_write_is_dead_lettered_and_stalls_nothing(secured):
-    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    producer = secured.producer()
     to_audit = producer.produce("audit", b"no ACL for the node", delay=0.2)
     after = producer.produce("orders", b"behind it", delay=0.4)
     producer.flush(20)
@@ -185,15 +193,14 @@ def test_an_allowed_target_the_nodes_principal_may_not_write_is_dead_lettered_an
     reason = dead_letters(secured)[to_audit]
     assert reason.startswith("forbidden-topic: Kafka denies the nodes' principal writing to audit"), reason
     assert "delayq acls --node" in reason
-    assert wait_until(lambda: after in {dict(r.headers()).get(wire.ID, b"").decode()
-                                        for r in read_as(secured, "reconcile", "orders", idle_s=0.5)}, 30)
+    assert wait_until(lambda: after in delivered_ids(secured, "orders", idle_s=0.5), 30)
 
 
 @pytest.mark.parametrize("target", ["buffer", "__consumer_offsets"])
 def test_a_put_into_the_buffer_or_an_internal_topic_is_refused_and_written_raw_dead_lettered(secured, target):
     settings = secured.settings("producer")
     topic = settings.buffer_topic if target == "buffer" else target
-    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    producer = secured.producer()
     with pytest.raises(ValueError, match=f"delayq never delivers to {topic}"):
         producer.produce(topic, b"forged", delay=0.1)
 
@@ -239,11 +246,10 @@ def test_an_unauthenticated_zookeeper_client_can_change_nothing_while_nodes_keep
         client.stop()
         client.close()
 
-    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    producer = secured.producer()
     delay_id = producer.produce("orders", b"still delivered", delay=0.3)
     producer.flush(20)
-    assert wait_until(lambda: delay_id in {dict(r.headers()).get(wire.ID, b"").decode()
-                                           for r in read_as(secured, "reconcile", "orders", idle_s=0.5)}, 30)
+    assert wait_until(lambda: delay_id in delivered_ids(secured, "orders", idle_s=0.5), 30)
 
 
 def test_init_with_credentials_protects_a_cluster_created_without_them(secured):
@@ -292,7 +298,7 @@ def test_a_node_that_zookeeper_refuses_exits_with_one_line(secured, credentials)
 
 def test_a_thousand_delayed_messages_with_cancels_deliver_exactly_once_through_a_master_kill(secured, tmp_path):
     since = now_ms()
-    producer = Producer({**secured.conf("producer"), "delayq.cluster": CLUSTER})
+    producer = secured.producer()
     rng = random.Random(20261125)
     ids = [producer.produce("orders", f"m{i}".encode(), delay=rng.uniform(1.0, 6.0)) for i in range(1000)]
     producer.flush(30)
