@@ -34,7 +34,7 @@ from delayq import wire as env
 from delayq.wire import buffer_partition, check_delay_id, control_headers
 
 from .lookup import Lookup, lookup
-from .producer import BufferWriter, now_ms_of
+from .producer import BufferWriter, check_reschedule, delay_id_needs_delay, now_ms_of
 from .repeat import Cron, Every
 
 
@@ -103,7 +103,7 @@ class AIOProducer(_ConfluentAIOProducer):
         due, options = self._writer.schedule(now_ms_of(time.time_ns()), delay, deliver_at, delay_level, repeat)
         if due is None:
             if delay_id is not None:
-                raise ValueError("delay_id needs delay or deliver_at: it re-puts a delayed message")
+                raise delay_id_needs_delay()
             plain = {**kwargs, **({"partition": partition} if partition != -1 else {}),
                      **({"timestamp": timestamp} if timestamp else {}),
                      **({"headers": headers} if headers is not None else {})}
@@ -130,11 +130,7 @@ class AIOProducer(_ConfluentAIOProducer):
         Raises:
             TypeError, ValueError: a malformed ``delay_id``, no new due time, or what :meth:`produce` refuses.
         """
-        check_delay_id(delay_id)
-        if delay is None and deliver_at is None and delay_level is None and repeat is None:
-            raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms) to reschedule")
-        if delay_level == 0 and repeat is None:
-            raise ValueError("delay_level 0 is no delay: reschedule needs a due time (level 1 or more)")
+        check_reschedule(delay_id, delay, deliver_at, delay_level, repeat)
         await self.produce(topic, value, key, delay=delay, deliver_at=deliver_at, delay_level=delay_level,
                            repeat=repeat, delay_id=delay_id, **kwargs)
         return delay_id

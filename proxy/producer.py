@@ -374,10 +374,26 @@ def _check_user_headers(headers: object) -> list:
     return headers
 
 
-# -- the producer ------------------------------------------------------------
-
-
 # -- the rules of a delayed put, shared with delayq.aio ----------------------
+
+
+def delay_id_needs_delay() -> ValueError:
+    """The error for a ``delay_id`` given without a due time (it names a delayed message to put again)."""
+    return ValueError("delay_id needs delay or deliver_at: it re-puts a delayed message")
+
+
+def check_reschedule(delay_id: object, delay: object, deliver_at: object, delay_level: object,
+                     repeat: object) -> None:
+    """What a reschedule needs beyond a produce: a delay id, and a new due time.
+
+    Raises:
+        TypeError, ValueError: a malformed ``delay_id``, no due time, or ``delay_level=0`` without ``repeat``.
+    """
+    check_delay_id(delay_id)
+    if delay is None and deliver_at is None and delay_level is None and repeat is None:
+        raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms) to reschedule")
+    if delay_level == 0 and repeat is None:
+        raise ValueError("delay_level 0 is no delay: reschedule needs a due time (level 1 or more)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,6 +503,9 @@ class BufferWriter:
                 f"buffer topic {buffer_topic!r} does not exist{unseen}: create it with `delayq init`{grant}, or "
                 "set DELAYQ_CLUSTER or conf key delayq.cluster (or the buffer topic) to the cluster's"))
         return len(found.partitions)
+
+
+# -- the producer ------------------------------------------------------------
 
 
 class Producer(confluent_kafka.Producer):
@@ -660,16 +679,16 @@ class Producer(confluent_kafka.Producer):
         if callback is not None:  # confluent-kafka lets callback win when both are given
             on_delivery = callback
         if delay_level is not None or repeat is not None:
-            due, series = scheduled_due(now_ms_of(_time_ns()), delay, deliver_at, delay_level, repeat, self._settings)
+            due, options = self._writer.schedule(now_ms_of(_time_ns()), delay, deliver_at, delay_level, repeat)
             if due is None:  # level 0: no delay
                 return self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay_id=delay_id)
             return self.produce_put(topic, value, key, partition, on_delivery, timestamp, headers, due=due,
-                                    options=env.schedule_options(series, None, None), delay_id=delay_id)
+                                    options=options, delay_id=delay_id)
         # Positional arguments in the order of cimpl's produce(topic, value, key, partition,
         # callback, on_delivery, timestamp, headers): keyword parsing costs measurably per call.
         if delay is None and deliver_at is None:
             if delay_id is not None:
-                raise ValueError("delay_id needs delay or deliver_at: it re-puts a delayed message")
+                raise delay_id_needs_delay()
             return _base_produce(self, topic, value, key, partition, on_delivery, None, timestamp, headers)
         # The hot path of a delayed message, in one frame: each step shows in the per-call
         # cost (bench/produce_bench.py), so checks take their cheap branch first.
@@ -782,11 +801,7 @@ class Producer(confluent_kafka.Producer):
         Raises:
             TypeError, ValueError: a malformed ``delay_id``, or any bad input :meth:`produce` refuses.
         """
-        check_delay_id(delay_id)
-        if delay is None and deliver_at is None and delay_level is None and repeat is None:
-            raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms) to reschedule")
-        if delay_level == 0 and repeat is None:
-            raise ValueError("delay_level 0 is no delay: reschedule needs a due time (level 1 or more)")
+        check_reschedule(delay_id, delay, deliver_at, delay_level, repeat)
         # With a delay, produce() returns the id it was given.
         self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay=delay,
                      deliver_at=deliver_at, delay_id=delay_id, delay_level=delay_level, repeat=repeat)
