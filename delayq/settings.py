@@ -157,17 +157,6 @@ def _always_forbidden(buffer_topic: str, dead_letter_topic: str, topic: str) -> 
     return None
 
 
-@functools.lru_cache(maxsize=4096)
-def _forbidden_target(buffer_topic: str, dead_letter_topic: str, patterns: tuple[str, ...], topic: str) -> str | None:
-    # Cached: the master asks once per message, with a few distinct topics.
-    always = _always_forbidden(buffer_topic, dead_letter_topic, topic)
-    if always is not None:
-        return always
-    if any(fnmatch.fnmatchcase(topic, pattern) for pattern in patterns):
-        return None
-    return f"{topic} is not in the cluster's target topics ({','.join(patterns)})"
-
-
 def _config_file() -> Path | None:
     name = os.environ.get("DELAYQ_CONFIG")
     return Path(name) if name else None
@@ -340,8 +329,16 @@ class Settings(BaseSettings):
         return _always_forbidden(self.buffer_topic, self.dead_letter_topic, topic)
 
     def forbidden_target(self, topic: str) -> str | None:
-        """Why the master may not deliver to ``topic`` (always forbidden, or not in ``target_topics``); None: it may."""
-        return _forbidden_target(self.buffer_topic, self.dead_letter_topic, tuple(self.target_topics), topic)
+        """Why the master may not deliver to ``topic`` (always forbidden, or not in ``target_topics``); None: it may.
+
+        The master asks once per topic per batch (delivery's ``_route``), so nothing is cached here.
+        """
+        always = _always_forbidden(self.buffer_topic, self.dead_letter_topic, topic)
+        if always is not None:
+            return always
+        if any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.target_topics):
+            return None
+        return f"{topic} is not in the cluster's target topics ({','.join(self.target_topics)})"
 
     @property
     def zk_root(self) -> str:
