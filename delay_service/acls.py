@@ -73,7 +73,7 @@ def check_principal(principal: str, role: str) -> str:
     """Raises: ConfigurationError: ``principal`` is not ``Type:name`` (``User:orders-node``)."""
     if not PRINCIPAL.fullmatch(principal):
         raise ConfigurationError(f"--{role} {principal!r} is not a Kafka principal: write it as User:NAME "
-                                 "(the SASL user name), e.g. --{role} User:delayq-node".replace("{role}", role))
+                                 f"(the SASL user name), e.g. --{role} User:delayq-node")
     return principal
 
 

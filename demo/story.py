@@ -53,6 +53,8 @@ BOOTSTRAP_VARIABLE = "DELAYQ_BOOTSTRAP_SERVERS"
 DEMO_PARTITIONS = 6
 DEMO_SHARDS = 3
 ZK_VARIABLE = "DELAYQ_ZK_CONNECT"
+# On a secured dev stack each part runs as its own SCRAM user (only the nodes get ZooKeeper's credentials).
+DEMO_USERS = {"node": "demo-node", "producer": "demo-orders-app", "reconcile": "demo-reconcile"}
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,7 @@ class Story:
 
     def _settings_as(self, choice: StackChoice, user: str | None, cluster: str) -> Settings:
         """The demo cluster's settings as ``user`` of a secured dev stack (None: its admin, or the environment's)."""
-        reach = (choice.stack.settings_values(user, zk_auth=user in (None, "demo-node"))
+        reach = (choice.stack.settings_values(user, zk_auth=user in (None, DEMO_USERS["node"]))
                  if choice.stack is not None else
                  {"bootstrap_servers": choice.bootstrap_servers, "zk_connect": choice.zk_connect})
         return Settings(**reach, cluster=cluster, buffer_partitions=DEMO_PARTITIONS, shards=DEMO_SHARDS,
@@ -290,7 +292,7 @@ class Story:
             return
         from delayq.delay_service import apply_acls, required_acls
 
-        users = {"node": "demo-node", "producer": "demo-orders-app", "reconcile": "demo-reconcile"}
+        users = DEMO_USERS
         for user in users.values():
             choice.stack.add_user(user)
         lines = required_acls(self.settings, **{role: f"User:{user}" for role, user in users.items()})

@@ -41,7 +41,7 @@ FOLDER = "secure"
 CERT_DAYS = 3650
 
 
-def _password() -> str:
+def new_password() -> str:
     # URL-safe letters only: they go into JAAS strings and shell export lines unquoted.
     return secrets.token_urlsafe(24)
 
@@ -50,10 +50,10 @@ def _password() -> str:
 class Secrets:
     """The secured stack's generated credentials, kept in ``<state>/secure/secrets.json`` (mode 0600)."""
 
-    admin_password: str = field(default_factory=_password)
-    controller_password: str = field(default_factory=_password)
-    store_password: str = field(default_factory=_password)
-    zk_password: str = field(default_factory=_password)
+    admin_password: str = field(default_factory=new_password)
+    controller_password: str = field(default_factory=new_password)
+    store_password: str = field(default_factory=new_password)
+    zk_password: str = field(default_factory=new_password)
     users: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -251,7 +251,7 @@ class DevStack:
                              "one with delayq dev up --secure")
         security.check_user_name(name)
         stored = self._secrets()
-        password = stored.users.get(name) or security._password()
+        password = stored.users.get(name) or security.new_password()
         security.upsert_scram_user(self.bootstrap_servers, self.client_conf(), name, password)
         if stored.users.get(name) != password:
             stored.users[name] = password

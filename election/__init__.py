@@ -9,16 +9,16 @@ Public surface::
 
 from .access import ensure_cluster_root
 from .recipes import (
-                      Cursor,
-                      DuplicateNodeId,
-                      Epoch,
-                      FencedError,
-                      Layout,
-                      Leadership,
-                      Membership,
-                      Term,
-                      connect,
-                      connect_for,
+    Cursor,
+    DuplicateNodeId,
+    Epoch,
+    FencedError,
+    Layout,
+    Leadership,
+    Membership,
+    Term,
+    connect,
+    connect_for,
 )
 from .records import CursorRecord, NodeRecord, Role, ShardLayout
 
