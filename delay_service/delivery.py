@@ -42,6 +42,7 @@ from . import stored
 from .dead_letters import produce_copy
 from .ingest import ShardFeed
 from .limits import DispatchLimiter
+from .master_producer import SpareProducer
 from .partitioners import partition_for
 
 log = logging.getLogger("delayq.delivery")
@@ -72,6 +73,8 @@ EARLY_ENDS_INTERVAL_S = 0.002
 LEDGER_REFRESH_S = 6 * 3600.0
 # Malformed records dead-lettered per transaction.
 DEAD_LETTER_BATCH = 1000
+# How long a master ending its term waits to abort the transaction it left open (see _abandon_transaction).
+ABANDON_TIMEOUT_S = 5.0
 # How often the master records its progress in ZooKeeper (`delayq status` shows it): a write per
 # transaction would cost a ZooKeeper round trip per batch.
 CURSOR_WRITE_S = 1.0
@@ -307,6 +310,20 @@ class Wakeup:
             self._cond.notify_all()
 
 
+@dataclass
+class StartTimes:
+    """When (monotonic s) the last try at a term's start began and passed each step: the
+    "delivering" line says where a slow start went."""
+
+    began: float = 0.0
+    connected: float = 0.0  # the producer made and connected (or the spare taken)
+    fenced: float = 0.0  # init_transactions returned
+
+    def summary(self, won_at: float, now: float) -> str:
+        return (f"{now - won_at:.2f}s after the election: producer {self.connected - self.began:.2f}s, "
+                f"fencing {self.fenced - self.connected:.2f}s, reading the buffer {now - self.fenced:.2f}s")
+
+
 class Delivery:
     """A shard master's loop for one term; build a new one per term.
 
@@ -314,7 +331,8 @@ class Delivery:
     shard's store, partitions and metrics, and where ingest stands there.
     """
 
-    def __init__(self, settings: Settings, feed: ShardFeed, cursor: Cursor, wakeup: Wakeup, in_flight: InFlight):
+    def __init__(self, settings: Settings, feed: ShardFeed, cursor: Cursor, wakeup: Wakeup, in_flight: InFlight,
+                 spare: SpareProducer | None = None):
         self.settings = settings
         self.feed = feed
         self.shard = feed.shard
@@ -341,6 +359,8 @@ class Delivery:
         self._denied_topics: set[str] = set()  # targets Kafka says the nodes' principal may not see (no ACL)
         self.delivered_total = 0
         self.producer: Producer | None = None
+        # Where this term's producer comes from: made while the node waited in line, or now.
+        self.spare = spare if spare is not None else SpareProducer(settings, feed.shard)
         # Why delivery cannot go on right now, since when (monotonic s); None while it can.
         self.failing: str | None = None
         self.failing_since: float | None = None
@@ -357,6 +377,7 @@ class Delivery:
         # or the end offsets read when the next message fell due.
         self._prepared: tuple[list[Outgoing], list[Undeliverable]] | None = None
         self._early_ends: Ends | None = None
+        self._start_times = StartTimes()
 
     # -- the term --------------------------------------------------------
 
@@ -369,7 +390,8 @@ class Delivery:
             while term.active:
                 if not self._start(term):
                     return
-                self.log.info("epoch %d: buffer read to its end; delivering", term.epoch)
+                self.log.info("epoch %d: buffer read to its end; delivering (%s)", term.epoch,
+                              self._start_times.summary(term.won_at, time.monotonic()))
                 try:
                     while term.active:
                         self.deliver_due(term)
@@ -380,7 +402,9 @@ class Delivery:
                     self._close_producer()
                     self._passing_error(term, err)
         except (LeadershipLost, FencedError) as err:
-            self.log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
+            self.log.log(logging.INFO if term.routine else logging.WARNING, "epoch %d: stopped delivering: %s",
+                         term.epoch, err)
+            self._abandon_transaction()
         except KafkaException as err:
             self.log.error("epoch %d: giving up leadership after a Kafka error: %s", term.epoch, err.args[0].str())
         finally:
@@ -396,10 +420,13 @@ class Delivery:
         """
         while term.active:
             try:
+                self._start_times = StartTimes(began=time.monotonic())
                 if self.producer is None:
-                    self.producer = self._new_producer()
+                    self.producer = self.spare.take()
+                self._start_times.connected = time.monotonic()
                 # Fences the previous master and aborts its open transaction.
                 self.producer.init_transactions(30)
+                self._start_times.fenced = time.monotonic()
                 # Nothing is covered until read again now: a transaction of this term whose
                 # commit failed may have committed after all (init_transactions settled it),
                 # and its `done`s must be read before its ids, no longer in flight, are picked.
@@ -423,30 +450,6 @@ class Delivery:
                 self._close_producer()
                 self._passing_error(term, err)
         return False
-
-    def _new_producer(self) -> Producer:
-        """The shard's transactional producer, connected (its metadata read) before init_transactions.
-
-        A producer whose init_transactions starts before its connection to the coordinator is
-        up finds "no broker available" and waits for librdkafka's PID timer, half a second;
-        read first, the init takes milliseconds (a handover's, and a failover's, new master).
-
-        Raises:
-            KafkaException: the metadata could not be read (an error that may pass).
-        """
-        producer = Producer(self.settings.kafka_conf(**{
-            "transactional.id": self.settings.transactional_id(self.shard),
-            "client.id": f"delayq-master-{self.shard}-{self.settings.node_id}",
-            "linger.ms": 1,
-            "transaction.timeout.ms": 60_000,
-            "message.timeout.ms": 30_000,
-            # A producer's metadata request would otherwise create a missing target topic on a broker
-            # with auto.create.topics.enable=true (Kafka's default): a message for a topic that does
-            # not exist must be retried and dead-lettered, never create it.
-            "allow.auto.create.topics": False,
-        }))
-        producer.list_topics(timeout=10)
-        return producer
 
     def _txn_producer(self) -> Producer:
         """The transactional producer of this term, which :meth:`_start` opened.
@@ -1083,6 +1086,22 @@ class Delivery:
             code = wire.Reason.of(reason)
             self.metrics.dead_lettered.labels(code.value if code else "unknown").inc()
             self.log.warning("buffer record %s is malformed, dead-lettered: %s", source, reason)
+
+    def _abandon_transaction(self) -> None:
+        """Abort the transaction the term left open (it ended before the batch's commit), if any.
+
+        Left open, the next master's init_transactions would make the coordinator abort it,
+        and librdkafka asks again only half a second later: a handover would take that long.
+        Aborting delivers nothing, so it is safe whoever leads now; a fenced producer's abort,
+        or one with no transaction open, fails at once, and the next master ends it instead.
+        """
+        producer = self.producer
+        if producer is None:
+            return
+        try:
+            producer.abort_transaction(ABANDON_TIMEOUT_S)
+        except KafkaException as err:
+            self.log.debug("no transaction to abort at the end of the term: %s", err.args[0].str())
 
     def _abort(self, term: Term) -> None:
         try:

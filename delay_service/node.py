@@ -45,6 +45,7 @@ from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
 from .ingest import Ingest
 from .layout import ensure_layout
+from .master_producer import SpareProducer
 from .metrics import NodeMetrics
 from .placement import holders, masters
 from .reader import ReaderGone
@@ -85,6 +86,7 @@ class Seat:
                                 on_settled=self.in_flight.discard, on_ready=node.place_soon.set)
         self.leadership = Leadership(node.zk, node.settings.zk_root, node.settings.node_id, shard)
         self.cursor = Cursor(node.zk, node.settings.zk_root, shard)
+        self.spare = SpareProducer(node.settings, shard)  # made while this node waits in line for the shard
         self.delivery: Delivery | None = None
         self.epoch = 0
         # The placement wants this node to contend for the shard (it is its planned master, or the shard has
@@ -100,6 +102,11 @@ class Seat:
 
     def may_contend(self) -> bool:
         return self.wanted and self.feed.ready and not self.leadership.stopping
+
+    def close(self) -> None:
+        """Close the store and drop the spare producer (after the seat's election thread ended)."""
+        self.spare.close()
+        self.store.close()
 
 
 class Node:
@@ -145,7 +152,7 @@ class Node:
             if self.ingest is not None:
                 self.ingest.close()
             for seat in self.seats.values():
-                seat.store.close()
+                seat.close()
             raise
 
     def _start_serving(self) -> None:
@@ -211,7 +218,7 @@ class Node:
         self.zk.stop()
         self.zk.close()
         for seat in seats:
-            seat.store.close()
+            seat.close()
 
     def run(self) -> int:
         """Start, serve until SIGTERM/SIGINT, stop; the exit code (0 on a clean stop)."""
@@ -240,7 +247,8 @@ class Node:
 
     def _contend(self, seat: Seat) -> None:
         seat.thread = self._spawn(f"election-{seat.shard}",
-                                  lambda: seat.leadership.run(lambda term: self._lead(seat, term), seat.may_contend))
+                                  lambda: seat.leadership.run(lambda term: self._lead(seat, term), seat.may_contend,
+                                                             seat.spare.prepare))
 
     # -- placement: which shards to hold and master ----------------------------
 
@@ -343,7 +351,7 @@ class Node:
             if seat.thread is not None:
                 seat.thread.join(60)
                 self.threads.remove(seat.thread)
-            seat.store.close()
+            seat.close()
             TimeIndex.destroy(self._store_path(seat.shard))
             self.metrics.forget_shard(seat.shard)
         for shard in gained:
@@ -420,7 +428,7 @@ class Node:
         seat.metrics.is_master.set(1)
         seat.metrics.elections.inc()
         self._publish_once()
-        seat.delivery = Delivery(self.settings, seat.feed, seat.cursor, seat.wakeup, seat.in_flight)
+        seat.delivery = Delivery(self.settings, seat.feed, seat.cursor, seat.wakeup, seat.in_flight, seat.spare)
         try:
             seat.delivery.run(term)
             # A stop or a handover asked for is routine; any other end of a term is worth an operator's look.

@@ -377,14 +377,20 @@ class Leadership:
         """True once :meth:`stop` was called: the node is shutting down."""
         return self._stopping.is_set()
 
-    def run(self, lead: Callable[[Term], None], may_contend: Callable[[], bool] = lambda: True) -> None:
-        """Contend (while ``may_contend()``), lead, give up, contend again, until :meth:`stop`. Blocks: a thread's."""
+    def run(self, lead: Callable[[Term], None], may_contend: Callable[[], bool] = lambda: True,
+            contending: Callable[[], None] = lambda: None) -> None:
+        """Contend (while ``may_contend()``), lead, give up, contend again, until :meth:`stop`. Blocks: a thread's.
+
+        ``contending()`` is called each time this node gets in line for the lock: what a term
+        needs first can be made ready while it waits.
+        """
         self.epoch.watch(self._saw_epoch)
         while not self._stopping.is_set():
             if not may_contend():
                 self._recheck.wait(0.2)
                 self._recheck.clear()
                 continue
+            contending()
             try:
                 # Blocks until this node's lock node is first in line; withdraw() or stop() cancel it.
                 self._waiting = True
@@ -472,6 +478,7 @@ class Term:
 
     def __init__(self, epoch: int):
         self.epoch = epoch
+        self.won_at = time.monotonic()
         self.ended_because: str | None = None
         # Ended on purpose (a handover, a stop), not by a fault: nothing for an operator to look at.
         self.routine = False

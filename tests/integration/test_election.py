@@ -139,7 +139,7 @@ def test_a_registration_left_by_a_dead_session_is_taken_over_once_it_expires(zk,
     assert [m.http for m in Membership.members(zk(), names.zk_root)] == ["http://new:3"]
 
 
-def run_contender(client, root, name, log):
+def run_contender(client, root, name, log, in_line: list[str] | None = None):
     leadership = Leadership(client, root, name)
 
     def lead(term):
@@ -147,18 +147,25 @@ def run_contender(client, root, name, log):
         while term.active:
             time.sleep(0.05)
 
-    thread = threading.Thread(target=leadership.run, args=(lead,), daemon=True)
+    def contending():
+        if in_line is not None:
+            in_line.append(name)
+
+    thread = threading.Thread(target=leadership.run, args=(lead, lambda: True, contending), daemon=True)
     thread.start()
     return leadership, thread
 
 
 def test_one_master_and_a_stopped_master_hands_over_at_once(zk, names):
     log: list[tuple[str, int]] = []
-    a, thread_a = run_contender(zk(), names.zk_root, "node-a", log)
+    in_line: list[str] = []
+    a, thread_a = run_contender(zk(), names.zk_root, "node-a", log, in_line)
     assert wait_until(lambda: len(log) == 1, timeout_s=15)
-    b, thread_b = run_contender(zk(), names.zk_root, "node-b", log)
+    b, thread_b = run_contender(zk(), names.zk_root, "node-b", log, in_line)
     time.sleep(0.5)
     assert log == [("node-a", 1)]
+    # Each was told once as it got in line, node-b while it waits (a node makes its term's producer then).
+    assert in_line == ["node-a", "node-b"]
     assert Leadership.master(zk(), names.zk_root) == "node-a"
 
     started = time.monotonic()

@@ -85,3 +85,43 @@ def test_a_transaction_that_cannot_commit_is_aborted_and_its_messages_tried_one_
     producer.abort_transaction.assert_called_once()
     assert producer.commit_transaction.call_count == 3
     assert delivery.in_flight.snapshot() == {item.entry.delay_id for item in items}
+
+
+@pytest.mark.parametrize("routine", [True, False])
+def test_a_term_that_ends_before_its_batch_commits_aborts_the_open_transaction(monkeypatch, routine):
+    producer = mock.Mock(spec_set=Producer)
+    delivery = master(producer)
+    term = Term(4)
+    monkeypatch.setattr(delivery, "_start", lambda term: True)
+
+    def build_a_batch_and_lose_the_term(term_: Term) -> None:
+        producer.begin_transaction()
+        producer.produce("orders", b"v")
+        term.end("handed over to node-b (balance)" if routine else "a newer master holds epoch 5", routine=routine)
+        delivery._commit_transaction(term, [])  # raises LeadershipLost: the term ended before the commit
+
+    monkeypatch.setattr(delivery, "deliver_due", build_a_batch_and_lose_the_term)
+    delivery.run(term)
+
+    # Aborted by the master that opened it, not left for the next master's init_transactions to end.
+    producer.abort_transaction.assert_called_once()
+    producer.commit_transaction.assert_not_called()
+    assert delivery.producer is None, "the term's producer is closed"
+
+
+def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypatch):
+    producer = mock.Mock(spec_set=Producer)
+    producer.abort_transaction.side_effect = KafkaException(
+        KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+    delivery = master(producer)
+    term = Term(4)
+    monkeypatch.setattr(delivery, "_start", lambda term: True)
+
+    def fenced(term_: Term) -> None:
+        raise LeadershipLost("the master's producer failed: fenced")
+
+    monkeypatch.setattr(delivery, "deliver_due", fenced)
+    delivery.run(term)  # returns: never raises a Kafka error
+
+    producer.abort_transaction.assert_called_once()
+    assert delivery.producer is None

@@ -1,0 +1,112 @@
+"""A shard master's transactional producer, and the spare one a node in line for the shard makes ahead.
+
+A new master's first step is its producer: made, connected, then ``init_transactions``
+(which fences the shard's previous master). Making and connecting one costs a tenth of a
+second on an idle loopback and up to a second in a busy node: librdkafka reads its first
+metadata through the bootstrap connection, drops it, and connects again to the broker the
+metadata names. On a handover that is most of the time the shard has no master. So a node
+waiting in line for a shard's lock makes the producer while it waits (:class:`SpareProducer`),
+and the term that follows only fences and reads the buffer to its end.
+
+A spare is safe to hold beside the live master: a transactional producer talks to the
+transaction coordinator only from ``init_transactions`` on, so until its node wins the
+election it fences nobody.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from confluent_kafka import KafkaException, Producer
+
+from delayq.settings import Settings
+
+log = logging.getLogger("delayq.delivery")
+
+# How long to wait for the shard's metadata while connecting a producer.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def master_producer(settings: Settings, shard: int) -> Producer:
+    """The shard's transactional producer, connected (its metadata read), before init_transactions.
+
+    A producer whose init_transactions starts before its connection to the coordinator is
+    up finds "no broker available" and waits for librdkafka's PID timer, half a second;
+    read first, the init takes milliseconds.
+
+    Raises:
+        KafkaException: the metadata could not be read (an error that may pass).
+    """
+    producer = Producer(settings.kafka_conf(**{
+        "transactional.id": settings.transactional_id(shard),
+        "client.id": f"delayq-master-{shard}-{settings.node_id}",
+        "linger.ms": 1,
+        "transaction.timeout.ms": 60_000,
+        "message.timeout.ms": 30_000,
+        # A producer's metadata request would otherwise create a missing target topic on a broker
+        # with auto.create.topics.enable=true (Kafka's default): a message for a topic that does
+        # not exist must be retried and dead-lettered, never create it.
+        "allow.auto.create.topics": False,
+    }))
+    producer.list_topics(timeout=CONNECT_TIMEOUT_S)
+    return producer
+
+
+class SpareProducer:
+    """The shard's master producer, made and connected while this node waits in line for the shard.
+
+    :meth:`prepare` starts making one in the background (once: a ready or coming spare is
+    kept); :meth:`take` hands it to a new term, waiting for one on its way, or makes one
+    then and there. A spare made before a broker restart still works: librdkafka connects
+    again when it is used.
+    """
+
+    def __init__(self, settings: Settings, shard: int):
+        self.settings = settings
+        self.shard = shard
+        self._cond = threading.Condition()
+        self._producer: Producer | None = None
+        self._making = False
+        self._closed = False
+
+    def prepare(self) -> None:
+        """Make a spare in the background, unless one is ready or on its way."""
+        with self._cond:
+            if self._producer is not None or self._making or self._closed:
+                return
+            self._making = True
+        threading.Thread(target=self._make, name=f"spare-producer-{self.shard}", daemon=True).start()
+
+    def take(self) -> Producer:
+        """The spare (waiting for one on its way), or, without one, a producer made now.
+
+        Raises:
+            KafkaException: a producer made now could not read its metadata.
+        """
+        with self._cond:
+            while self._making:
+                self._cond.wait()
+            producer, self._producer = self._producer, None
+        return producer if producer is not None else master_producer(self.settings, self.shard)
+
+    def close(self) -> None:
+        """Drop the spare, and one still being made once it is (the seat is going)."""
+        with self._cond:
+            self._closed = True
+            self._producer = None
+
+    def _make(self) -> None:
+        producer: Producer | None = None
+        try:
+            producer = master_producer(self.settings, self.shard)
+        except KafkaException as err:  # the term makes its own, and may meet the error itself
+            log.info("shard %d: the spare master producer could not connect: %s", self.shard, err.args[0].str())
+        except Exception:  # a thread of its own: what went wrong must reach the log, not vanish
+            log.exception("shard %d: making the spare master producer failed", self.shard)
+        finally:
+            with self._cond:
+                self._making = False
+                if not self._closed:
+                    self._producer = producer
+                self._cond.notify_all()
