@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_testing import read_topic
@@ -143,11 +144,28 @@ def delivered_ids(secured: Secured, topic: str, **kwargs) -> set[str]:
     return {dict(r.headers()).get(wire.ID, b"").decode() for r in read_as(secured, "reconcile", topic, **kwargs)}
 
 
+def read_as_admin(secured: Secured, topic: str, **kwargs) -> list[Message]:
+    """``topic`` read from the beginning as the admin (a super-user: no group ACL needed)."""
+    conf = {k: v for k, v in secured.conf("admin").items() if k != "bootstrap.servers"}
+    return read_topic(secured.stack.bootstrap_servers, topic, conf=conf, **kwargs)
+
+
 def dead_letters(secured: Secured, **kwargs) -> dict[str, str]:
     """Delay id -> reason header of every dead letter of the cluster (read as the admin)."""
-    records = read_topic(secured.stack.bootstrap_servers, secured.settings("admin").dead_letter_topic,
-                         conf={k: v for k, v in secured.conf("admin").items() if k != "bootstrap.servers"}, **kwargs)
+    records = read_as_admin(secured, secured.settings("admin").dead_letter_topic, **kwargs)
     return {record.key().decode(): dict(record.headers())[wire.DEAD_LETTER_REASON].decode() for record in records}
+
+
+def dead_letter_reason(secured: Secured, delay_id: str, timeout_s: float) -> str:
+    """The reason ``delay_id`` was dead-lettered with, once it is (fails the test if it is not within ``timeout_s``)."""
+    found: dict[str, str] = {}
+
+    def arrived() -> bool:
+        found.update(dead_letters(secured, idle_s=0.5))
+        return delay_id in found
+
+    assert wait_until(arrived, timeout_s=timeout_s), f"{delay_id} not dead-lettered within {timeout_s:.0f}s"
+    return found[delay_id]
 
 
 def test_the_stack_enforces_acls_and_the_principals_got_exactly_their_roles(secured):
@@ -175,12 +193,10 @@ def test_a_put_to_a_topic_outside_target_topics_is_dead_lettered_forbidden_never
     to_orders = producer.produce("orders", b"an order", delay=0.5)
     producer.flush(20)
 
-    assert wait_until(lambda: to_payments in dead_letters(secured, idle_s=0.5), timeout_s=30)
-    reason = dead_letters(secured)[to_payments]
+    reason = dead_letter_reason(secured, to_payments, timeout_s=30)
     assert reason == "forbidden-topic: payments is not in the cluster's target topics (orders*,audit)"
     assert to_orders in delivered_ids(secured, "orders", idle_s=2)
-    admin_conf = {k: v for k, v in secured.conf("admin").items() if k != "bootstrap.servers"}
-    assert read_topic(secured.stack.bootstrap_servers, "payments", conf=admin_conf, idle_s=2, timeout_s=5) == []
+    assert read_as_admin(secured, "payments", idle_s=2, timeout_s=5) == []
 
 
 def test_an_allowed_target_the_nodes_principal_may_not_write_is_dead_lettered_and_stalls_nothing(secured):
@@ -189,8 +205,7 @@ def test_an_allowed_target_the_nodes_principal_may_not_write_is_dead_lettered_an
     after = producer.produce("orders", b"behind it", delay=0.4)
     producer.flush(20)
 
-    assert wait_until(lambda: to_audit in dead_letters(secured, idle_s=0.5), timeout_s=60)
-    reason = dead_letters(secured)[to_audit]
+    reason = dead_letter_reason(secured, to_audit, timeout_s=60)
     assert reason.startswith("forbidden-topic: Kafka denies the nodes' principal writing to audit"), reason
     assert "delayq acls --node" in reason
     assert wait_until(lambda: after in delivered_ids(secured, "orders", idle_s=0.5), 30)
@@ -213,8 +228,7 @@ def test_a_put_into_the_buffer_or_an_internal_topic_is_refused_and_written_raw_d
                 partition=partition)
     assert raw.flush(20) == 0
 
-    assert wait_until(lambda: delay_id in dead_letters(secured, idle_s=0.5), timeout_s=30)
-    assert dead_letters(secured)[delay_id].startswith("forbidden-topic: ")
+    assert dead_letter_reason(secured, delay_id, timeout_s=30).startswith("forbidden-topic: ")
     if target == "buffer":  # nothing but delayq's own records reached the buffer
         buffer = read_as(secured, "reconcile", settings.buffer_topic, idle_s=2)
         assert not [record for record in buffer if record.value() == payload]
