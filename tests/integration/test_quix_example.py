@@ -93,6 +93,16 @@ from confluent_kafka import KafkaError
 import delayq
 from delayq.quix import DelaySink, delay_id_for
 
+
+def refused(call, error, wanted, why):
+    try:
+        call()
+    except error as err:
+        assert wanted in str(err), err
+    else:
+        raise AssertionError(why)
+
+
 reports = []
 producer = mock.Mock(spec_set=delayq.Producer)
 producer.produce.side_effect = lambda *args, on_delivery, **kwargs: reports.append(on_delivery)
@@ -112,27 +122,12 @@ for report in reports:
 sink.flush()                                   # every write confirmed: the checkpoint may commit
 sink.add({"order": "o-2", "event": "placed"}, b"o-2", 0, [], "order-events", 0, 2)
 reports[-1](KafkaError(KafkaError._MSG_TIMED_OUT), None)
-try:
-    sink.flush()
-except RuntimeError as err:
-    assert "not committed, the rows come again" in str(err), err
-else:
-    raise AssertionError("a failed write let the checkpoint commit")
+refused(sink.flush, RuntimeError, "not committed, the rows come again", "a failed write let the checkpoint commit")
 producer.flush.return_value = 3                # Kafka did not confirm in time
-try:
-    sink.flush()
-except RuntimeError as err:
-    assert "3 delayed message(s)" in str(err), err
-else:
-    raise AssertionError("unconfirmed writes let the checkpoint commit")
+refused(sink.flush, RuntimeError, "3 delayed message(s)", "unconfirmed writes let the checkpoint commit")
 for bad, wanted in (({}, "either delay"), ({"delay": 1, "due": abs}, "not both"),
                     ({"delay": 1, "cancel_when": bool}, "cancel_when needs delay_id")):
-    try:
-        DelaySink("t", **bad)
-    except ValueError as err:
-        assert wanted in str(err), err
-    else:
-        raise AssertionError(bad)
+    refused(lambda: DelaySink("t", **bad), ValueError, wanted, bad)
 print("ok")
 """
 
