@@ -24,22 +24,13 @@ import uuid
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.aio import AIOProducer as PlainAIOProducer
 
-import delayq
 from delayq.aio import AIOProducer
 
-from .produce_bench import busy_cores, make_topics, summary, wait_until_quiet
+from .produce_bench import busy_cores, make_topics, summary, timing_parser, wait_until_quiet
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", default=delayq.Settings().bootstrap_servers)
-    parser.add_argument("--calls", type=int, default=10_000, help="produce() calls per case per run")
-    parser.add_argument("--runs", type=int, default=11)
-    parser.add_argument("--payload", type=int, default=100, help="value size in bytes")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
-                        help="wait up to S seconds for the machine to be quiet before timing (0: do not wait)")
-    return parser.parse_args(argv)
+    return timing_parser(__doc__, runs=11).parse_args(argv)
 
 
 async def plain_loop(producer, calls: int, topic: str, value: bytes, key: bytes) -> None:

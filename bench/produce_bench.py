@@ -37,16 +37,22 @@ from delayq.bench.proc import busy_cores_between, machine_ticks
 ENVELOPE_LIKE_HEADERS = 7  # op, id, topic, deliver-at, created-at, key, partitioner
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def timing_parser(doc: str, runs: int) -> argparse.ArgumentParser:
+    """The arguments every per-call produce bench takes (this one and the asyncio one)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--bootstrap", default=delayq.Settings().bootstrap_servers)
     parser.add_argument("--calls", type=int, default=10_000, help="produce() calls per case per run")
-    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--runs", type=int, default=runs)
     parser.add_argument("--payload", type=int, default=100, help="value size in bytes")
-    parser.add_argument("--only", choices=("plain", "delayed"), help="time one case (for a profiler)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
                         help="wait up to S seconds for the machine to be quiet before timing (0: do not wait)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = timing_parser(__doc__, runs=21)
+    parser.add_argument("--only", choices=("plain", "delayed"), help="time one case (for a profiler)")
     return parser.parse_args(argv)
 
 
