@@ -28,7 +28,6 @@ def assert_reconcile_clean(settings: Settings, since_ms: int, out: Path, expecte
     return totals
 
 
-
 class Feeder:
     """Writes buffer records the way the proxy does (envelope from delayq.proxy), and target topics."""
 

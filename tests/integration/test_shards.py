@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
-from service_testing import Cluster, Feeder, now_ms
+from service_testing import Cluster, Feeder, assert_reconcile_clean, now_ms
 
 from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards
@@ -118,17 +118,6 @@ def assert_delivered_exactly_once_never_early(settings: Settings, target: str, d
     return records
 
 
-def assert_reconcile_clean(settings: Settings, since_ms: int, until_ms: int, out: Path, expected: int) -> None:
-    from delayq.spark import ReconcileOptions, reconcile, spark_session
-
-    report = reconcile(settings, ReconcileOptions(since_ms=since_ms, until_ms=until_ms, out=out, grace_ms=0),
-                       spark=spark_session("local[2]"))
-    totals = report.totals
-    assert report.exit_code == 0, report.anomalies
-    assert (totals["expected"], totals["delivered"], totals["duplicates"], totals["missing"]) == (
-        expected, expected, 0, 0)
-
-
 def log_time(line: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -215,7 +204,7 @@ def test_six_shards_deliver_exactly_once_through_a_kill_a_return_and_a_join(sett
         status = cluster_status(settings)
         assert [s["shard"] for s in status["shards"]] == list(range(SHARDS))
         assert all(s["master"] in s["replicas"] for s in status["shards"]), "a master that does not hold its shard"
-        assert_reconcile_clean(settings, since, now_ms(), tmp_path / "reconcile", COUNT)
+        assert_reconcile_clean(settings, since, tmp_path / "reconcile", COUNT)
 
 
 @pytest.mark.slow
