@@ -24,15 +24,57 @@ hypothesis_settings.register_profile("explore", database=None, deadline=None, ma
 hypothesis_settings.load_profile("ci")
 
 
+# Every topic a test makes is named from its Names prefix ("t-test-...", and "delayq-t-test-..." for its
+# cluster's buffer and dead-letter topics).
+TEST_TOPIC = re.compile(r"^(delayq-)?t-test-")
+# The prefixes of this session's tests, whose topics go when the session ends.
+_SESSION_PREFIXES: set[str] = set()
+
+
+def delete_test_topics(bootstrap: str, wanted) -> int:
+    """Delete the topics tests made for which ``wanted(name)`` holds; how many were asked to go.
+
+    The dev stack's state outlives a session: without this, every run of the suite leaves
+    thousands of partitions behind, until the broker runs out of file handles.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        topics = admin.list_topics(timeout=30).topics
+    except KafkaException as err:  # the broker away: the next session that starts it tries again
+        print(f"test topics not deleted: {err.args[0].str()}")
+        return 0
+    doomed = [name for name in topics if TEST_TOPIC.match(name) and wanted(name)]
+    for start in range(0, len(doomed), 500):
+        for future in admin.delete_topics(doomed[start:start + 500], operation_timeout=60).values():
+            try:
+                future.result()
+            except Exception as err:  # gone already, or the broker busy: the next session tries again
+                print(f"leaving a test topic: {err}")
+    return len(doomed)
+
+
 @pytest.fixture(scope="session")
 def dev_stack() -> DevStack:
-    """The embedded stack, started if it is not running; stopped at the end only if this session started it."""
+    """The embedded stack, started if it is not running; stopped at the end only if this session started it.
+
+    A session that started the stack is its only user: it first deletes the topics earlier
+    sessions' tests left. Every session deletes its own tests' topics when it ends.
+    """
     stack = DevStack()
     try:
         started = stack.up(say=lambda text: print(text))
     except StackError as err:
         pytest.fail(f"the embedded Kafka + ZooKeeper stack could not start: {err}", pytrace=False)
+    if "kafka" in started:
+        left = delete_test_topics(stack.bootstrap_servers, lambda name: True)
+        if left:
+            print(f"deleted {left} topics earlier test sessions left on the dev stack")
     yield stack
+    delete_test_topics(stack.bootstrap_servers,
+                       lambda name: any(name.removeprefix("delayq-").startswith(p) for p in _SESSION_PREFIXES))
     if started and not os.environ.get("DELAYQ_TEST_KEEP_STACK"):
         stack.down(tuple(started))
 
@@ -58,7 +100,9 @@ class Names:
 @pytest.fixture
 def names(request) -> Names:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
-    return Names(f"t-{slug}-{uuid.uuid4().hex[:8]}")
+    names = Names(f"t-{slug}-{uuid.uuid4().hex[:8]}")
+    _SESSION_PREFIXES.add(names.prefix)
+    return names
 
 
 @pytest.fixture
