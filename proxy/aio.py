@@ -53,8 +53,11 @@ class AIOProducer(_ConfluentAIOProducer):
             await p.flush()                 # Kafka holds it: delayq will deliver it
             await p.cancel(delay_id)        # paid after all
 
+    Its writes are idempotent, as :class:`delayq.Producer`'s are.
+
     Raises:
-        ValueError: a ``delayq.*`` key names no setting or has a bad value.
+        ValueError: a ``delayq.*`` key names no setting or has a bad value, or the conf cannot keep
+            each id's writes in order (:func:`delayq.proxy.producer.ordered_conf`).
     """
 
     def __init__(self, producer_conf: dict[str, typing.Any], **kwargs: typing.Any) -> None:

@@ -146,6 +146,70 @@ def split_conf(conf: dict[str, typing.Any]) -> tuple[dict[str, typing.Any], dict
     return own, rest
 
 
+# -- the buffer's per-id order -------------------------------------------------
+
+# librdkafka's own defaults (idempotence off, up to a million requests in flight, retries on) let a
+# retried batch land behind the batches sent after it, and a batch whose ack was lost be written twice:
+# a put could then follow its own cancel in the buffer, or become a second version of itself. The
+# nodes apply an id's records in buffer order, so every buffer writer is idempotent: the broker keeps
+# each partition in the order produce() was called and drops a retried batch it already has.
+_IDEMPOTENCE = "enable.idempotence"
+# Each setting that idempotence constrains, under librdkafka's names and aliases.
+_ACKS = ("acks", "request.required.acks")
+_IN_FLIGHT = ("max.in.flight.requests.per.connection", "max.in.flight")
+_RETRIES = ("retries", "message.send.max.retries")
+_MAX_IDEMPOTENT_IN_FLIGHT = 5
+_ORDER_FIX = ("delayq's buffer writes need an idempotent producer, so that each delay id's put, cancel and "
+              "reschedule land in the order they were sent and a retried write is never written twice")
+
+
+def _conf_value(conf: dict[str, typing.Any], names: tuple[str, ...]) -> tuple[str, typing.Any] | None:
+    """(name, value) of the first of ``names`` set in ``conf`` or its ``default.topic.config``."""
+    topic_conf = conf.get("default.topic.config")
+    for scope in (conf, topic_conf if isinstance(topic_conf, dict) else {}):
+        for name in names:
+            if name in scope:
+                return name, scope[name]
+    return None
+
+
+def _conf_int(value: typing.Any) -> int | None:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def ordered_conf(conf: dict[str, typing.Any]) -> dict[str, typing.Any]:
+    """What to add to a librdkafka producer ``conf`` so that its buffer writes keep each id's order.
+
+    ``enable.idempotence`` is turned on unless the conf sets it (a ``transactional.id``
+    implies it). A conf that cannot keep the order is refused before anything is sent.
+
+    Raises:
+        ValueError: ``enable.idempotence`` off, ``acks`` other than all, more than 5 requests in
+            flight, or no retries: each named with its value and the fix.
+    """
+    found = _conf_value(conf, (_IDEMPOTENCE,))
+    if found is not None and str(found[1]).strip().lower() in ("false", "0", "no", "off"):
+        raise ValueError(f"conf {_IDEMPOTENCE}={found[1]!r}: {_ORDER_FIX}; leave {_IDEMPOTENCE} out (delayq turns "
+                         "it on) or set it to true")
+    acks = _conf_value(conf, _ACKS)
+    if acks is not None and str(acks[1]).strip().lower() not in ("all", "-1"):
+        raise ValueError(f"conf {acks[0]}={acks[1]!r}: {_ORDER_FIX}, which needs acks from all in-sync replicas; "
+                         f"leave {acks[0]} out or set it to all")
+    in_flight = _conf_value(conf, _IN_FLIGHT)
+    if in_flight is not None and (_conf_int(in_flight[1]) or 0) > _MAX_IDEMPOTENT_IN_FLIGHT:
+        raise ValueError(f"conf {in_flight[0]}={in_flight[1]!r}: {_ORDER_FIX}, which keeps order with at most "
+                         f"{_MAX_IDEMPOTENT_IN_FLIGHT} requests in flight; leave {in_flight[0]} out or set it "
+                         f"to 1-{_MAX_IDEMPOTENT_IN_FLIGHT}")
+    retries = _conf_value(conf, _RETRIES)
+    if retries is not None and _conf_int(retries[1]) == 0:
+        raise ValueError(f"conf {retries[0]}={retries[1]!r}: {_ORDER_FIX}, and without retries a write the broker "
+                         f"did not confirm is lost; leave {retries[0]} out")
+    return {} if found is not None else {_IDEMPOTENCE: True}
+
+
 def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
     """Settings from ``DELAYQ_*`` (and ``DELAYQ_CONFIG``), overridden by ``delayq.*`` conf keys.
 
@@ -430,12 +494,14 @@ class BufferWriter:
         """The writer for a producer conf, and the conf without its ``delayq.*`` keys (librdkafka's).
 
         Raises:
-            ValueError: a ``delayq.*`` key names no setting or has a bad value.
+            ValueError: a ``delayq.*`` key names no setting or has a bad value, or the conf cannot keep
+                each id's writes in order (:func:`ordered_conf`).
         """
         own, rest = split_conf(conf)
         topic_conf = rest.get("default.topic.config") or {}
         partitioner = str({**topic_conf, **rest}.get("partitioner", DEFAULT_PARTITIONER))
-        return cls(settings_from_conf(own), partitioner, rest.get("sasl.username")), rest
+        writer = cls(settings_from_conf(own), partitioner, rest.get("sasl.username"))
+        return writer, {**rest, **ordered_conf(rest)}
 
     @property
     def partitioner_name(self) -> str | None:
@@ -536,8 +602,14 @@ class Producer(confluent_kafka.Producer):
         conf: the librdkafka configuration, with optional ``delayq.*`` keys.
         **kwargs: more configuration, as confluent-kafka takes it (e.g. ``logger=``).
 
+    Every write is idempotent (librdkafka's ``enable.idempotence``, turned on unless the conf
+    sets it): the buffer then holds each delay id's writes in the order they were sent, each
+    once, which a cancel or reschedule winning over its put depends on.
+
     Raises:
-        ValueError: a ``delayq.*`` key names no setting or has a bad value.
+        ValueError: a ``delayq.*`` key names no setting or has a bad value, or the conf turns
+            idempotence off or sets what it cannot work with (acks other than all, more than 5
+            requests in flight, no retries).
     """
 
     __slots__ = (
@@ -559,8 +631,9 @@ class Producer(confluent_kafka.Producer):
         if conf is not None and not isinstance(conf, dict):
             raise TypeError(f"conf must be a configuration dict, not {type(conf).__name__}")
         # delayq's keys of both, the writer's; librdkafka's part of each goes on as confluent-kafka takes them.
-        self._writer, _ = BufferWriter.from_conf({**(conf or {}), **kwargs})
+        self._writer, ordered = BufferWriter.from_conf({**(conf or {}), **kwargs})
         rest, rest_kw = split_conf(conf or {})[1], split_conf(kwargs)[1]
+        rest.update(ordered)  # idempotence, unless the conf (or kwargs) set it
         self._settings = self._writer.settings
         self._buffer_topic = self._settings.buffer_topic
         self._max_delay_ms = self._settings.max_delay_ms
@@ -574,10 +647,7 @@ class Producer(confluent_kafka.Producer):
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
         self._buffer_partitions: int | None = None
         self._lock = threading.Lock()
-        if conf is None:
-            super().__init__(**rest_kw)
-        else:
-            super().__init__(rest, **rest_kw)
+        super().__init__(rest, **rest_kw)
 
     @property
     def settings(self) -> Settings:

@@ -47,13 +47,13 @@ put)
   # split messages at byte 0x1e instead of newlines, so the frame's newline stays inside the value.
   # OPTIONS: frame options, if any; OPTIONS="every=60000 times=5" makes it a repeating message.
   printf 'put %s %s %s%s\n%s%s' "$DUE" "$TOPIC" "$KEYLEN" "${OPTIONS:+ $OPTIONS}" "$KEY" "$PAYLOAD" \
-    | "$KCAT" -P -b "$BROKERS" -t "$BUFFER" -p "$P" -k "$ID" -D '\x1e' "${HEADERS[@]}"
+    | "$KCAT" -P -b "$BROKERS" -X enable.idempotence=true -t "$BUFFER" -p "$P" -k "$ID" -D '\x1e' "${HEADERS[@]}"
   ;;
 cancel)
   ID=$1
   P=$(partition_of "$ID")
   # key = the id, value = null (-Z sends the empty value after the key delimiter ':' as null).
-  echo "$ID:" | "$KCAT" -P -b "$BROKERS" -t "$BUFFER" -p "$P" -K: -Z -H delayq-op=cancel -H "delayq-id=$ID"
+  echo "$ID:" | "$KCAT" -P -b "$BROKERS" -X enable.idempotence=true -t "$BUFFER" -p "$P" -K: -Z -H delayq-op=cancel -H "delayq-id=$ID"
   ;;
 *)
   echo "$usage" >&2

@@ -356,3 +356,46 @@ def test_produce_at_a_time_before_2000_is_an_error_line_with_exit_2(cli_sends, c
     assert exit_info.value.code == 2 and cli_sends == []
     assert f"argument --at: '{at}' is before 2000-01-01T00:00:00Z: delayq refuses due times before 2000\n" in err
     assert "Traceback" not in err
+
+
+# -- the buffer's per-id order: every buffer writer is idempotent -------------------------------
+
+
+def test_a_producer_built_as_the_readme_shows_is_made_idempotent():
+    assert producer_module.ordered_conf({"bootstrap.servers": "k:9092"}) == {"enable.idempotence": True}
+
+
+@pytest.mark.parametrize("conf", [
+    {"enable.idempotence": True}, {"enable.idempotence": "true"}, {"acks": "all"}, {"acks": -1},
+    {"request.required.acks": "-1"}, {"max.in.flight.requests.per.connection": 5}, {"max.in.flight": "1"},
+    {"retries": 3}, {"transactional.id": "t"},
+])
+def test_a_conf_that_keeps_order_is_taken(conf):
+    added = producer_module.ordered_conf({"bootstrap.servers": "k:9092", **conf})
+
+    assert added == ({} if "enable.idempotence" in conf else {"enable.idempotence": True})
+
+
+@pytest.mark.parametrize(("conf", "named"), [
+    ({"enable.idempotence": False}, "enable.idempotence=False"),
+    ({"enable.idempotence": "false"}, "enable.idempotence='false'"),
+    ({"acks": 1}, "acks=1"),
+    ({"acks": "0"}, "acks='0'"),
+    ({"default.topic.config": {"request.required.acks": 1}}, "request.required.acks=1"),
+    ({"max.in.flight.requests.per.connection": 1000000}, "max.in.flight.requests.per.connection=1000000"),
+    ({"max.in.flight": "6"}, "max.in.flight='6'"),
+    ({"retries": 0}, "retries=0"),
+    ({"message.send.max.retries": "0"}, "message.send.max.retries='0'"),
+])
+def test_a_conf_that_cannot_keep_each_ids_order_is_refused_in_one_line_by_every_producer(conf, named):
+    from delayq.aio import AIOProducer
+
+    for make in (lambda c: delayq.Producer(c), lambda c: AIOProducer(c),
+                 lambda c: delayq.Producer(**c)):
+        with pytest.raises(ValueError) as refused:
+            make({**NOWHERE, **conf})
+        text = str(refused.value)
+        assert "\n" not in text
+        assert text.startswith(f"conf {named}: delayq's buffer writes need an idempotent producer"), text
+        assert "leave" in text
+
