@@ -75,6 +75,17 @@ LEDGER_REFRESH_S = 6 * 3600.0
 DEAD_LETTER_BATCH = 1000
 # How long a master ending its term waits to abort the transaction it left open (see _abandon_transaction).
 ABANDON_TIMEOUT_S = 5.0
+# One commit_transaction call: a commit that times out is resumed by calling again (_commit_resuming),
+# so a short call only means the term is looked at more often while a broker is frozen or restarting.
+COMMIT_CALL_S = 2.0
+# A commit not confirmed this long (a broker frozen or restarting for that long) ends the term: the next
+# master's init_transactions settles the transaction (it completes a commit the coordinator has, aborts
+# the rest), and this node can lead again in a new term once Kafka answers. Longer, delivery would wait
+# on this one producer; an abort, which would end it sooner, is refused while a commit is pending.
+COMMIT_GIVE_UP_S = 15.0
+# An abort that takes longer ends the term at once (the next master's init_transactions aborts for it):
+# the transaction was not going to deliver anything anyway.
+ABORT_TIMEOUT_S = 5.0
 # How often the master records its progress in ZooKeeper (`delayq status` shows it): a write per
 # transaction would cost a ZooKeeper round trip per batch.
 CURSOR_WRITE_S = 1.0
@@ -967,16 +978,27 @@ class Delivery:
             KafkaException: the commit failed for good (fatal, or the transaction must be
                 aborted), or it may pass but the term ended.
         """
+        started = time.monotonic()
+        warned = False
         while True:
             try:
-                producer.commit_transaction(30)
+                producer.commit_transaction(COMMIT_CALL_S)
+                if warned:
+                    self.log.info("epoch %d: the commit was confirmed after %.1fs", term.epoch,
+                                  time.monotonic() - started)
                 return
             except KafkaException as err:
                 error: KafkaError = err.args[0]
                 if error.fatal() or error.txn_requires_abort() or not error.retriable() or not term.active:
                     raise
-                self.log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch,
-                                 error.str())
+                waited = time.monotonic() - started
+                if waited >= COMMIT_GIVE_UP_S:
+                    raise LeadershipLost(f"the commit was not confirmed within {waited:.0f}s ({error.str()}): "
+                                         "the next master settles it") from err
+                if not warned:
+                    self.log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch,
+                                     error.str())
+                    warned = True
 
     def _while_committing(self, commit: Future[None]) -> None:
         """Use the time the broker takes to commit (the ids being committed are in flight already).
@@ -1105,7 +1127,7 @@ class Delivery:
 
     def _abort(self, term: Term) -> None:
         try:
-            self._txn_producer().abort_transaction(30)
+            self._txn_producer().abort_transaction(ABORT_TIMEOUT_S)
         except KafkaException as err:
             raise LeadershipLost(f"abort failed: {err.args[0].str()}") from err
 

@@ -71,6 +71,51 @@ def test_a_commit_left_unconfirmed_when_the_term_ends_is_given_up_and_nothing_is
     assert delivery.in_flight.snapshot() == set()
 
 
+def test_a_commit_unconfirmed_for_longer_than_a_broker_stall_should_last_ends_the_term(monkeypatch):
+    # A broker frozen or restarting: each short call times out and is resumed, and after
+    # COMMIT_GIVE_UP_S the term ends, so the shard gets a master whose init_transactions
+    # settles the transaction (the masters waited a minute in 30 s calls first).
+    from delayq.delay_service import delivery as delivery_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(delivery_module.time, "monotonic", lambda: clock[0])
+    calls = []
+
+    def time_out(timeout):
+        calls.append(timeout)
+        clock[0] += timeout
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
+
+    producer = mock.Mock(spec_set=Producer)
+    producer.commit_transaction.side_effect = time_out
+    delivery = master(producer)
+
+    with pytest.raises(LeadershipLost, match=r"the commit was not confirmed within 1[56]s"):
+        delivery._commit(Term(4), outgoing(2), [])
+
+    assert calls and all(timeout <= delivery_module.COMMIT_CALL_S for timeout in calls)
+    assert sum(calls) >= delivery_module.COMMIT_GIVE_UP_S and sum(calls) < delivery_module.COMMIT_GIVE_UP_S + 3
+    producer.abort_transaction.assert_not_called()
+    assert delivery.in_flight.snapshot() == set(), "its ids wait for the next master's cover"
+
+
+def test_an_abort_that_does_not_finish_ends_the_term_within_seconds():
+    producer = mock.Mock(spec_set=Producer)
+    producer.commit_transaction.side_effect = KafkaException(
+        KafkaError(KafkaError._TIMED_OUT, "delivery timed out", retriable=False, txn_requires_abort=True))
+    producer.abort_transaction.side_effect = KafkaException(
+        KafkaError(KafkaError._TIMED_OUT, "Timed out waiting for operation to finish, retry call to resume",
+                   retriable=True))
+    delivery = master(producer)
+
+    with pytest.raises(LeadershipLost, match="abort failed"):
+        delivery._commit(Term(4), outgoing(1), [])
+
+    from delayq.delay_service.delivery import ABORT_TIMEOUT_S
+    producer.abort_transaction.assert_called_once_with(ABORT_TIMEOUT_S)
+    assert ABORT_TIMEOUT_S <= 5
+
+
 def test_a_transaction_that_cannot_commit_is_aborted_and_its_messages_tried_one_by_one():
     producer = mock.Mock(spec_set=Producer)
     producer.commit_transaction.side_effect = [
