@@ -39,7 +39,7 @@ from delayq.election import (
 )
 from delayq.errors import ConfigurationError
 from delayq.settings import Settings
-from delayq.store import StoredEntry, StoreFormatError, StoreOptions, TimeIndex
+from delayq.store import StoredEntry, StoreError, StoreFormatError, StoreOptions, TimeIndex
 
 from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
@@ -69,6 +69,9 @@ META_TOPIC_ID = "buffer_topic_id"
 PLACE_EVERY_S = 0.5
 # A shard without a master this long: every holder caught up on it contends, planned or not.
 MASTERLESS_S = 2.0
+# How long the placement waits for a dropped shard's election loop to end before it goes on (and closes
+# the shard's store later, once the loop has ended).
+DROP_WAIT_S = 10.0
 # A loop failing this long makes the node not ready (a blip of one retry does not).
 FAILING_NOT_READY_S = 2.0
 
@@ -135,6 +138,9 @@ class Node:
         # Since when (monotonic s) each shard has had no master, as far as this node saw.
         self._masterless_since: dict[int, float] = {}
         self._seats_lock = threading.Lock()  # the placement thread changes seats; the others read them
+        # Seats dropped whose master's loop had not ended yet: their stores close (and go) once it has,
+        # and the shard is not taken again before (its store directory is still locked by them).
+        self._closing: dict[int, Seat] = {}
         # Set when a shard's feed first catches up: the placement looks again at once, not at its next round.
         self.place_soon = threading.Event()
 
@@ -199,7 +205,7 @@ class Node:
         log.info("node %s stopping", self.settings.node_id)
         with self._seats_lock:  # the placement takes no shard from now on
             self.stopping_requested.set()
-            seats = list(self.seats.values())
+            seats = [*self.seats.values(), *self._closing.values()]
         for seat in seats:
             seat.leadership.stop()
             seat.wakeup.poke()
@@ -266,6 +272,8 @@ class Node:
                 log.info("placement: ZooKeeper did not answer (%s); trying again", str(err) or type(err).__name__)
             except KafkaException as err:  # a store taken checks the buffer's end offsets
                 log.warning("placement: Kafka did not answer (%s); trying again", err.args[0].str())
+            except StoreError as err:  # a shard's store could not be opened or deleted now: never a crash
+                log.warning("placement: %s; trying again", err)
 
     def place(self) -> None:
         """Hold, drop, contend for and hand over shards as the membership says (placement.py has the rules).
@@ -319,8 +327,10 @@ class Node:
         ingest = self.ingest
         if ingest is None:
             return
+        self._finish_closing()
         mine = {k for k, nodes in targets.items() if s.node_id in nodes}
-        gained = sorted(mine - self.seats.keys())
+        # A shard still closing is taken again once it has closed (its store's lock is held until then).
+        gained = sorted(mine - self.seats.keys() - self._closing.keys())
         dropped = sorted(k for k in self.seats.keys() - mine
                          if not self.seats[k].mastering and not self.seats[k].leadership.waiting
                          and all(n in records and k in records[n].ready for n in targets[k]))
@@ -348,16 +358,29 @@ class Node:
             log.warning("%s; ingest tries again", err)
         for seat in gone:
             seat.leadership.stop()
-            if seat.thread is not None:
-                seat.thread.join(60)
-                self.threads.remove(seat.thread)
-            seat.close()
-            TimeIndex.destroy(self._store_path(seat.shard))
-            self.metrics.forget_shard(seat.shard)
+            seat.wakeup.poke()
+            self._closing[seat.shard] = seat
+        self._finish_closing(wait_s=DROP_WAIT_S)
         for shard in gained:
             self._contend(self.seats[shard])
         self.metrics.shards_held.set(len(self.seats))
         log.info("holding shards %s (took %s, dropped %s)", sorted(self.seats), gained or "none", dropped or "none")
+
+    def _finish_closing(self, wait_s: float = 0.0) -> None:
+        """Close and delete the stores of dropped seats whose loops have ended (waiting up to ``wait_s`` each)."""
+        for shard, seat in list(self._closing.items()):
+            if seat.thread is not None:
+                seat.thread.join(wait_s)
+                if seat.thread.is_alive():
+                    if wait_s:
+                        log.warning("shard %d dropped, but its election's loop has not ended after %.0fs; its store "
+                                    "is closed once it has", shard, wait_s)
+                    continue
+                self.threads.remove(seat.thread)
+            seat.close()
+            del self._closing[shard]
+            TimeIndex.destroy(self._store_path(shard))
+            self.metrics.forget_shard(shard)
 
     # -- the stores ------------------------------------------------------
 
@@ -389,15 +412,21 @@ class Node:
             rebuilds.labels(RebuildReason.FORMAT.value).inc()
             TimeIndex.destroy(path)
             store = TimeIndex(path, options)
-        found = self._rebuild_reason(store, shard)
-        if found is not None:
-            code, why = found
-            log.warning("store %s will be rebuilt from the buffer: %s: %s", path, code.value, why)
-            rebuilds.labels(code.value).inc()
+        try:
+            # Kafka may not answer here (a broker restarting): the store must not stay open, locked,
+            # behind the error, or the next attempt to take the shard would find it locked.
+            found = self._rebuild_reason(store, shard)
+            if found is not None:
+                code, why = found
+                log.warning("store %s will be rebuilt from the buffer: %s: %s", path, code.value, why)
+                rebuilds.labels(code.value).inc()
+                store.close()
+                TimeIndex.destroy(path)
+                store = TimeIndex(path, options)
+            store.set_meta(META_TOPIC_ID, info.topic_id.encode())
+        except BaseException:
             store.close()
-            TimeIndex.destroy(path)
-            store = TimeIndex(path, options)
-        store.set_meta(META_TOPIC_ID, info.topic_id.encode())
+            raise
         return store
 
     def _rebuild_reason(self, store: TimeIndex, shard: int) -> tuple[RebuildReason, str] | None:
@@ -413,7 +442,10 @@ class Node:
                                          "have been compacted away")
         layout = self.layout
         partitions = wire.shard_partitions(shard, layout.shards if layout else 1, len(info.partitions))
-        ends = committed_end_offsets(self.admin, self.settings.buffer_topic, partitions)
+        # Through ingest's reader of end offsets, which replaces its admin client after a failure: after a
+        # broker restart a client can be answered FENCED_LEADER_EPOCH for good.
+        ends = self.ingest.end_offsets.read(partitions=partitions) if self.ingest is not None else \
+            committed_end_offsets(self.admin, self.settings.buffer_topic, partitions)
         for partition, offset in store.offsets().items():
             if offset > ends.get(partition, 0):
                 return RebuildReason.OFFSETS_AHEAD, (f"persisted offset {offset} of partition {partition} is above "
