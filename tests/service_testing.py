@@ -2,17 +2,60 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 from confluent_kafka import Producer
 
 from delayq import Settings, wire
 from delayq.clock import now_ms
+from delayq.dev import DevStack, StackError
 from delayq.testing import LocalCluster as Cluster
 from delayq.testing import NodeProcess, free_port, settings_env
 from delayq.wire import Envelope, new_delay_id
 
-__all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "free_port", "now_ms", "settings_env"]
+__all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "free_port", "freeze", "kafka_pid", "now_ms",
+           "settings_env", "start_private_stack", "thaw", "zookeeper_pid"]
+
+
+def start_private_stack(root: Path) -> DevStack:
+    """A Kafka and ZooKeeper of a test's own, on free ports under ``root`` (its broker gets killed or frozen).
+
+    Raises:
+        StackError: it could not start (after trying other ports when one was taken meanwhile).
+    """
+    for attempt in range(5):
+        kafka_port = free_port()
+        while kafka_port >= 65535:  # the controller listens on the next port
+            kafka_port = free_port()
+        stack = DevStack(state_dir=root / f"stack-{attempt}", kafka_port=kafka_port, zk_port=free_port())
+        try:
+            stack.up(say=lambda _text: None)
+            return stack
+        except StackError as err:
+            stack.down()
+            if "is taken" not in str(err) or attempt == 4:  # another process took a port in between: try others
+                raise
+    raise AssertionError("unreachable")
+
+
+def kafka_pid(stack: DevStack) -> int:
+    """The pid (and process group) of the stack's Kafka broker."""
+    return int((stack.state_dir / "kafka" / "kafka.pid").read_text())
+
+
+def zookeeper_pid(stack: DevStack) -> int:
+    return int((stack.state_dir / "zookeeper" / "zookeeper.pid").read_text())
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP a server's process group: a long GC pause, a stalled disk, a hung VM."""
+    os.killpg(pid, signal.SIGSTOP)
+
+
+def thaw(pid: int) -> None:
+    os.killpg(pid, signal.SIGCONT)
 
 
 def assert_reconcile_clean(settings: Settings, since_ms: int, out: Path, expected: int) -> dict:

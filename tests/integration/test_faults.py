@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
-from service_testing import Cluster, Feeder, free_port, now_ms
+from service_testing import Cluster, Feeder, now_ms, start_private_stack
 
 from delayq import Settings
 from delayq import wire as env
@@ -37,18 +37,10 @@ def delivered_ids(records) -> Counter:
 @pytest.fixture
 def private_stack(tmp_path):
     """A Kafka and ZooKeeper of this test's own (its broker gets killed), on free ports."""
-    for attempt in range(5):
-        kafka_port = free_port()
-        while kafka_port >= 65535:  # the controller listens on the next port
-            kafka_port = free_port()
-        stack = DevStack(state_dir=tmp_path / f"stack-{attempt}", kafka_port=kafka_port, zk_port=free_port())
-        try:
-            stack.up(say=lambda _text: None)
-            break
-        except StackError as err:
-            stack.down()
-            if "is taken" not in str(err) or attempt == 4:  # another process took a port in between: try others
-                pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
+    try:
+        stack = start_private_stack(tmp_path)
+    except StackError as err:
+        pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
     yield stack
     stack.down()
 

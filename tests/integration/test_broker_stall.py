@@ -1,0 +1,200 @@
+"""A frozen broker (SIGSTOP: a long GC pause, a stalled disk, a hung VM), then the same broker killed and
+restarted, under a producer built as the README shows and a sharded cluster with replicas (issue 28).
+
+What it broke before: librdkafka's defaults (no idempotence, a million requests in flight)
+may land a retried put behind its own cancel or write it twice; masters waited a minute in
+30-second commit and abort calls before they handed over; and a node taking a shard while
+Kafka did not answer left the shard's store open and locked, then crashed on it.
+Judged by what delayq did not produce: the producer's acks and the broker's offsets and
+LogAppendTime timestamps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from kafka_testing import create_topics, read_topic
+from process_testing import wait_until
+from service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw
+
+import delayq
+from delayq import Settings
+from delayq import wire as env
+from delayq.delay_service import ensure_shards
+from delayq.dev import StackError
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FREEZE_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A Kafka and ZooKeeper of this module's own: its broker is frozen and killed."""
+    try:
+        stack = start_private_stack(tmp_path_factory.mktemp("stall-stack"))
+    except StackError as err:
+        pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
+    yield stack
+    thaw(kafka_pid(stack))  # never leave a frozen broker behind
+    stack.down()
+
+
+def freeze_then_kill(stack, *, after_s: float = 3.0, while_down=lambda: None) -> tuple[int, int]:
+    """Freeze the broker for FREEZE_S, let it run ``after_s``, kill it (and call ``while_down``) and start it
+    again: the (start, end) of the outage, in epoch ms."""
+    pid = kafka_pid(stack)
+    started = now_ms()
+    freeze(pid)
+    try:
+        time.sleep(FREEZE_S)
+    finally:
+        thaw(pid)
+    time.sleep(after_s)
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not stack.status()[0].running, timeout_s=15)
+    while_down()
+    time.sleep(2)
+    stack.up(say=lambda _text: None)
+    return started, now_ms()
+
+
+def settings_on(stack, names, **fields) -> Settings:
+    return Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect, cluster=names.cluster,
+                    zk_session_timeout_ms=4000, **{"buffer_partitions": 3, **fields})
+
+
+def readme_producer(settings: Settings) -> delayq.Producer:
+    """A producer as the README shows one: nothing but where Kafka is and which cluster."""
+    return delayq.Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster})
+
+
+def test_each_ids_writes_land_in_the_order_sent_and_once_across_a_frozen_then_killed_broker(stack, names, tmp_path):
+    settings = settings_on(stack, names)
+    Cluster(settings, tmp_path)  # makes the buffer topic (no nodes: only the buffer's order is judged)
+    producer = readme_producer(settings)
+    target = names.topic("target")
+    # Per id: put, reschedule, cancel, each acknowledged with its offset (or a failure).
+    acked: dict[str, list[tuple[int, int]]] = defaultdict(list)  # id -> [(write number, offset)]
+    failed: list[str] = []
+    stop = threading.Event()
+    sent = Counter()
+
+    def report(number: int):
+        def on_delivery(err, msg):
+            if err is not None:
+                failed.append(f"{msg.key().decode()} write {number}: {err}")
+            else:
+                acked[msg.key().decode()].append((number, msg.offset()))
+        return on_delivery
+
+    def write() -> None:
+        while not stop.is_set():
+            for _ in range(50):
+                delay_id = producer.produce(target, b"w0", delay=3600, on_delivery=report(0))
+                producer.reschedule(delay_id, target, b"w1", delay=7200, on_delivery=report(1))
+                producer.cancel(delay_id, on_delivery=report(2))
+                sent["ids"] += 1
+            producer.poll(0)
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        time.sleep(2)
+        freeze_then_kill(stack)
+        time.sleep(3)
+    finally:
+        stop.set()
+        writer.join(30)
+    assert producer.flush(120) == 0, "writes still unconfirmed two minutes after the broker came back"
+    assert not failed, failed[:5]
+
+    records = read_topic(settings.bootstrap_servers, settings.buffer_topic, expect=3 * sent["ids"], timeout_s=120,
+                         idle_s=3)
+    in_buffer: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: (r.partition(), r.offset())):
+        parsed = env.parse_buffer_record(record.key(), record.value(), record.headers() or [],
+                                         partition=record.partition(), partitions=settings.buffer_partitions)
+        # Raises for a record the nodes would not take (off its partition, a bad frame).
+        what = "cancel" if parsed.envelope is None else (parsed.envelope.value or b"").decode()
+        in_buffer[record.key().decode()].append((record.offset(), what))
+    assert len(in_buffer) == sent["ids"] > 1000
+    disorder = {i: w for i, w in in_buffer.items() if [what for _, what in w] != ["w0", "w1", "cancel"]}
+    assert not disorder, f"{len(disorder)} ids not written put, reschedule, cancel, each once: " \
+                         f"{list(disorder.items())[:3]}"
+    # The acks agree with the broker: each write's offset ascends in the order it was sent.
+    for delay_id, writes in acked.items():
+        assert [n for n, _ in sorted(writes, key=lambda w: w[1])] == [0, 1, 2], (delay_id, writes)
+        assert [offset for offset, _ in in_buffer[delay_id]] == sorted(offset for _, offset in writes)
+
+
+def test_a_sharded_cluster_with_replicas_loses_no_time_beyond_the_outage_and_no_node(stack, names, tmp_path):
+    settings = settings_on(stack, names, shards=3, replicas=2, buffer_partitions=6)
+    target = names.topic("target")
+    # The broker stamps each delivery as it appends it: evidence the masters did not produce.
+    create_topics(settings.bootstrap_servers, [target], partitions=3,
+                  config={"message.timestamp.type": "LogAppendTime"})
+    cluster = Cluster(settings, tmp_path / "nodes")
+    ensure_shards(settings)
+    try:
+        nodes = [cluster.start(node_id) for node_id in ("node-a", "node-b", "node-c")]
+        assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2], timeout_s=60), cluster.masterships()
+        producer = readme_producer(settings)
+        due: dict[str, int] = {}
+        stop = threading.Event()
+
+        def write() -> None:
+            while not stop.is_set():
+                for _ in range(10):
+                    at = now_ms() + 1500
+                    due[producer.produce(target, b"m", deliver_at=at)] = at
+                producer.poll(0)
+                time.sleep(0.1)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            time.sleep(8)
+            # A node lost while Kafka is down: the others take its shards (open their stores, read the
+            # buffer's end offsets) while Kafka does not answer; it comes back once Kafka has.
+            lost = nodes[2]
+            outage = freeze_then_kill(stack, while_down=lost.kill)
+            cluster.start(lost.node_id, wait=False)
+            nodes[2] = cluster.nodes[lost.node_id]
+            time.sleep(20)
+        finally:
+            stop.set()
+            writer.join(30)
+        assert producer.flush(120) == 0
+
+        records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=3)
+        counts = Counter(dict(r.headers())[env.ID].decode() for r in records)
+        assert set(counts) == set(due), f"{len(set(due) - set(counts))} of {len(due)} never delivered"
+        assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1][:5]
+        # Lateness by the broker's append time; what fell due during the outage may wait for its end.
+        bound_ms = settings.zk_session_timeout_ms + 10_000
+        beyond = []
+        for record in records:
+            delay_id = dict(record.headers())[env.ID].decode()
+            appended = record.timestamp()[1]
+            waited_from = outage[1] if due[delay_id] <= outage[1] and appended >= outage[0] else due[delay_id]
+            late = appended - waited_from
+            if late > bound_ms:
+                beyond.append((delay_id, due[delay_id], late))
+        assert not beyond, f"{len(beyond)} delivered more than {bound_ms} ms beyond the outage: {beyond[:3]}; " \
+                           f"outage {outage}"
+        crashed = [n.node_id for n in nodes if n.running.poll() is not None]
+        assert not crashed, "\n".join(f"{n.node_id}:\n{n.log_tail(60)}" for n in nodes if n.node_id in crashed)
+        assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2]
+                          and all(len(m) == 1 for m in cluster.masterships().values()), timeout_s=30)
+        for node in nodes:
+            log = node.log_tail(2000)
+            assert "Traceback" not in log, f"{node.node_id}:\n{log[-4000:]}"
+    finally:
+        cluster.close()
