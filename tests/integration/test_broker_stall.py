@@ -1,5 +1,5 @@
 """A frozen broker (SIGSTOP: a long GC pause, a stalled disk, a hung VM), then the same broker killed and
-restarted, under a producer built as the README shows and a sharded cluster with replicas (issue 28).
+restarted, and a frozen ZooKeeper, under a producer built as the README shows and a sharded cluster with replicas (issue 28).
 
 What it broke before: librdkafka's defaults (no idempotence, a million requests in flight)
 may land a retried put behind its own cancel or write it twice; masters waited a minute in
@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 import pytest
 from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
-from service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw
+from service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
 
 import delayq
 from delayq import Settings
@@ -41,7 +41,8 @@ def stack(tmp_path_factory):
     except StackError as err:
         pytest.fail(f"a private Kafka + ZooKeeper could not start: {err}", pytrace=False)
     yield stack
-    thaw(kafka_pid(stack))  # never leave a frozen broker behind
+    for pid in (kafka_pid(stack), zookeeper_pid(stack)):
+        thaw(pid)  # never leave a frozen server behind
     stack.down()
 
 
@@ -134,67 +135,110 @@ def test_each_ids_writes_land_in_the_order_sent_and_once_across_a_frozen_then_ki
         assert [offset for offset, _ in in_buffer[delay_id]] == sorted(offset for _, offset in writes)
 
 
-def test_a_sharded_cluster_with_replicas_loses_no_time_beyond_the_outage_and_no_node(stack, names, tmp_path):
+def sharded_cluster(stack, names, tmp_path) -> tuple[Settings, str, Cluster]:
+    """Three nodes, ``delayq init --shards 3``, DELAYQ_REPLICAS=2, each shard mastered; a target topic whose
+    records the broker stamps as it appends them (evidence the masters did not produce)."""
     settings = settings_on(stack, names, shards=3, replicas=2, buffer_partitions=6)
     target = names.topic("target")
-    # The broker stamps each delivery as it appends it: evidence the masters did not produce.
     create_topics(settings.bootstrap_servers, [target], partitions=3,
                   config={"message.timestamp.type": "LogAppendTime"})
     cluster = Cluster(settings, tmp_path / "nodes")
     ensure_shards(settings)
+    for node_id in ("node-a", "node-b", "node-c"):
+        cluster.start(node_id)
+    assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2], timeout_s=60), cluster.masterships()
+    return settings, target, cluster
+
+
+def under_traffic(settings: Settings, target: str, fault) -> tuple[dict[str, int], tuple[int, int]]:
+    """Messages due 1.5 s after they are sent, 100 a second, from 8 s before ``fault()`` (which returns its
+    outage, in epoch ms) until 20 s after it: their ids and due times, and the outage."""
+    producer = readme_producer(settings)
+    due: dict[str, int] = {}
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            for _ in range(10):
+                at = now_ms() + 1500
+                due[producer.produce(target, b"m", deliver_at=at)] = at
+            producer.poll(0)
+            time.sleep(0.1)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
     try:
-        nodes = [cluster.start(node_id) for node_id in ("node-a", "node-b", "node-c")]
-        assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2], timeout_s=60), cluster.masterships()
-        producer = readme_producer(settings)
-        due: dict[str, int] = {}
-        stop = threading.Event()
+        time.sleep(8)
+        outage = fault()
+        time.sleep(20)
+    finally:
+        stop.set()
+        writer.join(30)
+    assert producer.flush(120) == 0
+    return due, outage
 
-        def write() -> None:
-            while not stop.is_set():
-                for _ in range(10):
-                    at = now_ms() + 1500
-                    due[producer.produce(target, b"m", deliver_at=at)] = at
-                producer.poll(0)
-                time.sleep(0.1)
 
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        try:
-            time.sleep(8)
+def assert_delivered_once_in_time(settings: Settings, target: str, cluster: Cluster, due: dict[str, int],
+                                  outage: tuple[int, int]) -> None:
+    """Every message once; none later than the ZooKeeper session + 10 s beyond the outage (what fell due during it
+    may wait for its end), by the broker's append time; no node crashed; one master per shard again."""
+    records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=3)
+    counts = Counter(dict(r.headers())[env.ID].decode() for r in records)
+    assert set(counts) == set(due), f"{len(set(due) - set(counts))} of {len(due)} never delivered"
+    assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1][:5]
+    bound_ms = settings.zk_session_timeout_ms + 10_000
+    beyond = []
+    for record in records:
+        delay_id = dict(record.headers())[env.ID].decode()
+        appended = record.timestamp()[1]
+        waited_from = outage[1] if due[delay_id] <= outage[1] and appended >= outage[0] else due[delay_id]
+        if appended - waited_from > bound_ms:
+            beyond.append((delay_id, due[delay_id], appended - waited_from))
+    assert not beyond, f"{len(beyond)} delivered more than {bound_ms} ms beyond the outage: {beyond[:3]}; " \
+                       f"outage {outage}"
+    nodes = list(cluster.nodes.values())
+    crashed = [n for n in nodes if n.running.poll() is not None]
+    assert not crashed, "\n".join(f"{n.node_id}:\n{n.log_tail(60)}" for n in crashed)
+    assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2]
+                      and all(len(m) == 1 for m in cluster.masterships().values()), timeout_s=30), \
+        cluster.masterships()
+    for node in nodes:
+        log = node.log_tail(3000)
+        assert "Traceback" not in log, f"{node.node_id}:\n{log[-4000:]}"
+
+
+def test_a_sharded_cluster_with_replicas_loses_no_time_beyond_a_broker_outage_and_no_node(stack, names, tmp_path):
+    settings, target, cluster = sharded_cluster(stack, names, tmp_path)
+    try:
+        lost = cluster.nodes["node-c"]
+
+        def fault() -> tuple[int, int]:
             # A node lost while Kafka is down: the others take its shards (open their stores, read the
             # buffer's end offsets) while Kafka does not answer; it comes back once Kafka has.
-            lost = nodes[2]
             outage = freeze_then_kill(stack, while_down=lost.kill)
             cluster.start(lost.node_id, wait=False)
-            nodes[2] = cluster.nodes[lost.node_id]
-            time.sleep(20)
-        finally:
-            stop.set()
-            writer.join(30)
-        assert producer.flush(120) == 0
+            return outage
 
-        records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=3)
-        counts = Counter(dict(r.headers())[env.ID].decode() for r in records)
-        assert set(counts) == set(due), f"{len(set(due) - set(counts))} of {len(due)} never delivered"
-        assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1][:5]
-        # Lateness by the broker's append time; what fell due during the outage may wait for its end.
-        bound_ms = settings.zk_session_timeout_ms + 10_000
-        beyond = []
-        for record in records:
-            delay_id = dict(record.headers())[env.ID].decode()
-            appended = record.timestamp()[1]
-            waited_from = outage[1] if due[delay_id] <= outage[1] and appended >= outage[0] else due[delay_id]
-            late = appended - waited_from
-            if late > bound_ms:
-                beyond.append((delay_id, due[delay_id], late))
-        assert not beyond, f"{len(beyond)} delivered more than {bound_ms} ms beyond the outage: {beyond[:3]}; " \
-                           f"outage {outage}"
-        crashed = [n.node_id for n in nodes if n.running.poll() is not None]
-        assert not crashed, "\n".join(f"{n.node_id}:\n{n.log_tail(60)}" for n in nodes if n.node_id in crashed)
-        assert wait_until(lambda: sorted(cluster.masterships()) == [0, 1, 2]
-                          and all(len(m) == 1 for m in cluster.masterships().values()), timeout_s=30)
-        for node in nodes:
-            log = node.log_tail(2000)
-            assert "Traceback" not in log, f"{node.node_id}:\n{log[-4000:]}"
+        due, outage = under_traffic(settings, target, fault)
+        assert_delivered_once_in_time(settings, target, cluster, due, outage)
+    finally:
+        cluster.close()
+
+
+def test_a_frozen_zookeeper_costs_the_freeze_and_seconds_and_no_node(stack, names, tmp_path):
+    settings, target, cluster = sharded_cluster(stack, names, tmp_path)
+    try:
+        def fault() -> tuple[int, int]:
+            pid = zookeeper_pid(stack)
+            started = now_ms()
+            freeze(pid)  # longer than the session: every node's session expires when it wakes
+            try:
+                time.sleep(10)
+            finally:
+                thaw(pid)
+            return started, now_ms()
+
+        due, outage = under_traffic(settings, target, fault)
+        assert_delivered_once_in_time(settings, target, cluster, due, outage)
     finally:
         cluster.close()
