@@ -5,18 +5,24 @@ One run, on an embedded stack of its own (so it runs beside ``delayq dev``)::
     stack up (own ports) -> topics -> N nodes -> traffic + consumer + faults
       -> drain -> nodes stopped -> judge -> Spark reconciliation -> verdict beside the soak's
 
-The traffic (:mod:`.soak_workload`) is the public ``delayq.Producer`` at ``--rate``,
+The cluster is ``--nodes`` nodes (3) holding ``--shards`` shards (3), each shard on
+``--replicas`` of them (2; 0: every node holds every shard). The traffic
+(:mod:`.soak_workload`) is the public ``delayq.Producer``, configured as a user
+configures it (the bootstrap servers and the cluster, nothing else: whatever order and
+no-duplicate guarantee the buffer gets must come from delayq itself), at ``--rate``,
 delays 0.5 s to ``min(60 s, duration / 3)``, 10 % cancelled and 5 % rescheduled, some
 of those within a second of the due time, and 2 % repeating messages (2 to 5 occurrences,
 a third of them cancelled). The faults (:mod:`.soak_faults`) come
 from the seed, every kind at least once. The judge (:mod:`.soak_check`) applies the
-product's rules to every message. The seed is printed first: the same seed replays
-the same traffic and fault plan (the timings of a real cluster still vary).
+product's rules to every message, and to the buffer, read once the nodes have stopped.
+The seed is printed first: the same seed replays the same traffic and fault plan (the
+timings of a real cluster still vary).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -46,6 +52,7 @@ from delayq.testing import LocalCluster, NodeError, settings_env
 
 from .soak_check import (
     ANOMALY_KINDS,
+    BufferScan,
     Comparison,
     Findings,
     Stall,
@@ -56,7 +63,7 @@ from .soak_check import (
     owed_versions,
 )
 from .soak_faults import FAULT_KINDS, Chaos, log_excerpt, log_warnings, plan_faults
-from .soak_workload import Recorder, Watcher, Workload, WorkloadOptions, now_ms
+from .soak_workload import Recorder, Watcher, Workload, WorkloadOptions, now_ms, read_buffer
 
 # Anomalies shown per kind in the summary and in --json (soak-report.json has them all).
 SHOWN_PER_KIND = 20
@@ -88,8 +95,10 @@ class SoakOptions:
     state_dir: Path = field(default_factory=default_state_dir)
     zk_session_timeout_ms: int = 5000
     buffer_partitions: int = 6
-    # Two shards on three nodes: two masters (each a fault's target) and a standby.
-    shards: int = 2
+    # Three shards, each on two of the three nodes: every node masters one shard and is the standby of
+    # another, and holds two thirds of the buffer.
+    shards: int = 3
+    replicas: int = 2
     target_topics: int = 3
     keep_runs: int = 3
 
@@ -103,6 +112,9 @@ class SoakOptions:
         if self.shards < 1 or self.buffer_partitions % self.shards:
             raise ValueError(f"--shards {self.shards}: give a divisor of the soak's {self.buffer_partitions} buffer "
                              "partitions (1, 2, 3 or 6)")
+        if self.replicas == 1 or not 0 <= self.replicas <= self.nodes:
+            raise ValueError(f"--replicas {self.replicas}: give 0 (every node holds every shard) or 2 to --nodes "
+                             f"({self.nodes}); with 1 a shard has no standby to fail over to")
 
     @property
     def max_delay_s(self) -> float:
@@ -180,13 +192,16 @@ class Soak:
         self.owed_left = 0  # while draining: versions that must still arrive
         # Read once the nodes have stopped: partitions whose last stable offset is below their high watermark.
         self.open_transactions: dict[str, Any] = {}
+        self.buffer_scan: BufferScan | None = None  # the buffer read once the nodes have stopped
+        self._producer_log_handler: logging.Handler | None = None
 
     # -- the run -------------------------------------------------------------
 
     def run(self) -> int:
         o = self.options
         self.err.print(f"[bold]soak seed {self.seed}[/] (replay: delayq soak --seed {self.seed} "
-                       f"--duration {o.duration_s:g}s --rate {o.rate:g} --nodes {o.nodes})", highlight=False)
+                       f"--duration {o.duration_s:g}s --rate {o.rate:g} --nodes {o.nodes} --shards {o.shards} "
+                       f"--replicas {o.replicas})", highlight=False)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             settings = self._start_cluster()
@@ -206,7 +221,8 @@ class Soak:
             self.stack.up(say=self.err.print)
         settings = Settings(bootstrap_servers=self.stack.bootstrap_servers, zk_connect=self.stack.zk_connect,
                             cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions, shards=o.shards,
-                            zk_session_timeout_ms=o.zk_session_timeout_ms, data_dir=self.run_dir / "nodes")
+                            replicas=o.replicas, zk_session_timeout_ms=o.zk_session_timeout_ms,
+                            data_dir=self.run_dir / "nodes")
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
         for future in admin.create_topics([NewTopic(t, TARGET_PARTITIONS, 1) for t in self.topics]).values():
             future.result(30)
@@ -220,7 +236,9 @@ class Soak:
         except NodeError as err:
             raise SoakError(f"the soak's nodes did not start: {err}") from err
         shards = f"{o.shards} shard{'s' if o.shards > 1 else ''}"
-        self.err.print(f"{o.nodes} nodes up, {shards}, {master.node_id} is a master; logs in {self.run_dir / 'nodes'}")
+        holders = f"each on {o.replicas} nodes" if o.replicas else "each on every node"
+        self.err.print(f"{o.nodes} nodes up, {shards} {holders}, {master.node_id} is a master; "
+                       f"logs in {self.run_dir / 'nodes'}")
         return settings
 
     def _start_traffic(self, settings: Settings) -> None:
@@ -232,8 +250,10 @@ class Soak:
         self.started = time.monotonic()
         self.watcher = Watcher(settings.bootstrap_servers, self.topics, self.recorder)
         self.watcher.start()
-        producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster,
-                             "linger.ms": 5, "enable.idempotence": True, "log_level": 0})
+        # As the README shows a user: the brokers and the cluster, nothing that would make the buffer's order
+        # the soak's doing rather than delayq's. librdkafka's complaints while Kafka is down go to a file.
+        producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster},
+                            logger=self._producer_log())
         options = WorkloadOptions(rate=o.rate, produce_s=o.produce_s, max_delay_s=o.max_delay_s,
                                   latest_due_ms=now_ms() + round(o.duration_s * 1000))
         self.workload = Workload(producer, self.topics, options, self.seed, self.recorder)
@@ -243,6 +263,17 @@ class Soak:
                            say=self._say)
         self.chaos.start()
         self.phase = "running"
+
+    def _producer_log(self) -> logging.Logger:
+        """The workload producer's librdkafka log, to ``producer.log`` in the run's folder (not the terminal)."""
+        logger = logging.getLogger(f"delayq.soak.producer.{self.seed}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        self._producer_log_handler = logging.FileHandler(self.run_dir / "producer.log")
+        # The nodes' timestamp format: log_excerpt reads both.
+        self._producer_log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(self._producer_log_handler)
+        return logger
 
     def _watch(self) -> int:
         """Show progress until the run and its drain are over; return the judging cutoff (epoch ms)."""
@@ -282,6 +313,7 @@ class Soak:
         self.phase = "stopping nodes"
         self.chaos.stop.set()
         self.chaos.join(30)
+        self.chaos.release()
         self.chaos.check_crashes()
         with self.err.status("stopping the nodes, reading the target topics to their end"):
             for node in self.cluster.nodes.values():
@@ -289,7 +321,10 @@ class Soak:
                     self.chaos.stop_node(node)
             self.watcher.read_to_end()
         self.open_transactions = self._open_transactions(settings)
-        history = self.recorder.history(until_ms, now_ms(), self.chaos.windows)
+        with self.err.status("reading the buffer for puts written twice"):
+            self.buffer_scan = read_buffer(settings.bootstrap_servers, settings.buffer_topic,
+                                           settings.buffer_partitions)
+        history = self.recorder.history(until_ms, now_ms(), self.chaos.windows, self.buffer_scan)
         findings = judge(history)
         comparison = None
         if self.options.reconcile:
@@ -327,10 +362,14 @@ class Soak:
                 thread.stop.set()
         if self.chaos is not None:
             self.chaos.join(30)
+            self.chaos.release()  # a broker or ZooKeeper stopped mid-pause would ignore the stack's SIGTERM
         if self.cluster is not None:
             self.cluster.close()  # SIGCONT then SIGKILL whatever still runs
         if self.stack is not None:
             self.stack.down()
+        if self._producer_log_handler is not None:
+            logging.getLogger(f"delayq.soak.producer.{self.seed}").removeHandler(self._producer_log_handler)
+            self._producer_log_handler.close()
         _clean_runs(self.options.state_dir, self.options.keep_runs)
 
     def _open_transactions(self, settings: Settings) -> dict[str, Any]:
@@ -371,19 +410,28 @@ class Soak:
         """For the first anomaly of each kind: what each node logged around its deliveries (or due time).
 
         From 30 s before its first delivery's timestamp to 2 s after its last one: the terms,
-        covers and Kafka errors a duplicate or an ignored cancel comes from.
+        covers and Kafka errors a duplicate or an ignored cancel comes from. For a write the
+        buffer holds out of order or twice, around the writes' acknowledgements, with the
+        producer's own warnings (``producer``) beside the nodes'.
         """
         evidence: dict[str, dict[str, list[str]]] = {}
         for kind in ANOMALY_KINDS:
             first = findings.by_kind(kind)[:1]
             if not first:
                 continue
+            found = first[0].evidence
+            writes = [w["acked_ms"] for w in found.get("writes", []) if w.get("acked_ms") is not None]
             # A missing version has no delivery: its due time then.
-            stamps = ([d["timestamp_ms"] for d in first[0].evidence.get("deliveries", [])]
-                      or [v["due_ms"] for v in first[0].evidence.get("versions", [])])
+            stamps = (writes or [d["timestamp_ms"] for d in found.get("deliveries", [])]
+                      or [v["due_ms"] for v in found.get("versions", [])])
             if not stamps:
                 continue
             logs = {}
+            if writes:
+                excerpt = log_excerpt(self.run_dir / "producer.log", min(stamps) - 30_000, max(stamps) + 2000,
+                                      max_lines=40)
+                if excerpt:
+                    logs["producer"] = excerpt
             for folder in sorted((self.run_dir / "nodes").glob("node-*")):
                 excerpt = log_excerpt(folder / f"{folder.name}.log", min(stamps) - 30_000, max(stamps) + 2000,
                                       max_lines=40, loggers=("delayq.election", "delayq.delivery", "delayq.node"))
@@ -419,13 +467,15 @@ class Soak:
         o, chaos = self.options, self.chaos
         crashes = [c.as_dict() for c in chaos.crashes]
         missing_kinds = [k for k in FAULT_KINDS if not chaos.done[k]]
+        scan = self.buffer_scan
         reasons = failures(findings, crashes=len(crashes), stall_limit_s=o.stall_limit_s, comparison=comparison,
-                           missing_fault_kinds=missing_kinds)
+                           missing_fault_kinds=missing_kinds, buffer_error=scan.error if scan else "not read")
         counts = findings.counts
         anomalies = {kind: [a.as_dict() for a in findings.by_kind(kind)] for kind in ANOMALY_KINDS}
         document: dict[str, Any] = {
             "seed": self.seed,
-            "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "max_delay_s": o.max_delay_s,
+            "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "shards": o.shards, "replicas": o.replicas,
+            "max_delay_s": o.max_delay_s,
             "started_ms": started_ms, "judged_until_ms": until_ms,
             "sent": counts["messages"], "cancelled": counts["cancelled"], "rescheduled": counts["rescheduled"],
             "series": counts["series"], "write_errors": self.recorder.write_errors,
@@ -442,6 +492,7 @@ class Soak:
             "anomaly_node_logs": self._anomaly_evidence(findings),
             "missing_by_buffer_partition": missing_by_buffer_partition(findings, started_ms),
             "open_transactions_at_end": self.open_transactions,
+            "buffer_scan": scan.as_dict() if scan else None,
             "lateness_ms": {"in_faults": findings.lateness_in_faults.as_dict(),
                             "outside_faults": findings.lateness_outside_faults.as_dict()},
             "faults": {kind: chaos.done[kind] for kind in FAULT_KINDS},
@@ -489,6 +540,10 @@ class Soak:
             ("missing", bad(doc["missing"]), _show(rec.get("missing"))),
             ("early", bad(doc["early"]), _show(rec.get("early"))),
             ("cancel ignored", bad(doc["cancel_ignored"]), _show(rec.get("cancel_ignored"))),
+            ("stale version delivered", bad(doc["stale_version"]), "(in cancel ignored)" if rec else ""),
+            ("lost reschedule", bad(doc["lost_reschedule"]), "(in missing)" if rec else ""),
+            ("reordered in the buffer", bad(doc["reordered"]), _show(rec.get("reordered"))),
+            ("put twice in the buffer", bad(doc["twice_written"]), _show(rec.get("twice_written"))),
             ("unexpected", bad(doc["unexpected"]), _show(rec.get("unexpected"))),
         ):
             table.add_row(label, value, other)
@@ -505,6 +560,10 @@ class Soak:
             too_long = key == "stall_beyond_outages" and seconds > doc["stall_limit_s"]
             table.add_row(label, bad(text) if too_long else text, "")
         table.add_row("faults", str(sum(doc["faults"].values())), "")
+        scan = doc["buffer_scan"] or {}
+        table.add_row("buffer read after the run",
+                      bad(scan.get("error") or "not read") if scan.get("error") or not scan
+                      else f"{scan['records']:,} records, {scan['producer_puts']:,} puts", "")
         table.add_row("unexplained node crashes", bad(doc["crashes"]), "")
         if comparison is not None:
             verdict = (f"exit {comparison.exit_code}, " + ("agrees" if comparison.agrees else "[bold red]disagrees[/]")

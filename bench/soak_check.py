@@ -25,11 +25,23 @@ all put by the one producer write: each occurrence is ended by the series' cance
 so an occurrence due after a cancel's acknowledgement must never be delivered, one due
 before it at most once, and without a cancel each exactly once.
 
+A version that must not be delivered and was is ``cancel_ignored`` when a cancel ended
+it, ``stale_version`` when a reschedule did; a version that must be delivered and never
+was is ``lost_reschedule`` when a reschedule put it, else ``missing``.
+
 Every delivery is checked too: ``early`` (record timestamp before the due time),
 ``duplicated`` (one version delivered more than once), ``unexpected`` (an id or due
 time the soak never produced). The ``delayq-version`` header (a buffer offset) is kept
 as evidence, not matched: a master may deliver a version from a copy it re-put
 (``restores=`` in the frame), whose offset is not the one the producer was given.
+
+And the buffer itself, where the producer's writes of an id must stand in the order
+their acknowledgements came back (and in which they were sent), each once:
+``reordered`` (of two writes of an id, the one acknowledged or sent first has the later
+buffer offset) and ``twice_written`` (one put of the producer's at two offsets: same id,
+value and timestamp; the buffer is read once the nodes have stopped, :class:`BufferScan`).
+A producer that retries without idempotence does both: a retried batch lands again,
+after writes sent behind it.
 
 Ack times are taken when the producer's delivery callback ran, a little after the
 broker acknowledged: a write judged "acked before the due time" surely was.
@@ -37,6 +49,7 @@ broker acknowledged: a write judged "acked before the due time" surely was.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from collections import defaultdict
@@ -45,9 +58,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from delayq.wire import MalformedRecord, parse_buffer_record
+
 # A version counts as owed (for the stall figure) from this long after it fell due.
 STALL_GRACE_MS = 1000
-ANOMALY_KINDS = ("duplicated", "missing", "early", "cancel_ignored", "unexpected")
+ANOMALY_KINDS = ("duplicated", "missing", "early", "cancel_ignored", "stale_version", "lost_reschedule",
+                 "reordered", "twice_written", "unexpected")
 
 
 class Fate(Enum):
@@ -148,6 +164,71 @@ class FaultWindow:
         return start_ms <= self.end_ms and end_ms >= self.start_ms
 
 
+@dataclass(frozen=True, slots=True)
+class RepeatedPut:
+    """One put of the producer's that the buffer holds at more than one offset: same id, value and timestamp."""
+
+    delay_id: str
+    partition: int
+    offsets: tuple[int, ...]
+    timestamp_ms: int
+    due_ms: int
+
+    def evidence(self) -> dict[str, Any]:
+        return {"buffer_partition": self.partition, "buffer_offsets": list(self.offsets),
+                "timestamp_ms": self.timestamp_ms, "due_ms": self.due_ms}
+
+
+class BufferScan:
+    """The buffer's records in offset order, one pass: finds the producer's puts it holds twice.
+
+    Only the producer's puts count: a master's copies (``restores=``) and next occurrences
+    (``follows=``) are the master's own writes, and a malformed record is no put. A put is
+    remembered by a 64-bit digest of its id, timestamp and value (a 30-minute soak's
+    million puts in tens of MB, where their bytes would take hundreds); two records with
+    one digest are one put written twice.
+    """
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.puts = 0
+        self.error: str | None = None  # why the buffer could not be read to its end, if it could not
+        self._first: dict[int, tuple[int, int]] = {}  # digest -> (partition, offset) of its first record
+        self._repeated: dict[int, RepeatedPut] = {}
+
+    def add(self, partition: int, offset: int, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
+        """One buffer record, as a consumer read it; records of a partition come in offset order."""
+        self.records += 1
+        if key is None or value is None:
+            return  # a cancel or a done
+        try:
+            record = parse_buffer_record(key, value, None, timestamp_ms)
+        except MalformedRecord:
+            return
+        if record.envelope is None or record.restores is not None or record.follows is not None:
+            return
+        self.puts += 1
+        stamp = timestamp_ms.to_bytes(8, "big", signed=True)
+        digest = int.from_bytes(hashlib.blake2b(key + stamp + value, digest_size=8).digest(), "big")
+        first = self._first.setdefault(digest, (partition, offset))
+        if first == (partition, offset):
+            return  # its first record (or that record read again)
+        seen = self._repeated.get(digest)
+        offsets = seen.offsets if seen is not None else (first[1],)
+        if offset not in offsets:
+            self._repeated[digest] = RepeatedPut(record.delay_id, partition, (*offsets, offset), timestamp_ms,
+                                                 record.envelope.deliver_at_ms)
+
+    @property
+    def repeated(self) -> list[RepeatedPut]:
+        """The puts found at more than one offset, by partition and first offset."""
+        return sorted(self._repeated.values(), key=lambda r: (r.partition, r.offsets))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"records": self.records, "producer_puts": self.puts, "twice_written": len(self._repeated),
+                "error": self.error}
+
+
 @dataclass
 class History:
     """Everything one soak did and saw.
@@ -158,6 +239,8 @@ class History:
         faults: the fault windows.
         judged_until_ms: a version due before this must have been delivered by the end.
         ended_ms: when observation ended (a stall still running then ends here).
+        repeated_puts: the producer's puts the buffer holds at more than one offset
+            (:attr:`BufferScan.repeated`).
     """
 
     messages: dict[str, Message]
@@ -165,6 +248,7 @@ class History:
     faults: list[FaultWindow] = field(default_factory=list)
     judged_until_ms: int = 0
     ended_ms: int = 0
+    repeated_puts: list[RepeatedPut] = field(default_factory=list)
 
 
 @dataclass
@@ -289,6 +373,11 @@ def judge(history: History) -> Findings:
                 window = (version.due_ms, max(version.due_ms, first.timestamp_ms))
                 (inside if _faults_overlapping(history.faults, *window) else outside).append(lateness)
             anomalies.extend(_version_anomalies(history, message, index, fate, delivered))
+        reordered = _reordered(history, message)
+        if reordered is not None:
+            anomalies.append(reordered)
+    anomalies.extend(_twice_written(history, repeated) for repeated in history.repeated_puts
+                     if repeated.delay_id in history.messages)
     for anomaly in anomalies:
         counts[anomaly.kind] += 1
     return Findings(counts, anomalies, Lateness.of(inside), Lateness.of(outside), longest_stall(history),
@@ -407,18 +496,102 @@ def _version_anomalies(history: History, message: Message, index: int, fate: Fat
 
     ender = message.ender(index)
     if fate is Fate.MUST_NOT and delivered and ender is not None:
-        what = "cancel" if ender is message.cancel else "reschedule"
-        found.append(anomaly("cancel_ignored", f"a {what} acknowledged at {ender.acked_ms} ms, before the due time "
-                                               f"{version.due_ms} ms, lost: the version was delivered anyway"))
+        if ender is message.cancel:
+            found.append(anomaly("cancel_ignored", f"a cancel acknowledged at {ender.acked_ms} ms, before the due "
+                                                   f"time {version.due_ms} ms, lost: the version was delivered "
+                                                   "anyway"))
+        else:
+            found.append(anomaly("stale_version", f"a reschedule acknowledged at {ender.acked_ms} ms, before the "
+                                                  f"due time {version.due_ms} ms, lost: the stale version was "
+                                                  "delivered anyway"))
     if len(delivered) > 1:
         found.append(anomaly("duplicated", f"version due {version.due_ms} ms delivered {len(delivered)} times"))
     if fate is Fate.MUST and not delivered and version.due_ms < history.judged_until_ms:
-        found.append(anomaly("missing", f"version due {version.due_ms} ms {fate.value}, never delivered"))
+        if index and not message.series:
+            found.append(anomaly("lost_reschedule", f"the reschedule to {version.due_ms} ms, acknowledged at "
+                                                    f"{version.put.acked_ms} ms, {fate.value}: never delivered"))
+        else:
+            found.append(anomaly("missing", f"version due {version.due_ms} ms {fate.value}, never delivered"))
     early = [d for d in delivered if d.timestamp_ms < version.due_ms]
     if early:
         found.append(anomaly("early", f"delivered at {early[0].timestamp_ms} ms, "
                                       f"{version.due_ms - early[0].timestamp_ms} ms before its due time"))
     return found
+
+
+def _writes(message: Message) -> list[tuple[str, Write]]:
+    """The producer's writes of ``message``, named, in the order they were sent (a series' put once)."""
+    if message.series:
+        named = [("put", message.versions[0].put)]
+    else:
+        named = [("put" if i == 0 else f"reschedule {i}", v.put) for i, v in enumerate(message.versions)]
+    if message.cancel is not None:
+        named.append(("cancel", message.cancel))
+    return named
+
+
+def _write_evidence(name: str, write: Write) -> dict[str, Any]:
+    return {"write": name, **write.evidence()}
+
+
+def _reordered(history: History, message: Message) -> Anomaly | None:
+    """The id's writes the buffer holds in another order than the producer sent them or saw them acknowledged.
+
+    Of two acknowledged writes on one partition, the one acknowledged first must have the
+    lower offset, and so must the one sent first: an idempotent producer keeps a partition
+    in the order of its ``produce()`` calls, and the reconciliation reads that order from
+    the records' timestamps. Each by a whole millisecond: two in one ms have no order here.
+    """
+    acked = [(name, w) for name, w in _writes(message) if w.acknowledged and w.offset is not None]
+    pairs = []
+    for index, one in enumerate(acked):
+        for other in acked[index + 1:]:
+            (_, lower), (_, higher) = ordered = sorted((one, other), key=lambda named: named[1].offset or 0)
+            if lower.partition != higher.partition:
+                continue
+            broken = [what for what, first, then in (("sent", higher.sent_ms, lower.sent_ms),
+                                                     ("acknowledged", higher.acked_ms or 0, lower.acked_ms or 0))
+                      if first < then]
+            if broken or lower.offset == higher.offset:
+                pairs.append((ordered, broken))
+    if not pairs:
+        return None
+    ((name_a, a), (name_b, b)), broken = pairs[0]
+    why = f"the {name_b} was {' and '.join(broken)} first" if broken else "both at one offset"
+    rule = (f"the {name_b} (sent at {b.sent_ms} ms, acknowledged at {b.acked_ms} ms) is at buffer offset {b.offset} "
+            f"of partition {b.partition}, after the {name_a} (sent at {a.sent_ms} ms, acknowledged at {a.acked_ms} ms) "
+            f"at offset {a.offset}: {why}")
+    return Anomaly("reordered", message.delay_id, rule, {
+        "topic": message.topic,
+        "pairs": [[_write_evidence(*lower), _write_evidence(*higher)] for (lower, higher), _ in pairs],
+        "writes": [_write_evidence(name, w) for name, w in _writes(message)],
+        "faults": _fault_kinds(history, [a, b]),
+    })
+
+
+def _twice_written(history: History, repeated: RepeatedPut) -> Anomaly:
+    message = history.messages[repeated.delay_id]
+    written = [(name, w) for name, w in _writes(message)
+               if name != "cancel" and any(v.put is w and v.due_ms == repeated.due_ms for v in message.versions)]
+    what = written[0][0] if written else "put"
+    offsets = ", ".join(str(o) for o in repeated.offsets)
+    rule = (f"the {what} due {repeated.due_ms} ms (timestamp {repeated.timestamp_ms} ms), produced once, is in the "
+            f"buffer {len(repeated.offsets)} times: partition {repeated.partition}, offsets {offsets}")
+    return Anomaly("twice_written", repeated.delay_id, rule, {
+        "topic": message.topic,
+        **repeated.evidence(),
+        "writes": [_write_evidence(name, w) for name, w in _writes(message)],
+        "faults": _fault_kinds(history, [w for _, w in written]),
+    })
+
+
+def _fault_kinds(history: History, writes: list[Write]) -> list[str]:
+    """The faults overlapping the time ``writes`` took, from the first sent to the last acknowledged."""
+    if not writes:
+        return []
+    start = min(w.sent_ms for w in writes)
+    end = max(w.acked_ms or w.sent_ms for w in writes)
+    return [f.kind for f in _faults_overlapping(history.faults, start, end)]
 
 
 def _unexpected(delivery: Delivery, message: Message | None) -> Anomaly:
@@ -439,7 +612,7 @@ def _nearest_rank(ordered: list[int], fraction: float) -> int | None:
 
 
 def missing_by_buffer_partition(findings: Findings, started_ms: int) -> dict[str, dict[str, Any]]:
-    """The missing versions grouped by the buffer partition their put went to: where to look first.
+    """The missing versions (and lost reschedules) grouped by the buffer partition of their put: where to look first.
 
     Each group: how many, the range of their puts' offsets, and when (seconds after
     ``started_ms``) those puts were acknowledged and fell due. Missing versions packed on
@@ -447,7 +620,7 @@ def missing_by_buffer_partition(findings: Findings, started_ms: int) -> dict[str
     reader); spread evenly, at the master.
     """
     groups: dict[str, list[tuple[int | None, int | None, int]]] = defaultdict(list)
-    for anomaly in findings.by_kind("missing"):
+    for anomaly in findings.by_kind("missing") + findings.by_kind("lost_reschedule"):
         version = anomaly.evidence["versions"][anomaly.evidence["version_index"]]
         put = version["put"]
         groups[str(put["buffer_partition"])].append((put["buffer_offset"], put["acked_ms"], version["due_ms"]))
@@ -466,9 +639,11 @@ def missing_by_buffer_partition(findings: Findings, started_ms: int) -> dict[str
 
 # -- the verdict and the reconciliation ----------------------------------------
 
-# The soak's anomaly kinds and the reconciliation report's names for them.
+# The soak's anomaly kinds and the reconciliation report's names for them. The report has no kind of
+# its own for a stale version (its cancel_ignored counts them) or a lost reschedule (its missing does).
 RECONCILE_NAMES = {"duplicated": "duplicates", "missing": "missing", "early": "early",
-                   "cancel_ignored": "cancel_ignored", "unexpected": "unexpected"}
+                   "cancel_ignored": "cancel_ignored", "reordered": "reordered", "twice_written": "twice_written",
+                   "unexpected": "unexpected"}
 
 
 @dataclass
@@ -497,9 +672,11 @@ def compare_with_reconcile(findings: Findings, report: Mapping[str, Any] | None,
 
     Both judge the same frozen topics, so an id flagged by one side only is a
     disagreement: the soak's rule the reconciliation misses, or a reconciliation
-    alarm the soak finds unfounded. The kinds may differ (a lost reschedule is
-    ``cancel_ignored`` here, and ``early`` or ``duplicates`` to a job that only keeps
-    the latest put); each side's kinds are listed for the id.
+    alarm the soak finds unfounded. The kinds may differ (a stale version delivered is
+    ``stale_version`` here, ``cancel_ignored`` to the job, and ``early`` or ``duplicates``
+    to a job that only keeps the latest put; a lost reschedule is the job's ``missing``);
+    each side's kinds are listed for the id. Every kind of the report counts, ``reordered``
+    and ``twice_written`` as the others.
     """
     if report is None:
         return Comparison(False, exit_code, {}, {}, {}, error or "no report.json")
@@ -519,9 +696,15 @@ def compare_with_reconcile(findings: Findings, report: Mapping[str, Any] | None,
 
 
 def failures(findings: Findings, *, crashes: int, stall_limit_s: float, comparison: Comparison | None,
-             missing_fault_kinds: Iterable[str] = ()) -> list[str]:
-    """Why the soak fails, one line each; empty when it passes."""
+             missing_fault_kinds: Iterable[str] = (), buffer_error: str | None = None) -> list[str]:
+    """Why the soak fails, one line each; empty when it passes.
+
+    ``buffer_error``: why the buffer could not be read after the run (:attr:`BufferScan.error`):
+    twice-written puts were then not judged.
+    """
     reasons = [f"{findings.counts[kind]} {kind.replace('_', ' ')}" for kind in ANOMALY_KINDS if findings.counts[kind]]
+    if buffer_error is not None:
+        reasons.append(f"the buffer was not read to its end, twice-written puts not judged: {buffer_error}")
     if crashes:
         reasons.append(f"{crashes} node crash(es) no fault caused")
     worst = findings.stall_beyond_outages

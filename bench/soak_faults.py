@@ -1,18 +1,29 @@
 """The soak's faults: a plan drawn from the seed, and the thread that carries it out.
 
-Six kinds, each at least once per run, one at a time (never two overlapping):
+Eight kinds, each at least once per run, one at a time (never two overlapping):
 
-* ``master_kill``: SIGKILL to the master; a standby takes over; the node restarts from its store.
-* ``master_pause``: SIGSTOP to the master for longer than the ZooKeeper session timeout, then SIGCONT.
+* ``master_kill``: SIGKILL to a shard's master; a standby takes over; the node restarts from its store.
+* ``master_pause``: SIGSTOP to a shard's master for longer than the ZooKeeper session timeout, then SIGCONT.
 * ``standby_term``: SIGTERM to a standby (a clean stop), then a restart.
 * ``standby_wipe``: a standby stopped, its data folder deleted, restarted (it rebuilds from the buffer).
 * ``kafka_kill``: SIGKILL to the Kafka broker, a few seconds down, restarted.
 * ``zookeeper_kill``: SIGKILL to ZooKeeper, a few seconds down, restarted.
+* ``kafka_pause``: SIGSTOP to the Kafka broker (a long GC pause: 6-10 s, 3-8 s in runs of 5 minutes or
+  less), then SIGCONT.
+* ``zookeeper_pause``: SIGSTOP to ZooKeeper (8-12 s, 5-8 s in short runs: past the soak's 5 s
+  session timeout), then SIGCONT.
+
+A standby is a node that holds a shard and masters none; when every node masters a shard
+(three shards on three nodes), a node that holds a shard it does not master, the standby
+of that shard. A node that holds no shard is nobody's standby. A paused process is always
+continued: when the pause is over, when the soak stops or fails in the middle of it
+(:meth:`Chaos.release`), never left stopped behind.
 
 A fault's window runs from the moment it is done until the cluster is healthy again
-(every node running and ready, exactly one master per shard), or until the heal limit. The
-same thread watches for node processes that exit without the soak having stopped
-them: each such crash is recorded with its node's log tail, and the node restarted.
+(every node running and ready, exactly one master per shard, each shard held by its
+replicas), or until the heal limit. The same thread watches for node processes that exit
+without the soak having stopped them: each such crash is recorded with its node's log
+tail, and the node restarted.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -62,7 +73,8 @@ class PlannedFault:
     def estimate_s(self, session_timeout_s: float) -> float:
         """About how long the fault takes until the cluster is healthy (for fitting the plan in the run)."""
         return self.hold_s + {"master_kill": session_timeout_s + 6, "master_pause": 6, "standby_term": 5,
-                              "standby_wipe": 8, "kafka_kill": 20, "zookeeper_kill": 10}[self.kind]
+                              "standby_wipe": 8, "kafka_kill": 20, "zookeeper_kill": 10,
+                              "kafka_pause": 12, "zookeeper_pause": session_timeout_s + 6}[self.kind]
 
     def describe(self) -> str:
         held = f", held {self.hold_s:.1f}s" if self.hold_s else ""
@@ -70,15 +82,19 @@ class PlannedFault:
 
 
 def plan_faults(seed: int, duration_s: float, session_timeout_s: float) -> list[PlannedFault]:
-    """The faults of a run: rounds of all six kinds in a seeded order, more rounds than a run can use.
+    """The faults of a run: rounds of every kind in a seeded order, more rounds than a run can use.
 
     Gaps scale with the run: a few seconds in a 2-minute run, up to a minute in long ones.
     The first round always runs whole (every kind once); later ones as long as time is left.
+    Holds: a master's pause outlasts the session; a broker's pause is a long GC pause, 6-10 s
+    (3-8 s in runs of 5 minutes or less); ZooKeeper's 8-12 s (5-8 s), past the session.
     """
     rng = random.Random(f"{seed}/faults")
     short = duration_s <= 300
     gap_max = min(60.0, max(3.0, duration_s / 24))
     down_max = 5.0 if short else 15.0
+    holds = {"kafka_pause": (3.0, 8.0) if short else (6.0, 10.0),
+             "zookeeper_pause": (5.0, 8.0) if short else (8.0, 12.0)}
     plan = []
     for _ in range(max(1, math.ceil(duration_s / 30))):
         kinds = list(FAULT_KINDS)
@@ -89,6 +105,8 @@ def plan_faults(seed: int, duration_s: float, session_timeout_s: float) -> list[
                 hold = session_timeout_s * rng.uniform(1.5, 2.5)
             elif kind in ("kafka_kill", "zookeeper_kill"):
                 hold = rng.uniform(2.0, down_max)
+            elif kind in holds:
+                hold = rng.uniform(*holds[kind])
             else:
                 hold = 0.0
             plan.append(PlannedFault(kind, round(gap, 1), round(hold, 1), rng.random()))
@@ -154,7 +172,11 @@ class Chaos(threading.Thread):
         self.failure: BaseException | None = None
         self._expected_exits: set[int] = set()
         self._handled_exits: set[int] = set()
-        self._paused: set[int] = set()
+        self._paused: set[int] = set()  # node pids stopped by master_pause
+        self._paused_services: set[str] = set()  # "kafka", "zookeeper" while stopped by their pause
+        # Held while a process is stopped or continued, so that release() never races a pause.
+        self._pause_lock = threading.Lock()
+        self._released = False
         self._last_ready: dict[int, float] = {}  # pid -> when it last answered ready (monotonic)
         self._restarts = Counter[str]()
 
@@ -216,7 +238,7 @@ class Chaos(threading.Thread):
         finally:
             self.current = None
 
-    # -- the six kinds -------------------------------------------------------
+    # -- the kinds -----------------------------------------------------------
 
     def _master_kill(self, fault: PlannedFault) -> str:
         master = self._master()
@@ -237,19 +259,27 @@ class Chaos(threading.Thread):
         master = self._master()
         if master is None:
             raise FaultSkipped("no master to pause")
-        pid = master.process.pid
+        process = master.running
+        pid = process.pid
         shards = probe(master).masters
-        self._paused.add(pid)
+        with self._pause_lock:
+            if self._released:
+                raise FaultSkipped("the soak is stopping")
+            self._paused.add(pid)
+            process.send_signal(signal.SIGSTOP)
         paused_at = time.monotonic()
-        master.signal(signal.SIGSTOP)
-        took_over = self._master(fault.hold_s, other_than=master.node_id, of=shards)
-        successor = (f"{took_over.node_id} took over shard {self._taken(took_over, shards)} "
-                     f"{time.monotonic() - paused_at:.1f}s later" if took_over else "no other node took over")
-        self._idle(fault.hold_s - (time.monotonic() - paused_at))
-        master.signal(signal.SIGCONT)
-        self._paused.discard(pid)
-        return (f"SIGSTOP to master {master.node_id} of shards {list(shards)} (pid {pid}) for {fault.hold_s:.1f}s, "
-                f"then SIGCONT; {successor}")
+        try:
+            took_over = self._master(fault.hold_s, other_than=master.node_id, of=shards)
+            successor = (f"{took_over.node_id} took over shard {self._taken(took_over, shards)} "
+                         f"{time.monotonic() - paused_at:.1f}s later" if took_over else "no other node took over")
+            self._idle(fault.hold_s - (time.monotonic() - paused_at))
+        finally:
+            with self._pause_lock:
+                if pid in self._paused:
+                    process.send_signal(signal.SIGCONT)
+                    self._paused.discard(pid)
+        return (f"SIGSTOP to master {master.node_id} of shards {list(shards)} (pid {pid}) for "
+                f"{time.monotonic() - paused_at:.1f}s, then SIGCONT; {successor}")
 
     def _standby_term(self, fault: PlannedFault) -> str:
         return self._restart_standby(fault, wipe=False)
@@ -259,24 +289,77 @@ class Chaos(threading.Thread):
 
     def _restart_standby(self, fault: PlannedFault, *, wipe: bool) -> str:
         """SIGTERM a standby and restart it; with ``wipe``, its data directory is deleted in between."""
-        standby = self._standby(fault.pick)
-        if standby is None:
-            raise FaultSkipped("no standby")
-        pid = standby.process.pid
+        found = self._standby(fault.pick)
+        if found is None:
+            raise FaultSkipped("no standby (no node holds a shard it does not master)")
+        standby, seen = found
+        pid = standby.running.pid
+        what = f"standby {standby.node_id} of shards {list(seen.standby_of)}" + (
+            f" (master of {list(seen.masters)})" if seen.masters else "")
         code = self.stop_node(standby, signal.SIGTERM)
         if wipe:
             shutil.rmtree(standby.data_dir, ignore_errors=True)
         restarted = self._restart(standby.node_id)
         if wipe:
-            return (f"standby {standby.node_id} (pid {pid}) stopped (exit {code}), {standby.data_dir} deleted; "
+            return (f"{what}, pid {pid}, stopped (exit {code}), {standby.data_dir} deleted; "
                     f"restarted as pid {restarted}")
-        return f"SIGTERM to standby {standby.node_id} (pid {pid}, exit {code}); restarted as pid {restarted}"
+        return f"SIGTERM to {what}, pid {pid} (exit {code}); restarted as pid {restarted}"
 
     def _kafka_kill(self, fault: PlannedFault) -> str:
         return self._service_kill("kafka", fault.hold_s)
 
     def _zookeeper_kill(self, fault: PlannedFault) -> str:
         return self._service_kill("zookeeper", fault.hold_s)
+
+    def _kafka_pause(self, fault: PlannedFault) -> str:
+        return self._service_pause("kafka", fault.hold_s)
+
+    def _zookeeper_pause(self, fault: PlannedFault) -> str:
+        return self._service_pause("zookeeper", fault.hold_s)
+
+    def _service_pause(self, name: str, hold_s: float) -> str:
+        """SIGSTOP ``name`` (its process group, as the kills signal it) for ``hold_s``, then SIGCONT.
+
+        The SIGCONT comes whatever ends the hold: its time, the soak stopping (Ctrl-C, an
+        error elsewhere) or an exception here; :meth:`release` sends it if this thread cannot.
+        """
+        with self._pause_lock:
+            if self._released:
+                raise FaultSkipped("the soak is stopping")
+            stopped_at = now_ms()
+            if not self.stack.kill(name, signal.SIGSTOP):
+                raise FaultSkipped(f"{name} was not running")
+            self._paused_services.add(name)
+        try:
+            self._idle(hold_s)
+        finally:
+            self._continue(name)
+        self._outage = (stopped_at, now_ms())
+        held = (self._outage[1] - stopped_at) / 1000
+        cut = f" (cut short: the soak is stopping; {hold_s:.1f}s planned)" if held < hold_s - 0.5 else ""
+        return f"SIGSTOP to {name} for {held:.1f}s{cut}, then SIGCONT"
+
+    def _continue(self, name: str) -> None:
+        with self._pause_lock:
+            if name in self._paused_services:
+                self.stack.kill(name, signal.SIGCONT)
+                self._paused_services.discard(name)
+
+    def release(self) -> None:
+        """Continue (SIGCONT) every process a pause stopped, and pause nothing more.
+
+        The soak's teardown calls it, after Ctrl-C or an error as after a whole run: a
+        stopped broker or ZooKeeper would ignore the SIGTERM that stops the stack.
+        """
+        with self._pause_lock:
+            self._released = True
+            for name in sorted(self._paused_services):
+                self.stack.kill(name, signal.SIGCONT)
+            self._paused_services.clear()
+            for node in self.cluster.nodes.values():
+                if node.process is not None and node.process.pid in self._paused:
+                    node.process.send_signal(signal.SIGCONT)
+            self._paused.clear()
 
     def _service_kill(self, name: str, down_s: float) -> str:
         killed_at = now_ms()
@@ -313,10 +396,14 @@ class Chaos(threading.Thread):
         """Which of ``shards`` ``node`` masters now, as text."""
         return ", ".join(str(k) for k in probe(node).masters if k in shards) or "?"
 
-    def _standby(self, pick: float) -> NodeProcess | None:
-        master = self._master()
-        standbys = sorted((n for n in self._live_nodes() if n is not master), key=lambda n: n.node_id)
-        return standbys[int(pick * len(standbys))] if standbys else None
+    def _standby(self, pick: float) -> tuple[NodeProcess, Probe] | None:
+        """A standby (:func:`standbys`) drawn by ``pick`` (0 to 1), and what its probe said; None if there is none."""
+        probes = {node.node_id: probe(node) for node in self._live_nodes()}
+        candidates = standbys(probes)
+        if not candidates:
+            return None
+        chosen = candidates[min(len(candidates) - 1, int(pick * len(candidates)))]
+        return self.cluster.nodes[chosen], probes[chosen]
 
     def stop_node(self, node: NodeProcess, sig: int = signal.SIGTERM) -> int:
         """Signal a node the soak means to stop, and wait for it; its exit is no crash (unless unclean)."""
@@ -383,14 +470,15 @@ class Chaos(threading.Thread):
         return False, "stopped"
 
     def health(self) -> tuple[bool, str]:
-        """Every node running and ready, exactly one master per shard; else what is wrong.
+        """Every node running and ready, exactly one master per shard, each shard held by its replicas; else
+        what is wrong (:func:`shard_problems`).
 
         Under steady traffic a standby's ``/readyz`` flickers ("1 records behind the buffer")
         as records land between its polls, so a node counts as ready if it said so within
         the last :data:`READY_WITHIN_S` seconds.
         """
         problems = []
-        masters: dict[int, list[str]] = {shard: [] for shard in range(self.cluster.settings.shards)}
+        probes: dict[str, Probe] = {}
         for node in sorted(self.cluster.nodes.values(), key=lambda n: n.node_id):
             if node.process is None or node.process.poll() is not None:
                 problems.append(f"{node.node_id} not running")
@@ -398,18 +486,47 @@ class Chaos(threading.Thread):
             if node.process.pid in self._paused:
                 problems.append(f"{node.node_id} paused")
                 continue
-            answer = probe(node)
+            answer = probes[node.node_id] = probe(node)
             now = time.monotonic()
             if answer.ready:
                 self._last_ready[node.process.pid] = now
             elif now - self._last_ready.get(node.process.pid, -math.inf) > READY_WITHIN_S:
                 problems.append(f"{node.node_id} not ready" + (f" ({answer.reason[:160]})" if answer.reason else ""))
-            for shard in answer.masters:
-                masters.setdefault(shard, []).append(node.node_id)
-        for shard, nodes in sorted(masters.items()):
-            if len(nodes) != 1:
-                problems.append(f"{len(nodes)} masters of shard {shard} ({', '.join(nodes) or 'none'})")
+        settings = self.cluster.settings
+        problems += shard_problems(probes, settings.shards, settings.replicas)
         return not problems, "; ".join(problems)
+
+
+def standbys(probes: Mapping[str, Probe]) -> list[str]:
+    """The nodes a standby fault may hit, by id, from the probes of the live nodes.
+
+    Those that hold a shard and master none; when there is none such (every node masters a
+    shard, as three shards on three nodes do), those that hold a shard they do not master:
+    that shard's standby, whatever else they master. A node holding no shard is nobody's
+    standby (with replicas, a shard's standbys are its other holders).
+    """
+    holding = {node: found for node, found in sorted(probes.items()) if found.held}
+    idle = [node for node, found in holding.items() if not found.masters]
+    return idle or [node for node, found in holding.items() if found.standby_of]
+
+
+def shard_problems(probes: Mapping[str, Probe], shards: int, replicas: int) -> list[str]:
+    """What is wrong with the shards, by the probes of the running nodes; empty when nothing is.
+
+    Each shard must have exactly one master and as many holders as its replicas: ``replicas``
+    of the nodes (all of them while fewer run), every node with 0.
+    """
+    problems = []
+    wanted = len(probes) if replicas == 0 else min(replicas, len(probes))
+    for shard in range(shards):
+        masters = [node for node, found in sorted(probes.items()) if shard in found.masters]
+        if len(masters) != 1:
+            problems.append(f"{len(masters)} masters of shard {shard} ({', '.join(masters) or 'none'})")
+        holders = [node for node, found in sorted(probes.items()) if shard in found.held]
+        if len(holders) < wanted:
+            problems.append(f"shard {shard} held by {len(holders)} node(s) ({', '.join(holders) or 'none'}), "
+                            f"not {wanted}")
+    return problems
 
 
 def log_excerpt(path: Path, start_ms: int, end_ms: int, max_lines: int = 15,
@@ -473,16 +590,35 @@ def _log_time_ms(line: str) -> int | None:
 
 @dataclass(frozen=True)
 class Probe:
-    """What a node's own HTTP endpoints say: ready (and why not), the shards it masters."""
+    """What a node's own HTTP endpoints say: ready (and why not), the shards it masters and those it holds."""
 
     ready: bool
     masters: tuple[int, ...] = ()
     reason: str = ""
+    held: tuple[int, ...] = ()
 
     @property
     def master(self) -> bool:
         """Master of any shard."""
         return bool(self.masters)
+
+    @property
+    def standby_of(self) -> tuple[int, ...]:
+        """The shards it holds and does not master."""
+        return tuple(shard for shard in self.held if shard not in self.masters)
+
+
+def held_shards(metrics: str) -> tuple[int, ...]:
+    """The shards a node's ``/metrics`` text says it holds, in order.
+
+    A node has a ``delayq_is_master{shard="k"}`` series (0 or 1) for each shard it holds, and
+    removes it when it drops the shard.
+    """
+    found = set()
+    for line in metrics.splitlines():
+        if line.startswith('delayq_is_master{shard="'):
+            found.add(int(line.split('"', 2)[1]))
+    return tuple(sorted(found))
 
 
 def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:
@@ -504,4 +640,4 @@ def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:
             metrics = response.read().decode()
     except OSError:
         return Probe(ready, (), reason)
-    return Probe(ready, mastered_shards(metrics), reason)
+    return Probe(ready, mastered_shards(metrics), reason, held_shards(metrics))

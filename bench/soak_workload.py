@@ -4,7 +4,8 @@
 records every write with the time its acknowledgement came back; :class:`Watcher`
 reads the target topics with ``read_committed``, as a user would, and records every
 delivery. Both write into one :class:`Recorder`, which the judge
-(:mod:`delayq.bench.soak_check`) reads at the end.
+(:mod:`delayq.bench.soak_check`) reads at the end. :func:`read_buffer` reads the
+buffer once the nodes have stopped, for the puts it holds twice.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from delayq import Every, Producer
 from delayq import wire as env
 from delayq.clock import now_ms
 
-from .soak_check import Delivery, History, Version, Write
+from .soak_check import BufferScan, Delivery, History, Version, Write
 from .soak_check import Message as Delayed
 
 
@@ -49,8 +50,9 @@ class Recorder:
         self.early = 0
         self.last_due_ms = 0
 
-    def history(self, judged_until_ms: int, ended_ms: int, faults: list) -> History:
-        return History(self.messages, list(self.deliveries), list(faults), judged_until_ms, ended_ms)
+    def history(self, judged_until_ms: int, ended_ms: int, faults: list, scan: BufferScan | None = None) -> History:
+        return History(self.messages, list(self.deliveries), list(faults), judged_until_ms, ended_ms,
+                       scan.repeated if scan is not None else [])
 
     @property
     def pending(self) -> int:
@@ -321,3 +323,41 @@ def _number(value: bytes | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def read_buffer(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 300.0) -> BufferScan:
+    """Every record of the buffer topic, from its start to its end now, through a :class:`BufferScan`.
+
+    Read uncommitted: the producer's puts are no transaction's, and a transaction Kafka left
+    open (``open_transactions_at_end``) must not hide what lies behind it. What it cannot
+    read is the scan's ``error``.
+    """
+    scan = BufferScan()
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers,
+                         "group.id": f"delayq-soak-buffer-{uuid.uuid4().hex[:8]}",
+                         "isolation.level": "read_uncommitted", "enable.auto.commit": False,
+                         # The end of a partition is an event: its last records may be transaction markers,
+                         # which a consumer never sees.
+                         "enable.partition.eof": True, "log_level": 0})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        left = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(left)])
+        deadline = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline:
+            for record in consumer.consume(5000, 0.5):
+                error = record.error()
+                partition = record.partition() or 0
+                if error is None:
+                    scan.add(partition, record.offset() or 0, record.key(), record.value(), record.timestamp()[1])
+                elif error.code() == KafkaError._PARTITION_EOF and (record.offset() or 0) >= ends[partition]:
+                    left.discard(partition)
+        if left:
+            positions = consumer.position([TopicPartition(topic, p) for p in sorted(left)])
+            scan.error = (f"not at the end of partitions {sorted(left)} after {timeout_s:.0f}s: "
+                          + ", ".join(f"{tp.partition} at {tp.offset} of {ends[tp.partition]}" for tp in positions))
+    except KafkaException as err:
+        scan.error = f"reading {topic}: {err.args[0].str()}"
+    finally:
+        consumer.close()
+    return scan

@@ -26,10 +26,12 @@ OPT_IN_SUITES = frozenset({"capacity-100m"})
 
 # The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run.
 FAULT_TEXT: dict[str, str] = {
-    "master_kill": "SIGKILL the master, restart it",
-    "master_pause": "SIGSTOP the master past the session timeout, SIGCONT",
+    "master_kill": "SIGKILL a shard's master, restart it",
+    "master_pause": "SIGSTOP a shard's master past the session timeout, SIGCONT",
     "standby_term": "SIGTERM a standby, restart it",
     "standby_wipe": "stop a standby, wipe its data, restart it",
     "kafka_kill": "SIGKILL the Kafka broker, restart it",
     "zookeeper_kill": "SIGKILL ZooKeeper, restart it",
+    "kafka_pause": "SIGSTOP the Kafka broker 6-10 s (3-8 s in runs up to 5 min: a long GC pause), SIGCONT",
+    "zookeeper_pause": "SIGSTOP ZooKeeper 8-12 s (5-8 s in runs up to 5 min), SIGCONT",
 }

@@ -24,10 +24,11 @@ def register(subparsers) -> None:
         "soak", help="chaos soak test: delayed traffic under faults, every message checked, Spark verdict beside",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Start an embedded Kafka + ZooKeeper of its own (free loopback ports, beside `delayq dev`)\n"
-                    "and N nodes; produce delayed messages (10% cancelled, 5% rescheduled, some within a second\n"
-                    "of the due time, 2% repeating) while a seeded plan of faults hits the cluster; judge every\n"
-                    "message with a read_committed consumer; then run `delayq reconcile` on the same topics and\n"
-                    "compare.\n"
+                    "and N nodes (3 shards, each on 2 of 3 nodes, by default); produce delayed messages with a\n"
+                    "plain delayq.Producer (10% cancelled, 5% rescheduled, some within a second of the due time,\n"
+                    "2% repeating) while a seeded plan of faults hits the cluster; judge every message with a\n"
+                    "read_committed consumer, and each id's writes in the buffer (in the order they were sent\n"
+                    "and acknowledged, each once); then run `delayq reconcile` on the same topics and compare.\n"
                     "Exit code 0 when every rule held, 1 when one broke, 2 when the soak could not run.\n\n"
                     f"faults (each at least once per run, never two at once):\n{faults}")
     soak.add_argument("--duration", type=_seconds, default=1800.0, metavar="DURATION",
@@ -35,8 +36,10 @@ def register(subparsers) -> None:
                            "reconciliation follow")
     soak.add_argument("--rate", type=float, default=500.0, help="delayed messages per second (default 500)")
     soak.add_argument("--nodes", type=int, default=3, help="delay-service nodes (default 3)")
-    soak.add_argument("--shards", type=int, default=2,
-                      help="shards of the soak's cluster, each with its own master (default 2; 1, 2, 3 or 6)")
+    soak.add_argument("--shards", type=int, default=3,
+                      help="shards of the soak's cluster, each with its own master (default 3; 1, 2, 3 or 6)")
+    soak.add_argument("--replicas", type=int, default=2,
+                      help="nodes holding each shard (default 2; 0: every node holds every shard)")
     soak.add_argument("--seed", type=int, help="seed of the traffic and the fault plan (default: random, printed)")
     soak.add_argument("--json", action="store_true", help="print one JSON object instead of the summary table")
     soak.add_argument("--no-reconcile", dest="reconcile", action="store_false",
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from delayq.bench.soak import SoakOptions, run_soak
 
     options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
-                          reconcile=args.reconcile, shards=args.shards)
+                          reconcile=args.reconcile, shards=args.shards, replicas=args.replicas)
     if args.state_dir is not None:
         options.state_dir = args.state_dir
     return run_soak(options, as_json=args.json)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from delayq import wire
 from delayq.bench.soak_check import (
+    ANOMALY_KINDS,
+    BufferScan,
     Delivery,
     Fate,
     FaultWindow,
@@ -47,7 +50,7 @@ def history(messages: list[Message], deliveries: list[Delivery], *, until: int =
 
 def kinds(h: History) -> dict[str, int]:
     counts = judge(h).counts
-    return {k: counts[k] for k in ("duplicated", "missing", "early", "cancel_ignored", "unexpected") if counts[k]}
+    return {k: counts[k] for k in ANOMALY_KINDS if counts[k]}
 
 
 # -- plain messages ------------------------------------------------------------
@@ -178,15 +181,33 @@ def test_a_reschedule_acked_before_the_old_due_time_moves_the_message():
 
     assert [m.fate(0), m.fate(1)] == [Fate.MUST_NOT, Fate.MUST]
     assert kinds(history([m], [delivered("a", DUE + 5_000, DUE + 5_010)])) == {}
-    assert kinds(history([m], [], until=DUE + 6_000)) == {"missing": 1}
 
 
-def test_a_reschedule_that_lost_to_the_old_version_is_cancel_ignored():
+def test_a_rescheduled_version_never_delivered_is_a_lost_reschedule_and_a_first_put_never_delivered_missing():
+    moved = message("a", DUE, DUE + 5_000, reschedule_acked_at=DUE - 200)
+    h = history([moved, message("b", DUE)], [], until=DUE + 6_000)
+
+    assert kinds(h) == {"lost_reschedule": 1, "missing": 1}
+    lost = judge(h).by_kind("lost_reschedule")[0]
+    assert lost.delay_id == "a" and lost.evidence["version_index"] == 1
+    assert lost.rule == "the reschedule to 105000 ms, acknowledged at 99800 ms, must be delivered exactly once: never delivered"
+
+
+def test_a_stale_version_delivered_after_a_reschedule_acked_before_its_due_time_is_no_ignored_cancel():
     m = message("a", DUE, DUE + 5_000, reschedule_acked_at=DUE - 200)
     h = history([m], [delivered("a", DUE, DUE + 2), delivered("a", DUE + 5_000, DUE + 5_010)])
 
-    assert kinds(h) == {"cancel_ignored": 1}
-    assert "a reschedule acknowledged" in judge(h).by_kind("cancel_ignored")[0].rule
+    assert kinds(h) == {"stale_version": 1}
+    assert "a reschedule acknowledged at 99800 ms" in judge(h).by_kind("stale_version")[0].rule
+
+
+def test_a_stale_version_delivered_instead_of_its_reschedule_is_both_a_stale_version_and_a_lost_reschedule():
+    m = message("a", DUE, DUE + 5_000, reschedule_acked_at=DUE - 200)
+    h = history([m], [delivered("a", DUE, DUE + 2)], until=DUE + 6_000)
+
+    assert kinds(h) == {"stale_version": 1, "lost_reschedule": 1}
+    assert failures(judge(h), crashes=0, stall_limit_s=100, comparison=None) == [
+        "1 stale version", "1 lost reschedule"]
 
 
 def test_a_reschedule_acked_after_the_old_due_time_may_follow_a_delivery_of_the_old_version():
@@ -196,7 +217,7 @@ def test_a_reschedule_acked_after_the_old_due_time_may_follow_a_delivery_of_the_
     assert [m.fate(0), m.fate(1)] == [Fate.MAY, Fate.MUST]
     assert kinds(history([m], both)) == {}
     assert kinds(history([m], both[1:])) == {}
-    assert kinds(history([m], both[:1], until=DUE + 6_000)) == {"missing": 1}
+    assert kinds(history([m], both[:1], until=DUE + 6_000)) == {"lost_reschedule": 1}
 
 
 def test_a_rescheduled_version_delivered_before_its_new_due_time_is_early():
@@ -211,6 +232,130 @@ def test_owed_versions_are_those_that_must_arrive_exactly_once():
     moved = message("c", DUE, DUE + 5_000, reschedule_acked_at=DUE - 200)
 
     assert sorted(owed_versions([plain, cancelled, moved])) == [("a", DUE), ("c", DUE + 5_000)]
+
+
+# -- the buffer's order ---------------------------------------------------------
+
+
+def test_a_write_acknowledged_first_but_at_the_later_buffer_offset_is_reordered():
+    m = message("a", DUE)
+    m.versions[0].put = Write(sent_ms=1_000, acked_ms=3_000, partition=2, offset=17)
+    m.cancel = Write(sent_ms=1_500, acked_ms=2_000, partition=2, offset=20)
+    h = history([m], [])
+
+    anomaly = judge(h).by_kind("reordered")[0]
+
+    assert kinds(h) == {"reordered": 1}
+    assert anomaly.rule == ("the cancel (sent at 1500 ms, acknowledged at 2000 ms) is at buffer offset 20 of "
+                            "partition 2, after the put (sent at 1000 ms, acknowledged at 3000 ms) at offset 17: "
+                            "the cancel was acknowledged first")
+    (first, later), = anomaly.evidence["pairs"]
+    assert (first["write"], first["acked_ms"], first["buffer_offset"]) == ("put", 3_000, 17)
+    assert (later["write"], later["acked_ms"], later["buffer_offset"]) == ("cancel", 2_000, 20)
+
+
+def test_a_write_sent_first_but_at_the_later_buffer_offset_is_reordered_though_acked_in_buffer_order():
+    # A retried put without idempotence: sent first, landed (and acked) after the cancel sent behind it.
+    m = message("a", DUE)
+    m.versions[0].put = Write(sent_ms=1_000, acked_ms=3_000, partition=2, offset=21)
+    m.cancel = Write(sent_ms=1_500, acked_ms=2_000, partition=2, offset=20)
+
+    anomaly = judge(history([m], [])).by_kind("reordered")[0]
+
+    assert anomaly.rule.endswith("after the cancel (sent at 1500 ms, acknowledged at 2000 ms) at offset 20: the put "
+                                 "was sent first")
+
+
+def test_writes_in_the_order_they_were_sent_and_acknowledged_are_not_reordered():
+    m = message("a", DUE, DUE + 5_000, cancel_acked_at=DUE - 100, reschedule_acked_at=DUE - 500)
+
+    assert [v.put.offset for v in m.versions] + [m.cancel.offset] == [1, 2, 9]
+    assert kinds(history([m], [delivered("a", DUE + 5_000, DUE + 5_001)])) == {"cancel_ignored": 1}
+    assert kinds(history([m], [])) == {}
+
+
+def test_writes_sent_and_acked_in_the_same_millisecond_have_no_order_to_break_and_failed_writes_no_offset():
+    same_ms = message("a", DUE)
+    same_ms.versions[0].put = Write(sent_ms=900, acked_ms=1_000, partition=0, offset=5)
+    same_ms.cancel = Write(sent_ms=900, acked_ms=1_000, partition=0, offset=4)
+    failed = message("b", DUE)
+    failed.cancel = Write(sent_ms=950, acked_ms=500, error="Local: Message timed out")
+
+    assert kinds(history([same_ms, failed], [], until=0)) == {}
+
+
+def test_a_reordered_reschedule_names_the_reschedule():
+    m = message("a", DUE, DUE + 5_000, reschedule_acked_at=2_000)
+    m.versions[1].put.offset = 0  # acknowledged after the put (offset 1), yet before it in the buffer
+
+    anomaly = judge(history([m], [delivered("a", DUE + 5_000, DUE + 5_001)])).by_kind("reordered")[0]
+
+    assert anomaly.rule.startswith("the put (sent at 995 ms, acknowledged at 1000 ms) is at buffer offset 1 of "
+                                   "partition 0, after the reschedule 1 (sent at 1995 ms, acknowledged at 2000 ms) "
+                                   "at offset 0: the put was sent and acknowledged first")
+
+
+# A realistic due time: the wire refuses one before 2000 (a scanned put due at DUE would be malformed).
+SCAN_DUE = 1_900_000_000_000
+ID_A = "0190a3e4-5b6c-7d8e-9f00-112233445566"
+ID_B = "0190a3e4-5b6c-7d8e-9f00-aabbccddeeff"
+
+
+def put(due: int, restores: int | None = None) -> bytes:
+    return wire.put_value(due, "target", b"k1", b"soak message 1", restores=restores)
+
+
+def test_a_put_the_buffer_holds_at_two_offsets_is_found_and_judged_twice_written():
+    scan = BufferScan()
+    scan.add(3, 10, ID_A.encode(), put(SCAN_DUE), 1_000)
+    scan.add(3, 11, ID_A.encode(), None, 0)  # a cancel or a done: no put
+    scan.add(3, 12, ID_A.encode(), put(SCAN_DUE + 5_000), 1_050)  # the reschedule: another value
+    scan.add(3, 13, ID_A.encode(), put(SCAN_DUE), 1_000)  # the put again: same value and timestamp
+    scan.add(3, 14, ID_A.encode(), put(SCAN_DUE, restores=10), 1_000)  # a master's copy: its own write
+    scan.add(3, 15, ID_B.encode(), put(SCAN_DUE), 2_000)  # the same value under another id
+    scan.add(3, 16, ID_B.encode(), put(SCAN_DUE), 2_001)  # and the same id and value, another timestamp
+    scan.add(3, 13, ID_A.encode(), put(SCAN_DUE), 1_000)  # a record read again is not a third copy
+
+    assert [(r.delay_id, r.partition, r.offsets, r.due_ms) for r in scan.repeated] == [(ID_A, 3, (10, 13), SCAN_DUE)]
+    assert scan.as_dict() == {"records": 8, "producer_puts": 6, "twice_written": 1, "error": None}
+    # A retried put, as a producer without idempotence writes it: its first copy (10) landed but its ack was
+    # lost, the reschedule landed behind it (12), the retry after that (13): reported, and acked, last.
+    m = Message(ID_A, "target", [Version(SCAN_DUE, Write(990, 1_070, partition=3, offset=13)),
+                                 Version(SCAN_DUE + 5_000, Write(1_050, 1_060, partition=3, offset=12))])
+    h = History({ID_A: m}, [delivered(ID_A, SCAN_DUE + 5_000, SCAN_DUE + 5_001)], repeated_puts=scan.repeated,
+                judged_until_ms=SCAN_DUE + 10_000)
+
+    anomaly = judge(h).by_kind("twice_written")[0]
+
+    assert kinds(h) == {"twice_written": 1, "reordered": 1}  # the retry (13) landed after the reschedule (12)
+    assert anomaly.delay_id == ID_A
+    assert anomaly.rule == (f"the put due {SCAN_DUE} ms (timestamp 1000 ms), produced once, is in the buffer 2 "
+                            "times: partition 3, offsets 10, 13")
+    assert anomaly.evidence["buffer_offsets"] == [10, 13]
+
+
+def test_a_put_twice_in_the_buffer_under_an_id_the_soak_never_produced_is_not_the_soaks_to_judge():
+    scan = BufferScan()
+    for offset in (1, 2):
+        scan.add(0, offset, ID_B.encode(), put(SCAN_DUE), 1_000)
+
+    assert kinds(History({}, [], repeated_puts=scan.repeated)) == {}
+
+
+def test_a_malformed_record_is_no_put():
+    scan = BufferScan()
+    for offset in (1, 2):
+        scan.add(0, offset, b"not-an-id", put(SCAN_DUE), 1_000)
+        scan.add(0, offset + 10, ID_A.encode(), b"no frame", 1_000)
+
+    assert (scan.records, scan.puts, scan.repeated) == (4, 0, [])
+
+
+def test_a_buffer_not_read_to_its_end_fails_the_soak():
+    findings = judge(history([message("a", DUE)], [delivered("a", DUE, DUE + 1)]))
+
+    assert failures(findings, crashes=0, stall_limit_s=15, comparison=None, buffer_error="Local: Timed out") == [
+        "the buffer was not read to its end, twice-written puts not judged: Local: Timed out"]
 
 
 # -- lateness and stalls -------------------------------------------------------
@@ -344,6 +489,27 @@ def test_ids_flagged_by_one_side_only_are_a_disagreement():
     assert comparison.reconcile_only == {"b": ["duplicates"]}
     assert failures(findings, crashes=0, stall_limit_s=100, comparison=comparison) == [
         "1 missing", "the reconciliation disagrees on 2 id(s)"]
+
+
+def test_the_reconciliations_reordered_and_twice_written_ids_are_compared_id_by_id():
+    reordered = message("a", DUE)
+    reordered.cancel = Write(sent_ms=500, acked_ms=900, partition=0, offset=3)  # before the put's ack, after it
+    reordered.versions[0].put.acked_ms = 1_000
+    scan = BufferScan()
+    for offset in (4, 5):
+        scan.add(0, offset, ID_A.encode(), put(SCAN_DUE), 1_000)
+    twice = Message(ID_A, "target", [Version(SCAN_DUE, acked(1_000, offset=5))])
+    h = History({"a": reordered, ID_A: twice}, [delivered(ID_A, SCAN_DUE, SCAN_DUE + 3)], repeated_puts=scan.repeated)
+    findings = judge(h)
+    report = {"anomalies": {"duplicates": [], "reordered": ["a"], "twice_written": [ID_A]},
+              "totals": {"duplicates": 0, "reordered": 1, "twice_written": 1}}
+
+    comparison = compare_with_reconcile(findings, report, 1)
+
+    assert findings.flagged_ids() == {"a": {"reordered"}, ID_A: {"twice_written"}}
+    assert comparison.agrees
+    assert (comparison.totals["reordered"], comparison.totals["twice_written"]) == (1, 1)
+    assert not compare_with_reconcile(findings, {"anomalies": {"reordered": ["a"]}}, 1).agrees
 
 
 def test_a_reconciliation_that_did_not_run_fails_the_soak():
