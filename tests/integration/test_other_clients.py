@@ -35,9 +35,9 @@ DESIGN = ROOT / "docs" / "DESIGN.md"
 SHARED_KCAT_LINES = (
     """python3 -c 'import sys, zlib; print(zlib.crc32(sys.argv[1].encode()) % int(sys.argv[2]))'""",
     """printf 'put %s %s %s%s\\n%s%s' "$DUE" "$TOPIC" "$KEYLEN" "${OPTIONS:+ $OPTIONS}" "$KEY" "$PAYLOAD" \\""",
-    """-P -b "$BROKERS" -t "$BUFFER" -p "$P" -k "$ID" -D '\\x1e'""",
+    """-P -b "$BROKERS" -X enable.idempotence=true -t "$BUFFER" -p "$P" -k "$ID" -D '\\x1e'""",
     """echo "$ID:" |""",
-    """-P -b "$BROKERS" -t "$BUFFER" -p "$P" -K: -Z -H delayq-op=cancel -H "delayq-id=$ID\"""",
+    """-P -b "$BROKERS" -X enable.idempotence=true -t "$BUFFER" -p "$P" -K: -Z -H delayq-op=cancel -H "delayq-id=$ID\"""",
 )
 
 
