@@ -86,6 +86,8 @@ COMMIT_GIVE_UP_S = 15.0
 # An abort that takes longer ends the term at once (the next master's init_transactions aborts for it):
 # the transaction was not going to deliver anything anyway.
 ABORT_TIMEOUT_S = 5.0
+# How long closing the master's producer waits for what it still has to send (nothing, after a stuck transaction).
+CLOSE_FLUSH_S = 5.0
 # How often the master records its progress in ZooKeeper (`delayq status` shows it): a write per
 # transaction would cost a ZooKeeper round trip per batch.
 CURSOR_WRITE_S = 1.0
@@ -104,6 +106,15 @@ class ShardLog(logging.LoggerAdapter):
 
 class LeadershipLost(Exception):
     """The term ended or the producer was fenced: stop delivering now."""
+
+
+class TransactionStuck(LeadershipLost):
+    """The term's transaction could be neither confirmed nor aborted in time (a broker frozen or restarting).
+
+    The next master's ``init_transactions`` settles it; nothing more is waited for on this
+    producer (an abort is refused while a commit is pending, and a flush waits for the same
+    stuck records), so the shard's lock passes on at once.
+    """
 
 
 # Errors produce() raises for the record itself: retrying the same record cannot help.
@@ -396,6 +407,7 @@ class Delivery:
         """Deliver until the term ends or the producer is fenced; never raises a Kafka error."""
         self.metrics.epoch.set(term.epoch)
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="delayq-commit")
+        stuck = False
         try:
             self.cursor.read()
             while term.active:
@@ -412,6 +424,9 @@ class Delivery:
                     # (its init_transactions aborts what this one left open).
                     self._close_producer()
                     self._passing_error(term, err)
+        except TransactionStuck as err:
+            self.log.warning("epoch %d: stopped delivering: %s", term.epoch, err)
+            stuck = True
         except (LeadershipLost, FencedError) as err:
             self.log.log(logging.INFO if term.routine else logging.WARNING, "epoch %d: stopped delivering: %s",
                          term.epoch, err)
@@ -422,7 +437,7 @@ class Delivery:
             self._committer.shutdown(wait=True)
             self._committer = None
             self._prepared = self._early_ends = None
-            self._close_producer()
+            self._close_producer(flush_s=0.0 if stuck else CLOSE_FLUSH_S)
 
     def _start(self, term: Term) -> bool:
         """Open the transactional producer (fencing the previous master) and read the buffer to its end.
@@ -993,12 +1008,27 @@ class Delivery:
                     raise
                 waited = time.monotonic() - started
                 if waited >= COMMIT_GIVE_UP_S:
-                    raise LeadershipLost(f"the commit was not confirmed within {waited:.0f}s ({error.str()}): "
-                                         "the next master settles it") from err
+                    raise TransactionStuck(f"the commit was not confirmed within {waited:.0f}s ({error.str()}): "
+                                           "the next master settles it") from err
                 if not warned:
                     self.log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch,
                                      error.str())
                     warned = True
+                self._refresh_metadata(producer)
+
+    @staticmethod
+    def _refresh_metadata(producer: Producer) -> None:
+        """Ask Kafka for metadata now, for a commit waiting on records librdkafka cannot send.
+
+        After a broker was frozen (a KRaft broker fenced for missing its heartbeats while it
+        slept), librdkafka can hold a partition's new leader as "not found in cache" and leave
+        the records for it queued until its next metadata refresh: the soak saw a commit wait
+        16 s after the broker was back. A metadata answer names the broker and frees them.
+        """
+        try:
+            producer.list_topics(timeout=1.0)
+        except KafkaException:
+            pass  # Kafka still away: the commit keeps waiting, and asks again on its next timeout
 
     def _while_committing(self, commit: Future[None]) -> None:
         """Use the time the broker takes to commit (the ids being committed are in flight already).
@@ -1129,7 +1159,7 @@ class Delivery:
         try:
             self._txn_producer().abort_transaction(ABORT_TIMEOUT_S)
         except KafkaException as err:
-            raise LeadershipLost(f"abort failed: {err.args[0].str()}") from err
+            raise TransactionStuck(f"abort failed: {err.args[0].str()}") from err
 
     def _partition_count(self, topic: str) -> int | None:
         cached = self._topics.get(topic)
@@ -1148,11 +1178,11 @@ class Delivery:
         self._topics[topic] = (time.monotonic(), count)
         return count
 
-    def _close_producer(self) -> None:
+    def _close_producer(self, flush_s: float = CLOSE_FLUSH_S) -> None:
         producer, self.producer = self.producer, None
         if producer is None:
             return
         try:
-            producer.flush(5)
+            producer.flush(flush_s)
         except Exception as err:  # a fenced producer raises on every call; it is done with either way
             self.log.info("closing the master's producer: %s", err)

@@ -94,6 +94,8 @@ def test_a_commit_unconfirmed_for_longer_than_a_broker_stall_should_last_ends_th
         delivery._commit(Term(4), outgoing(2), [])
 
     assert calls and all(timeout <= delivery_module.COMMIT_CALL_S for timeout in calls)
+    # Each timeout asks for metadata: librdkafka may hold a frozen broker's partitions leaderless until then.
+    assert producer.list_topics.call_count == len(calls) - 1
     assert sum(calls) >= delivery_module.COMMIT_GIVE_UP_S and sum(calls) < delivery_module.COMMIT_GIVE_UP_S + 3
     producer.abort_transaction.assert_not_called()
     assert delivery.in_flight.snapshot() == set(), "its ids wait for the next master's cover"
@@ -152,6 +154,26 @@ def test_a_term_that_ends_before_its_batch_commits_aborts_the_open_transaction(m
     producer.abort_transaction.assert_called_once()
     producer.commit_transaction.assert_not_called()
     assert delivery.producer is None, "the term's producer is closed"
+
+
+def test_a_stuck_transaction_ends_the_term_without_waiting_on_the_producer_again(monkeypatch):
+    # An abort would be refused while the commit is pending, and a flush waits on the same stuck
+    # records: each cost the soak 5 s more before the shard's lock passed on.
+    from delayq.delay_service.delivery import TransactionStuck
+
+    producer = mock.Mock(spec_set=Producer)
+    delivery = master(producer)
+    monkeypatch.setattr(delivery, "_start", lambda term: True)
+
+    def stuck(term_: Term) -> None:
+        raise TransactionStuck("the commit was not confirmed within 15s (timed out): the next master settles it")
+
+    monkeypatch.setattr(delivery, "deliver_due", stuck)
+    delivery.run(Term(4))
+
+    producer.abort_transaction.assert_not_called()
+    producer.flush.assert_called_once_with(0.0)
+    assert delivery.producer is None
 
 
 def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypatch):
