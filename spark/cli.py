@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .options import MAVEN_CENTRAL, ReconcileOptions, parse_duration, parse_instant
-from .report import ANOMALY_KINDS, alert_text
+from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None) -> None:
@@ -25,6 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None
     parser.add_argument("--early-tolerance", default="10ms",
                         help="a delivery up to this much before its due time is not early: clock skew between "
                              "producer and master hosts (default: 10ms)")
+    parser.add_argument("--reorder-tolerance", default="0ms",
+                        help="two producer writes of one id (puts, cancels) whose buffer offsets and creation "
+                             "times disagree by this much or less are not reordered: clock skew between producer "
+                             "hosts (default: 0ms)")
+    parser.add_argument("--ack-grace", default="10s",
+                        help="how long a producer's acknowledgement may lag its write's creation: a cancel or "
+                             "reschedule created less than this before the due time of a version delivered anyway "
+                             "lost the race by the master's cutoff; created earlier and appended before the "
+                             "delivery's done, it was ignored (default: 10s)")
     parser.add_argument("--lookback", default="1h",
                         help="read target topics from this long before --since, to catch early deliveries "
                              "(default: 1h)")
@@ -67,6 +76,8 @@ def options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) ->
         out=args.out,
         grace_ms=parse_duration(args.grace, "--grace"),
         early_tolerance_ms=parse_duration(args.early_tolerance, "--early-tolerance"),
+        reorder_tolerance_ms=parse_duration(args.reorder_tolerance, "--reorder-tolerance"),
+        ack_grace_ms=parse_duration(args.ack_grace, "--ack-grace"),
         lookback_ms=parse_duration(args.lookback, "--lookback"),
         topics=topics,
         read_committed=not args.read_uncommitted,
@@ -101,11 +112,18 @@ def print_summary(report, console: Console) -> None:
     table.add_column("ids", justify="right")
     alarming = set(ANOMALY_KINDS)
     for name in ("expected", "delivered", "missing", "undeliverable", "duplicates", "unexpected", "early",
-                 "cancel_ignored", "in_grace", "cancelled", "cancelled_too_late", "rescheduled_too_late",
-                 "already_due_when_written", "dead_lettered", "malformed_buffer_records"):
+                 "cancel_ignored", "reordered", "twice_written", "in_grace", "cancelled", "cancelled_too_late",
+                 "rescheduled_too_late", "already_due_when_written", "dead_lettered", "malformed_buffer_records"):
         value = str(totals.get(name, 0))
         table.add_row(name.replace("_", " "), f"[bold red]{value}[/]" if name in alarming and totals[name] else value)
+        if name in ("cancelled_too_late", "rescheduled_too_late"):  # split by what shows it was too late
+            for evidence, label in EVIDENCE_NAMES.items():
+                table.add_row(f"  {label}", str(totals.get(f"{name}_{evidence}", 0)))
     console.print(table)
+    gap = report.too_late_by_cutoff or {}
+    if gap.get("count"):
+        console.print(f"too late by the cutoff only, created this long before the due time, ms: p50 {gap['p50']}, "
+                      f"max {gap['max']}")
     if lateness["count"]:
         console.print("lateness ms: " + ", ".join(f"{k} {lateness[k]}" for k in ("p50", "p90", "p99", "max")))
     already = report.already_due_when_written or {}

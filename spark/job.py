@@ -25,20 +25,33 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   (its ``cutoff=`` is that done's cutoff), even when a cancel overtook it. An occurrence the
   master continued is no older version (no reschedule); one continued but never delivered
   is missing. A retry (``attempt=N``) is a delayed message like any other.
-* A version is *superseded* by the first put or cancel after it. If the done of a
-  delivered version has a cutoff and the superseding record is below it, the master
-  saw the cancel or reschedule and delivered anyway: **cancel_ignored** (the product
-  promises that a cancel or reschedule acknowledged before the due time wins, and
-  enforces it by reading the buffer up to offsets taken at or after the due time).
-  At or above the cutoff it lost the documented race: a cancel "too late", or a
-  "rescheduled too late" delivery of the older version; neither is an anomaly.
+* A *producer write* is a cancel or a put no master wrote (no ``restores=`` or
+  ``follows=``). Two producer writes of one id whose offset order and record
+  timestamp (creation time) order disagree, the one at the lower offset created more
+  than ``reorder_tolerance_ms`` after the other, make the id **reordered**: a
+  producer's retry appended a write after one created after it. A producer put with
+  the value, headers and timestamp of an earlier one is that write appended again: the id is
+  **twice_written**, and the copy is no version (a record naming its offset names the
+  first copy's; two deliveries across the copies are a duplicate).
+* A version is *superseded* by the first put or cancel after it. A superseding write
+  of a version delivered anyway was too late only with evidence the master did not
+  produce: it was created (record timestamp) at or after the version's due time, or
+  appended after the done that closed it (the next occurrence's put for a series).
+  Otherwise, at or above that done's cutoff and created less than ``ack_grace_ms``
+  before the due time, it was too late by the master's cutoff only (its acknowledgement
+  may have come after the due time); created earlier, or below the cutoff (the master
+  had read it), it was ignored: **cancel_ignored** (the product promises that a cancel
+  or reschedule acknowledged before the due time wins). Too late, it lost the
+  documented race: a cancel "too late", or a "rescheduled too late" delivery of the
+  older version, counted by that evidence; neither is an anomaly. Without a cutoff
+  (older masters) an older version delivered was rescheduled too late.
 * A cancel after the latest put *counts* (the latest version must not be delivered)
-  unless it was too late: at or above the cutoff when the latest version's done has
-  one; else (a done without a cutoff, or none left after compaction) when a done of
-  the latest version precedes it, or, with no done at all, when the latest version's
-  first delivery was written before the cancel record (record timestamps). A cancel
-  that counts by the cutoff and a delivery anyway is *cancel_ignored*; one that counts
-  by the fallback and a delivery anyway is *unexpected*, as is any delivery of an id
+  unless it was too late as above, when the latest version's done has a cutoff; else
+  (a done without one, or none left after compaction) when a done of the latest
+  version precedes it, or, with no done at all, when the latest version's first
+  delivery was written before the cancel record (record timestamps). A cancel that
+  counts by the cutoff and a delivery anyway is *cancel_ignored*; one that counts by
+  the fallback and a delivery anyway is *unexpected*, as is any delivery of an id
   unknown to the buffer, and a delivery whose ``delayq-version`` names a put with
   another due time than its ``delayq-deliver-at``.
 * An older version delivered once, superseded too late (or with no cutoff to tell),
@@ -65,9 +78,10 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   a judged id counts, whenever it happened, so "missing" means "never delivered as of
   this run".
 
-The work is one shuffle by id: a window over each id's records gives every record its
-id's latest put and every put the write that superseded it; then two hash aggregations,
-by (id, version) and by id, with fixed-width buffers only, and no further shuffle.
+The work is one shuffle by id: a window over each id's records in timestamp order finds
+the writes out of order or twice, one in offset order gives every record its id's latest
+put and every put the write that superseded it; then two hash aggregations, by (id,
+version) and by id, with fixed-width buffers only, and no further shuffle.
 """
 
 
@@ -90,11 +104,13 @@ from .records import (
     DONE,
     MALFORMED_CODES,
     PUT,
+    REWRITTEN,
     classify_buffer,
     classify_dead_letters,
 )
+from .report import ANOMALY_FLAGS
 from .session import ReconcileError, kafka_source_options, spark_session
-from .summary import HOUR_MS, Summary, histogram
+from .summary import HOUR_MS, TOO_LATE_EVIDENCE, Summary, histogram
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -103,6 +119,10 @@ if TYPE_CHECKING:
     from delayq import Settings
 
 WORST_LATE = 20
+# Why a cancel or reschedule that lost to a delivery was too late, strongest evidence first: created
+# at or after the due time, appended after the delivery's done, or only the master's cutoff says so
+# (created less than the ack grace before the due time). Codes 1-3 here, TOO_LATE_EVIDENCE's names in the report.
+AFTER_DUE, AFTER_DELIVERY, BY_CUTOFF = 1, 2, 3
 # The version key of a record with no put left to belong to; a delivery without delayq-version
 # of an older version is keyed below it by its due time (-2 - due). Real versions are offsets, >= 0.
 NO_PUT = -1
@@ -132,6 +152,9 @@ class Findings:
     malformed_by_code: dict[str, int] = field(default_factory=dict)
     # Puts written when already due: how many, and first delivery minus the put's timestamp.
     already_due: dict[str, int | None] = field(default_factory=dict)
+    # Cancels and reschedules too late by the master's cutoff only: how many ids, and how long
+    # before the due time the write was created (Tally.too_late_gap_ms).
+    too_late_by_cutoff: dict[str, int | None] = field(default_factory=dict)
 
 
 def _header(name: str, cast: str = "STRING") -> Column:
@@ -196,13 +219,16 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
 
     from pyspark.sql import functions as F
 
-    parsed = (raw.select("key", "value", "headers", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
+    # Value and headers hashed in the JVM (with the timestamp, they tell a put written twice) and
+    # passed through the parser untouched.
+    parsed = (raw.select("key", "value", "headers", "partition", "offset", F.unix_millis("timestamp").alias("ts"),
+                         F.xxhash64("value", "headers").alias("written"))
               .mapInArrow(partial(classify_buffer, partitions=partitions), BUFFER_SCHEMA))
     rows = parsed.select(
         F.col("key").cast("string").alias("id"),
         F.col("code").isNotNull().cast("int").alias("malformed"),
         "kind", "code", "partition", "offset", "due", "put_topic", "restores", "ts", "version", "cutoff",
-        "follows", "follows_cutoff",
+        "follows", "follows_cutoff", "written",
     )
     # A put or cancel of a mark's id is malformed (nodes dead-letter it): only the marks themselves go.
     return rows.where((F.col("malformed") == 1) | F.col("id").isNull()
@@ -250,20 +276,26 @@ def _topic_name(column: str, topics: list[str]) -> Column:
 
 
 def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], early_tolerance_ms: int, *,
-                copies: bool = True, dead_letters: DataFrame | None = None) -> DataFrame:
+                copies: bool = True, dead_letters: DataFrame | None = None,
+                reorder_tolerance_ms: int = 0) -> DataFrame:
     """Both sides grouped by (delay id, version): one row per put, with its done and deliveries.
 
-    Every record first learns its id's latest put (offset and due time) from a window
-    over the id's records, and every put the first put or cancel after it: its offset
-    (``superseded_at``) and whether it was a reschedule or a cancel (``superseded_by``);
-    the window orders puts and cancels first, by offset, so that is the next row. That
-    places each record in a version:
+    A first window over each id's records, in order of record timestamp, finds what its
+    producers wrote out of order or twice (:func:`_producer_writes`). A second one, over
+    the same rows, gives every record its id's latest put (offset and due time) and every
+    put the first put or cancel after it: its offset (``superseded_at``), timestamp
+    (``superseded_ms``) and whether it was a reschedule or a cancel (``superseded_by``);
+    it orders puts and cancels first, by offset, so that is the next row. That places each
+    record in a version:
 
     * a put: its own offset; a done or a delivery with ``delayq-version``: that;
     * a delivery without it: the latest put if the due times agree, else an older
       version keyed by its due time (``-2 - due``, below every offset);
     * a cancel, or a done without a version: the latest put (``-1`` when none is left);
-    * a dead letter of an undeliverable message: the version its ``delayq-version`` names.
+    * a dead letter of an undeliverable message: the version its ``delayq-version`` names;
+    * a put written twice: the second copy, and whatever names its offset, belong to the
+      first copy's version (the second window orders each copy just before the records
+      that name its offset, so each of those finds it as the last copy before it).
 
     A master's copy of a put (``restores=N``, written when a ``done`` of an older version
     came to follow the pending put) is the put nodes store in N's place when N is still
@@ -282,6 +314,8 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         copies: whether the buffer may hold masters' copies; False (none were seen) saves
             the window pass that tells the overtaken ones.
         dead_letters: :func:`dead_letter_rows`; those of undeliverable messages count per version.
+        reorder_tolerance_ms: producer writes whose offset and timestamp order disagree by
+            this much or less are not reordered.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -289,7 +323,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     puts_and_tombstones = buffer.where(F.col("kind").isNotNull())
     rows = (puts_and_tombstones
             .select("id", "kind", "offset", "due", _topic_index("put_topic", topics).alias("topic"), "ts",
-                    "version", "cutoff", "restores", "follows")
+                    "version", "cutoff", "restores", "follows", "written")
             # A master's put of a series' next occurrence closes the occurrence it follows, as a done
             # would, and records the cutoff that occurrence was picked under: one row of each, even
             # when a cancel overtook the put (nodes ignore it then, but the master had picked).
@@ -306,12 +340,18 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
             .select("id", F.lit(DEAD_LETTER).alias("kind"), "ts", "due", "version",
                     _topic_index("put_topic", topics).alias("topic")),
             allowMissingColumns=True)
-    kind, offset, due, version = F.col("kind"), F.col("offset"), F.col("due"), F.col("version")
+    rows = _producer_writes(rows, reorder_tolerance_ms)
+    kind, offset, due = F.col("kind"), F.col("offset"), F.col("due")
     put_offset = F.when(kind == PUT, offset)
     # Puts and cancels first, in offset order, so the row after a put is the write that superseded it.
-    # (A column, not an expression: both windows must order by the same attribute, or Spark sorts twice.)
-    rows = rows.withColumn("not_a_write", kind > CANCEL)
-    ordered = Window.partitionBy("id").orderBy("not_a_write", offset.asc_nulls_last())
+    # The others follow, each at the offset of the put it names (a copy written twice at its own offset,
+    # then what names that copy), so a record naming a copy finds it as the last copy before it.
+    # (Columns, not expressions: both windows must order by the same attributes, or Spark sorts twice.)
+    rows = (rows.withColumn("not_a_write", kind > CANCEL)
+            .withColumn("place", F.when((kind <= CANCEL) | (kind == REWRITTEN), offset)
+                        .otherwise(F.coalesce(F.col("version"), offset)))
+            .withColumn("names_a_put", kind != REWRITTEN))
+    ordered = Window.partitionBy("id").orderBy("not_a_write", F.col("place").asc_nulls_last(), "names_a_put")
     whole = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     before = ordered.rowsBetween(Window.unboundedPreceding, -1)
     # A master's copy of a put (restores=N) counts as a put only if the version it restores was
@@ -327,29 +367,42 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
                             F.last(F.when(kind == CANCEL, offset), ignorenulls=True).over(before).alias("last_cancel"))
                 .where(F.col("restores").isNull() | live)
                 .drop("last_put", "last_cancel"))  # still in window order: the next window sorts nothing
+    # The version a record names: a second copy's names the first copy.
+    last_copy = F.last(F.when(kind == REWRITTEN, offset), ignorenulls=True).over(before)
+    last_copy_of = F.last(F.when(kind == REWRITTEN, F.col("first_copy")), ignorenulls=True).over(before)
     placed = rows.select(
         "*",
         F.max(put_offset).over(whole).alias("latest"),
         F.max_by(F.when(kind == PUT, due), put_offset).over(whole).alias("latest_due"),
         F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, offset)).over(ordered)).alias("superseded_at"),
         F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, kind)).over(ordered)).alias("superseded_by"),
+        F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, F.col("ts"))).over(ordered)).alias("superseded_ms"),
         # A repeating message's occurrence whose next occurrence the master put after it (follows=).
         F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, F.col("follows"))).over(ordered) == offset
                ).alias("continued"),
+        F.when((kind != REWRITTEN) & (last_copy == F.col("version")), last_copy_of)
+        .otherwise(F.col("version")).alias("named"),
     )
-    latest, delivery = F.col("latest"), kind == DELIVERY
+    latest, delivery, version = F.col("latest"), kind == DELIVERY, F.col("named")
     after_latest = offset > F.coalesce(latest, F.lit(NO_PUT))
     cancel_after = (kind == CANCEL) & after_latest
     done_of_latest = (kind == DONE) & (latest.isNull() | (version == latest) | (version.isNull() & after_latest))
     key = (F.when(kind == PUT, offset)
+           .when(kind == REWRITTEN, F.col("first_copy"))
            .when(delivery, F.coalesce(version, F.when(due == F.col("latest_due"), latest), F.lit(NO_PUT - 1) - due,
                                       F.lit(NO_PUT)))
            .when(((kind == DONE) | (kind == DEAD_LETTER)) & version.isNotNull(), version)
            .otherwise(F.coalesce(latest, F.lit(NO_PUT))))
     early = delivery & (F.col("ts") < F.coalesce(due, F.col("latest_due")) - early_tolerance_ms)
+    # The done that closed this version: one naming it (unversioned: after the latest put).
+    closing = (kind == DONE) & (version.isNotNull() | after_latest)
+    reordered = F.col("reordered")
 
     def of_deliveries(column: str) -> Column:
         return F.when(delivery, F.col(column))
+
+    def of_reordered(column: str) -> Column:
+        return F.min_by(F.when(reordered, F.col(column)), F.when(reordered, offset))
 
     dead_letter = kind == DEAD_LETTER
 
@@ -363,12 +416,19 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.max(F.when(kind == PUT, F.col("topic"))).alias("put_topic"),
         F.max("superseded_at").alias("superseded_at"),
         F.max("superseded_by").alias("superseded_by"),
+        F.max("superseded_ms").alias("superseded_ms"),
         F.max(F.col("continued").cast("int")).alias("continued"),
         F.max("cutoff").alias("cutoff"),
+        F.min(F.when(closing, offset)).alias("closed_at"),
         F.min(F.when(cancel_after, offset)).alias("cancel_offset"),
         F.min_by(F.when(cancel_after, F.col("ts")), F.when(cancel_after, offset)).alias("cancel_ms"),
         F.min(F.when(done_of_latest, offset)).alias("done_offset"),
         F.max((kind <= DONE).cast("int")).alias("in_buffer"),
+        F.min(F.when(kind == REWRITTEN, offset)).alias("copy_offset"),
+        F.min(F.when(reordered, offset)).alias("reorder_low_offset"),
+        of_reordered("ts").alias("reorder_low_ms"),
+        of_reordered("appended_later").alias("reorder_high_offset"),
+        of_reordered("appended_later_ms").alias("reorder_high_ms"),
         F.count(of_deliveries("ts")).alias("copies"),
         F.min(of_deliveries("ts")).alias("first_ms"),
         F.max(of_deliveries("ts")).alias("last_ms"),
@@ -384,12 +444,97 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     )
 
 
-def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
+def _producer_writes(rows: DataFrame, reorder_tolerance_ms: int) -> DataFrame:
+    """Mark what producers wrote twice or out of order, from a window over each id in timestamp order.
+
+    A producer write is a put that is no master's (no ``restores=`` or ``follows=``) or
+    a cancel. Two of them out of order (``reordered``): one appended at a lower offset
+    than another, though created (record timestamp) more than ``reorder_tolerance_ms``
+    after it; each such record gets the highest offset of a write created that much
+    before it (``appended_later``) and that write's timestamp. A producer put
+    with the value, headers and timestamp of an earlier one is that write appended again
+    (a retry): it becomes :data:`.records.REWRITTEN`, with ``first_copy`` the offset of
+    the first. One sort serves both windows: (timestamp, what was written, offset).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    kind, offset, ts = F.col("kind"), F.col("offset"), F.col("ts")
+    producers_put = (kind == PUT) & F.col("restores").isNull()
+    write_offset = F.when(producers_put | (kind == CANCEL), offset)
+    # Ordered by (timestamp, what was written, offset), a put written twice follows its first copy.
+    by_time = Window.partitionBy("id").orderBy("ts", "written", "offset")
+    put_written = F.when(producers_put, F.col("written"))
+    again = F.coalesce((F.lag(put_written).over(by_time) == put_written) & (F.lag("ts").over(by_time) == ts),
+                       F.lit(False))
+    rows = rows.select("*", again.alias("again"))
+    first = F.last(F.when(producers_put & ~F.col("again"), offset), ignorenulls=True).over(
+        by_time.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    # Writes created more than the tolerance before this one: a range of timestamps, in the same order.
+    created_before = (Window.partitionBy("id").orderBy("ts")
+                      .rangeBetween(Window.unboundedPreceding, -(reorder_tolerance_ms + 1)))
+    rows = rows.select(
+        "*",
+        F.when(F.col("again"), first).alias("first_copy"),
+    ).select(
+        "*",
+        F.max(write_offset).over(created_before).alias("appended_later"),
+        F.max_by(F.when(write_offset.isNotNull(), ts), write_offset).over(created_before).alias("appended_later_ms"),
+    )
+    # What was written is no longer needed: the rows are sorted again by offset, lighter without it.
+    return rows.select(
+        *(F.col(name) for name in rows.columns if name not in ("kind", "again", "appended_later", "written")),
+        F.when(F.col("again"), F.lit(REWRITTEN)).otherwise(kind).alias("kind"),
+        F.when(write_offset.isNotNull(), F.col("appended_later")).alias("appended_later"),
+        F.coalesce(F.col("appended_later") > write_offset, F.lit(False)).alias("reordered"),
+    )
+
+
+def _too_late(at: Column, at_ms: Column, due: Column, cutoff: Column, closed_at: Column,
+              ack_grace_ms: int) -> Column:
+    """Why the write at offset ``at``, created at ``at_ms``, that superseded a version delivered anyway, was too late.
+
+    :data:`AFTER_DUE`: created at or after the version's due time; :data:`AFTER_DELIVERY`:
+    appended after the done (``closed_at``) that closed the version; :data:`BY_CUTOFF`:
+    neither, but created less than ``ack_grace_ms`` before the due time and at or above
+    the done's cutoff, so its acknowledgement may have come after the due time. Null when
+    it was not too late: below the cutoff (the master had read it), or created earlier
+    and appended before the done (ignored).
+    """
+    from pyspark.sql import functions as F
+
+    return F.when(at >= cutoff, F.coalesce(_evidence(at, at_ms, due, closed_at),
+                                           F.when(due - at_ms < ack_grace_ms, F.lit(BY_CUTOFF))))
+
+
+def _evidence(at: Column, at_ms: Column, due: Column, closed_at: Column) -> Column:
+    """:data:`AFTER_DUE` or :data:`AFTER_DELIVERY` (see :func:`_too_late`), null when neither."""
+    from pyspark.sql import functions as F
+
+    return F.when(at_ms >= due, F.lit(AFTER_DUE)).when(at > closed_at, F.lit(AFTER_DELIVERY))
+
+
+def _evidence_name(code: Column) -> Column:
+    """An evidence code as its name in TOO_LATE_EVIDENCE (null stays null).
+
+    A CASE rather than ``element_at`` of an array: Spark 4.0.0 answers ``element_at(array,
+    CASE WHEN c THEN 3 END)`` with the third element even where the index is null.
+    """
+    from pyspark.sql import functions as F
+
+    after_due, after_delivery, by_cutoff = TOO_LATE_EVIDENCE
+    return (F.when(code == AFTER_DUE, F.lit(after_due))
+            .when(code == AFTER_DELIVERY, F.lit(after_delivery))
+            .when(code == BY_CUTOFF, F.lit(by_cutoff)))
+
+
+def per_id(versions: DataFrame, topics: list[str], *, ack_grace_ms: int) -> DataFrame:
     """:func:`per_version` rows summed up per delay id: the latest version, the cancel, and all deliveries.
 
     Args:
         versions: :func:`per_version`.
         topics: the topic list :func:`per_version` indexed topics with.
+        ack_grace_ms: how long an acknowledgement may lag its write's creation (see :func:`_too_late`).
     """
     from pyspark.sql import functions as F
 
@@ -398,9 +543,15 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
     # An occurrence of a series the master continued is not an older version: the next occurrence follows it.
     continued = F.coalesce(F.col("continued"), F.lit(0)) == 1
     older = latest.isNotNull() & (version != latest) & (copies > 0) & ~continued
-    # Seen and delivered anyway: the first put or cancel after this version is below its done's cutoff.
-    ignored = older & (F.col("superseded_at") < F.col("cutoff"))
-    put_due = F.col("put_due")
+    put_due, cutoff, at = F.col("put_due"), F.col("cutoff"), F.col("superseded_at")
+    at_ms = F.col("superseded_ms")
+    # An older version delivered: its reschedule (or cancel) was too late, with this evidence, or, with a
+    # cutoff to judge by and no evidence, ignored. Without a cutoff (older masters) nothing tells ignored.
+    has_cutoff = cutoff.isNotNull() & at.isNotNull()
+    evidence = (F.when(has_cutoff, _too_late(at, at_ms, put_due, cutoff, F.col("closed_at"), ack_grace_ms))
+                .otherwise(F.coalesce(_evidence(at, at_ms, put_due, F.col("closed_at")), F.lit(BY_CUTOFF))))
+    ignored = older & has_cutoff & evidence.isNull()
+    late_by = F.when(older, evidence)
     mismatched = (F.col("put_offset").isNotNull() & (copies > 0)
                   & ((F.col("header_due") != put_due) | (F.col("header_due_max") != put_due)))
 
@@ -431,6 +582,10 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
         flag(older).alias("older_delivered"),
         flag(ignored & (F.col("superseded_by") == PUT)).alias("reschedule_ignored"),
         flag(ignored & (F.col("superseded_by") == CANCEL)).alias("older_cancel_ignored"),
+        # The weakest evidence of the older versions delivered too late, and by how much a write too
+        # late by the cutoff only was created before the due time.
+        F.max(late_by).alias("reschedule_late_by"),
+        F.max(F.when(late_by == BY_CUTOFF, put_due - at_ms)).alias("reschedule_gap_ms"),
         flag(mismatched).alias("version_mismatch"),
         # An occurrence followed by the next one, yet never delivered: the series skipped it.
         flag(continued & (copies == 0)).alias("occurrence_missing"),
@@ -440,6 +595,12 @@ def per_id(versions: DataFrame, topics: list[str]) -> DataFrame:
         F.sum("dead_letters").alias("dead_letters"),
         F.max("dead_letter_due").alias("dead_letter_due"),
         F.max("dead_letter_topic").alias("dead_letter_topic"),
+        F.min("copy_offset").alias("twice_written_copy_offset"),
+        F.min_by("version", "copy_offset").alias("twice_written_offset"),
+        F.min("reorder_low_offset").alias("reorder_low_offset"),
+        F.min_by("reorder_low_ms", "reorder_low_offset").alias("reorder_low_ms"),
+        F.min_by("reorder_high_offset", "reorder_low_offset").alias("reorder_high_offset"),
+        F.min_by("reorder_high_ms", "reorder_low_offset").alias("reorder_high_ms"),
     )
     return (grouped.withColumn("put_topic", _topic_name("put_topic", topics))
             .withColumn("delivery_topic", _topic_name("delivery_topic", topics))
@@ -456,9 +617,16 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
     first_ms = F.when(has_put, col("latest_first_ms")).otherwise(col("first_ms"))
     cancel_after = col("cancel_offset").isNotNull()
     by_cutoff = col("cutoff").isNotNull()
-    too_late = (F.when(by_cutoff, expr("cancel_offset >= cutoff"))
-                .when(col("done_offset").isNotNull(), expr("done_offset < cancel_offset"))
-                .otherwise(F.coalesce(first_ms < col("cancel_ms"), F.lit(False))))
+    cancel_offset, cancel_ms, put_due = col("cancel_offset"), col("cancel_ms"), col("put_due")
+    # Older masters' dones have no cutoff: a cancel after one of the latest version is too late, or,
+    # with no done left, one created after the latest version's first delivery.
+    after_delivery = (F.when(col("done_offset").isNotNull(), col("done_offset") < cancel_offset)
+                      .otherwise(F.coalesce(first_ms < cancel_ms, F.lit(False))))
+    cancel_late_by = (F.when(by_cutoff, _too_late(cancel_offset, cancel_ms, put_due, col("cutoff"),
+                                                  col("done_offset"), options.ack_grace_ms))
+                      .when(after_delivery, F.when(cancel_ms >= put_due, F.lit(AFTER_DUE))
+                            .otherwise(F.lit(AFTER_DELIVERY))))
+    too_late = col("cancel_too_late")
     # The master dead-lettered the version that had to be delivered (undeliverable: no target topic or
     # partition, or Kafka refused the record); without a put left, any version of the id.
     dead_lettered = F.when(has_put, col("latest_dead_letters") > 0).otherwise(col("dead_letters") > 0)
@@ -467,10 +635,15 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
     state = col("state")
     legit = state.isin("scheduled", "compacted")
     cancel_ignored = ((state == "cancelled") & delivered & by_cutoff) | col("older_cancel_ignored")
+    cancel_gap = F.when(col("cancel_late_by") == BY_CUTOFF, put_due - cancel_ms)
+    rescheduled_too_late = col("rescheduled_too_late")
+    # Each column computed once and read by name after: the stage's generated code then stays under the
+    # size the JVM still compiles (8,000 bytes of bytecode per method; above it, it runs interpreted).
     return (ids
             .withColumn("due_ms", expr("coalesce(put_due, header_due, dead_letter_due, first_ms)"))
             .where((col("due_ms") >= options.since_ms) & (col("due_ms") < options.until_ms))
-            .withColumn("cancel_too_late", cancel_after & too_late)
+            .withColumn("cancel_late_by", F.when(cancel_after, cancel_late_by))
+            .withColumn("cancel_too_late", col("cancel_late_by").isNotNull())
             .withColumn("state", F.when(cancel_after & ~too_late, "cancelled")
                         .when(has_put, "scheduled")
                         .when(col("in_buffer"), "compacted")
@@ -489,17 +662,27 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
                         | ((state == "unknown") & (col("delivered_count") > 0)) | col("version_mismatch"))
             .withColumn("is_early", col("any_early"))
             .withColumn("is_cancel_ignored", col("ignored").isNotNull())
+            .withColumn("is_reordered", col("reorder_low_offset").isNotNull())
+            .withColumn("is_twice_written", col("twice_written_copy_offset").isNotNull())
             .withColumn("rescheduled_too_late", col("older_delivered") & ~col("reschedule_ignored")
                         & ~col("older_cancel_ignored"))
+            .withColumn("reschedule_late_by", F.when(rescheduled_too_late, col("reschedule_late_by")))
+            .withColumn("too_late_gap_ms", F.greatest(cancel_gap, F.when(col("reschedule_late_by") == BY_CUTOFF,
+                                                                          col("reschedule_gap_ms"))))
+            .withColumn("cancel_late_by", _evidence_name(col("cancel_late_by")))
+            .withColumn("reschedule_late_by", _evidence_name(col("reschedule_late_by")))
             .withColumn("lateness_ms", F.when(col("is_delivered") & ~col("already_due"), first_ms - col("due_ms")))
             .withColumn("put_to_delivery_ms",
                         F.when(col("is_delivered") & col("already_due"), first_ms - col("put_ms")))
             .select(F.col("id"), "topic", "state", "due_ms", col("put_offset").alias("version"), "put_ms",
                     "already_due", "put_to_delivery_ms", "dead_letters", "delivered_count",
                     "versions_delivered", "duplicate_records", "first_ms", "last_ms", "lateness_ms", "first_epoch",
-                    "last_epoch", "cancel_offset", "cancel_ms", "cutoff", "cancel_too_late",
-                    "rescheduled_too_late", "ignored", "is_expected", "in_grace", "is_delivered", "is_missing",
-                    "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored", "is_undeliverable"))
+                    "last_epoch", "cancel_offset", "cancel_ms", "cutoff", "cancel_too_late", "cancel_late_by",
+                    "rescheduled_too_late", "reschedule_late_by", "too_late_gap_ms", "ignored",
+                    "reorder_low_offset", "reorder_low_ms", "reorder_high_offset", "reorder_high_ms",
+                    "twice_written_offset", "twice_written_copy_offset", "is_expected", "in_grace", "is_delivered",
+                    "is_missing", "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored", "is_reordered",
+                    "is_twice_written", "is_undeliverable"))
 
 
 def _rounded_ms(column: str) -> Column:
@@ -519,9 +702,13 @@ def summary_groups(judged: DataFrame) -> DataFrame:
         return F.count(F.when(condition, 1))
 
     flag = F.col
+    def late_by(column: str, evidence: str) -> Column:
+        return F.col(column) == evidence
+
     return judged.groupBy(
         "topic", (F.floor(F.col("due_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"),
         _rounded_ms("lateness_ms").alias("lateness_key"), _rounded_ms("put_to_delivery_ms").alias("written_key"),
+        _rounded_ms("too_late_gap_ms").alias("gap_key"),
     ).agg(
         count_of(flag("is_expected")).alias("expected"),
         count_of(flag("is_delivered")).alias("delivered"),
@@ -538,10 +725,27 @@ def summary_groups(judged: DataFrame) -> DataFrame:
         count_of(F.col("state") == "cancelled").alias("cancelled"),
         count_of(flag("cancel_too_late")).alias("cancelled_too_late"),
         count_of(flag("rescheduled_too_late")).alias("rescheduled_too_late"),
+        *(count_of(late_by(column, evidence)).alias(f"{total}_{evidence}")
+          for column, total in (("cancel_late_by", "cancelled_too_late"),
+                                ("reschedule_late_by", "rescheduled_too_late"))
+          for evidence in TOO_LATE_EVIDENCE),
+        count_of(flag("is_reordered")).alias("reordered"),
+        count_of(flag("is_twice_written")).alias("twice_written"),
         count_of(flag("in_grace")).alias("in_grace"),
         F.count("lateness_ms").alias("lateness_n"),
         F.count("put_to_delivery_ms").alias("written_n"),
+        F.count("too_late_gap_ms").alias("gap_n"),
     )
+
+
+def anomalous(judged: DataFrame) -> DataFrame:
+    """The judged ids with an anomaly of any kind (:data:`.report.ANOMALY_FLAGS`), by due time."""
+    from functools import reduce
+    from operator import or_
+
+    from pyspark.sql import functions as F
+
+    return judged.where(reduce(or_, (F.col(flag) for flag in ANOMALY_FLAGS.values()))).orderBy("due_ms", "id")
 
 
 def _topics_on_broker(settings: Settings, topics: list[str]) -> dict[str, int]:
@@ -645,8 +849,10 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         raw = spark.createDataFrame([], _KAFKA_SCHEMA)
     topics = sorted(set(put_topics) | set(targets))
     versions = per_version(buffer, delivery_rows(raw), topics, options.early_tolerance_ms,
-                           copies=seen["copies"] > 0, dead_letters=letters)
-    judged = judge(per_id(versions, topics), options).persist(StorageLevel.MEMORY_AND_DISK)
+                           copies=seen["copies"] > 0, dead_letters=letters,
+                           reorder_tolerance_ms=options.reorder_tolerance_ms)
+    judged = judge(per_id(versions, topics, ack_grace_ms=options.ack_grace_ms), options)
+    judged = judged.persist(StorageLevel.MEMORY_AND_DISK)
     judged.count()
     buffer.unpersist()
     lap("judge")
@@ -667,9 +873,7 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     lap("summaries")
 
     say("collecting the anomalies")
-    flags = (F.col("is_missing") | F.col("is_duplicate") | F.col("is_unexpected") | F.col("is_early")
-             | F.col("is_cancel_ignored"))
-    anomalies = judged.where(flags).orderBy("due_ms", "id").toArrow()
+    anomalies = anomalous(judged).toArrow()
     judged.unpersist()
     lap("anomalies")
     totals = {**summary.overall.counts, "dead_lettered": int(dead_letters["total"]),
@@ -689,6 +893,7 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         dead_letters=dead_letters,
         malformed_by_code={reason: int(seen[reason]) for reason in MALFORMED_CODES if seen[reason]},
         already_due=summary.overall.put_to_delivery_ms(),
+        too_late_by_cutoff=summary.overall.too_late_gap_ms(),
     )
 
 

@@ -105,6 +105,13 @@ class ReconcileOptions:
         early_tolerance_ms: a delivery this much before its due time is not yet "early":
             the due time comes from the producing host's clock and the delivery
             timestamp from the master's, and NTP keeps hosts on one network within a few ms.
+        reorder_tolerance_ms: two writes of one id by producers (puts, cancels) whose offset
+            order and record timestamp (creation time) order disagree by this much or less
+            are not ``reordered``: producers on different hosts have clocks this far apart.
+        ack_grace_ms: how long a producer's acknowledgement may lag the creation of its write:
+            a cancel or reschedule created less than this before the due time of a version
+            delivered anyway lost the race by the master's cutoff (not an anomaly); one
+            created earlier, and appended before that delivery's ``done``, was ignored.
         topics: target topics to read; None finds them from the buffer's put frames.
         read_committed: read with ``isolation.level=read_committed`` (aborted
             transactions of a fenced master are not deliveries).
@@ -125,6 +132,8 @@ class ReconcileOptions:
     out: Path
     grace_ms: int = 5 * 60_000
     early_tolerance_ms: int = 10
+    reorder_tolerance_ms: int = 0
+    ack_grace_ms: int = 10_000
     topics: tuple[str, ...] | None = None
     read_committed: bool = True
     lookback_ms: int = 3_600_000
@@ -134,11 +143,13 @@ class ReconcileOptions:
     spark_conf: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("since_ms", "until_ms", "grace_ms", "early_tolerance_ms", "lookback_ms", "list_limit"):
+        for name in ("since_ms", "until_ms", "grace_ms", "early_tolerance_ms", "reorder_tolerance_ms",
+                     "ack_grace_ms", "lookback_ms", "list_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        for name in ("grace_ms", "early_tolerance_ms", "lookback_ms", "list_limit"):
+        for name in ("grace_ms", "early_tolerance_ms", "reorder_tolerance_ms", "ack_grace_ms", "lookback_ms",
+                     "list_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.since_ms >= self.until_ms:

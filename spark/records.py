@@ -10,8 +10,9 @@ executors' Python workers, which therefore need delayq installed (the job sets
 The loops are written for speed: each Arrow column becomes one Python list
 (``to_pylist`` per column, never per row), the headers are sliced out of the flat
 list of all header names and values by the list offsets, the columns Python does not
-need to look at (key, offset, timestamp, partition) go back to Spark as the very
-Arrow arrays that came in, and each output column is built once per batch.
+need to look at (key, offset, timestamp, partition, the hash of value and headers) go
+back to Spark as the very Arrow arrays that came in, and each output column is built
+once per batch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 # Kinds of record in the union of both sides (small ints: cheap to compare and aggregate).
 PUT, CANCEL, DONE, DELIVERY, DEAD_LETTER = 0, 1, 2, 3, 4
+# A producer's put identical to an earlier one of its id (value, headers, timestamp): the same write
+# appended twice (a retry), not a version of its own. The job gives it this kind; the parser never does.
+REWRITTEN = 5
 
 # Dead-letter reason codes of messages the master could not deliver (the rest are malformed records).
 UNDELIVERABLE = frozenset(code.value for code in wire.UNDELIVERABLE)
@@ -34,11 +38,12 @@ MALFORMED_CODES = tuple(r.value for r in wire.Reason if r.value not in UNDELIVER
 # A dead letter whose reason header starts with no known code.
 UNKNOWN_CODE = "unknown"
 
-# What buffer_input() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
-BUFFER_INPUT = ("key", "value", "headers", "partition", "offset", "ts")
+# What buffer_rows() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
+# ``written``: a hash of the record's value and headers, which with its timestamp tells a put written twice.
+BUFFER_INPUT = ("key", "value", "headers", "partition", "offset", "ts", "written")
 BUFFER_SCHEMA = ("key BINARY, partition INT, offset BIGINT, ts BIGINT, kind INT, code STRING, due BIGINT, "
                  "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT, "
-                 "follows_cutoff BIGINT")
+                 "follows_cutoff BIGINT, written BIGINT")
 DEAD_LETTER_SCHEMA = ("id STRING, key_text STRING, partition INT, offset BIGINT, ts BIGINT, code STRING, "
                       "text STRING, source STRING, version BIGINT, due BIGINT, put_topic STRING, "
                       "undeliverable BOOLEAN")
@@ -58,7 +63,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
     of a malformed record. A put has ``due``, ``put_topic`` and ``restores`` (the version
     it replaces only: a master's copy, or a series' next occurrence, which also has
     ``follows`` and ``follows_cutoff``); a done has ``version`` (the put it closes, null for a done of an older master)
-    and ``cutoff``.
+    and ``cutoff``. ``written`` is passed through untouched.
 
     Args:
         batches: Arrow batches of :data:`BUFFER_INPUT` (``ts``: the record timestamp in ms).
@@ -119,9 +124,9 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
             [batch.column(0), batch.column(3), batch.column(4), batch.column(5), pa.array(kind, int32),
              pa.array(code, string), pa.array(due, int64), pa.array(topic, string), pa.array(restores, int64),
              pa.array(version, int64), pa.array(cutoff, int64), pa.array(follows, int64),
-             pa.array(follows_cutoff, int64)],
+             pa.array(follows_cutoff, int64), batch.column(6)],
             names=["key", "partition", "offset", "ts", "kind", "code", "due", "put_topic", "restores", "version",
-                   "cutoff", "follows", "follows_cutoff"])
+                   "cutoff", "follows", "follows_cutoff", "written"])
 
 
 def dead_letter(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None

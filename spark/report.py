@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .options import ReconcileOptions, iso
+from .summary import TOO_LATE_EVIDENCE
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -20,13 +21,18 @@ if TYPE_CHECKING:
     from .job import Findings
 
 # Each of these, when not zero, makes the run fail (exit code 1).
-ANOMALY_KINDS = ("duplicates", "missing", "unexpected", "early", "cancel_ignored")
+ANOMALY_KINDS = ("duplicates", "missing", "unexpected", "early", "cancel_ignored", "reordered", "twice_written")
 # Which flag column of the judged table marks each kind.
-_FLAG = {"duplicates": "is_duplicate", "missing": "is_missing", "unexpected": "is_unexpected", "early": "is_early",
-         "cancel_ignored": "is_cancel_ignored"}
+ANOMALY_FLAGS = {"duplicates": "is_duplicate", "missing": "is_missing", "unexpected": "is_unexpected",
+                 "early": "is_early", "cancel_ignored": "is_cancel_ignored", "reordered": "is_reordered",
+                 "twice_written": "is_twice_written"}
 # How the alert line names each kind.
 _ALERT_NAMES = {"duplicates": "duplicated", "missing": "missing", "unexpected": "unexpected", "early": "early",
-                "cancel_ignored": "cancel or reschedule ignored"}
+                "cancel_ignored": "cancel or reschedule ignored", "reordered": "reordered",
+                "twice_written": "written twice"}
+# The evidence a too-late cancel or reschedule is counted by (TOO_LATE_EVIDENCE), in words.
+EVIDENCE_NAMES = dict(zip(TOO_LATE_EVIDENCE, ("written after due", "appended after the delivery",
+                                              "by the cutoff only"), strict=True))
 HTML_ROWS = 20
 
 
@@ -34,9 +40,9 @@ HTML_ROWS = 20
 class Report:
     """The outcome of one run; ``to_dict()`` is the report.json document.
 
-    ``exit_code`` is 0 when no id is missing, duplicated, early, unexpected or had a
-    cancel or reschedule ignored (``ANOMALY_KINDS``), else 1, so a CronJob or a CI
-    step can alert on it.
+    ``exit_code`` is 0 when no id is missing, duplicated, early, unexpected, had a
+    cancel or reschedule ignored, or had producer writes reordered or a put written
+    twice (``ANOMALY_KINDS``), else 1, so a CronJob or a CI step can alert on it.
     """
 
     window: dict[str, Any]
@@ -58,6 +64,9 @@ class Report:
     malformed_buffer_records_by_code: dict[str, int] = field(default_factory=dict)
     # Puts written when already due: count (expected ids), delivered, p50/p99/max of put to first delivery.
     already_due_when_written: dict[str, int | None] = field(default_factory=dict)
+    # Cancels and reschedules too late by the master's cutoff only: count, p50 and max of how long
+    # before the due time they were created.
+    too_late_by_cutoff: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +87,7 @@ def build_report(findings: Findings, settings: Settings, options: ReconcileOptio
     table = findings.anomalies
     lists, truncated = {}, {}
     for kind in ANOMALY_KINDS:
-        ids = table.filter(table[_FLAG[kind]]).column("id").to_pylist() if table.num_rows else []
+        ids = table.filter(table[ANOMALY_FLAGS[kind]]).column("id").to_pylist() if table.num_rows else []
         lists[kind] = ids[:options.list_limit]
         truncated[kind] = len(ids) > options.list_limit
     return Report(
@@ -87,6 +96,7 @@ def build_report(findings: Findings, settings: Settings, options: ReconcileOptio
             "since_ms": options.since_ms, "until_ms": options.until_ms,
             "grace_ms": options.grace_ms, "expected_before": iso(options.expected_before_ms),
             "early_tolerance_ms": options.early_tolerance_ms, "lookback_ms": options.lookback_ms,
+            "reorder_tolerance_ms": options.reorder_tolerance_ms, "ack_grace_ms": options.ack_grace_ms,
         },
         source={
             "bootstrap_servers": settings.bootstrap_servers, "buffer_topic": settings.buffer_topic,
@@ -107,6 +117,7 @@ def build_report(findings: Findings, settings: Settings, options: ReconcileOptio
         dead_letters=_dead_letters(findings.dead_letters),
         malformed_buffer_records_by_code=dict(sorted(findings.malformed_by_code.items())),
         already_due_when_written=dict(findings.already_due),
+        too_late_by_cutoff=dict(findings.too_late_by_cutoff),
     )
 
 
@@ -133,7 +144,7 @@ def write_outputs(report: Report, anomalies: pa.Table, out: Path) -> Report:
         import pyarrow.parquet as pq
 
         path = folder / f"{kind}.parquet"
-        pq.write_table(detailed.filter(detailed[_FLAG[kind]]) if detailed.num_rows else detailed, path)
+        pq.write_table(detailed.filter(detailed[ANOMALY_FLAGS[kind]]) if detailed.num_rows else detailed, path)
         report.files[f"anomalies_{kind}"] = str(path)
     report.files["json"] = str(out / "report.json")
     report.files["html"] = str(out / "report.html")
@@ -200,7 +211,8 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
                        f'<b>{totals.get(k, 0):,}</b>{esc(k.replace("_", " "))}</div>' for k in names)
 
     status = ('<div class="status ok">OK: every expected message was delivered or dead-lettered, none twice, none '
-              'early, no cancel or reschedule ignored, nothing unexpected (exit code 0)</div>'
+              'early, no cancel or reschedule ignored, nothing unexpected, no producer write out of order or '
+              'written twice (exit code 0)</div>'
               if report.ok else
               f'<div class="status alert">ALERT: {esc(alert_text(totals))} (exit code 1)</div>')
     if totals.get("dead_lettered") or totals.get("malformed_buffer_records"):
@@ -208,11 +220,13 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
                    f'{totals.get("malformed_buffer_records", 0):,} malformed buffer record(s): see "Dead letters" '
                    'below. They do not fail the run.</div>')
     topic_rows = [[_Name(t), v["expected"], v["delivered"], v["missing"], v.get("undeliverable", 0), v["duplicates"],
-                   v["unexpected"], v["early"], v["cancel_ignored"], *_pcts(v["lateness_ms"])]
+                   v["unexpected"], v["early"], v["cancel_ignored"], v.get("reordered", 0), v.get("twice_written", 0),
+                   *_pcts(v["lateness_ms"])]
                   for t, v in report.by_topic.items()]
     topic_rows.append(["all topics", totals["expected"], totals["delivered"], totals["missing"],
                        totals.get("undeliverable", 0), totals["duplicates"], totals["unexpected"], totals["early"],
-                       totals["cancel_ignored"], *_pcts(report.lateness_ms)])
+                       totals["cancel_ignored"], totals["reordered"], totals["twice_written"],
+                       *_pcts(report.lateness_ms)])
     worst = [[w["id"], _name(w["topic"]), _when(w["due_ms"]), _when(w["first_ms"]), w["lateness_ms"],
               w["delivered_count"], _epochs(w)] for w in report.worst_late]
     parts = [
@@ -226,7 +240,7 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
          f"{esc(report.source['isolation_level'])}; generated {esc(report.generated_at)}. Times are UTC.</p>"),
         status,
         "<div class='group'>Anomalies: any of these fails the run</div>",
-        f"<div class='cards'>{cards(('missing', 'duplicates', 'unexpected', 'early', 'cancel_ignored'), 'bad')}</div>",
+        f"<div class='cards'>{cards(ANOMALY_KINDS, 'bad')}</div>",
         "<div class='group'>Messages due in the window</div>",
         f"<div class='cards'>{cards(('expected', 'delivered', 'undeliverable', 'in_grace', 'delivered_records'))}"
         f"{cards(('cancelled', 'cancelled_too_late', 'rescheduled_too_late', 'already_due_when_written'))}</div>",
@@ -238,7 +252,7 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
         "when it was already due are left out (see <i>Already due when written</i>). <i>Undeliverable</i>: "
         "dead-lettered by the master instead of delivered.</p>",
         _table(["topic", "expected", "delivered", "missing", "undeliverable", "duplicates", "unexpected", "early",
-                "cancel ignored", "p50", "p90", "p99", "max"], topic_rows),
+                "cancel ignored", "reordered", "twice written", "p50", "p90", "p99", "max"], topic_rows),
     ]
     if report.source["topics_not_found"]:
         parts.append(f"<p class='status alert'>Target topics not found on the broker: "
@@ -254,6 +268,7 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
                 [[already.get("count", 0), already.get("delivered", 0), _Figure(_duration(already.get("p50"))),
                   _Figure(_duration(already.get("p99"))), _Figure(_duration(already.get("max")))]])
          if already.get("count") else "<p>None: every put due in the window was written before its due time.</p>"),
+        *_too_late_html(report),
         f"<h2>The {len(worst)} most late deliveries (by lateness, highest first)</h2>",
         _table(["id", "topic", "due", "first delivery", "lateness ms", "copies", "epochs"], worst),
     ]
@@ -266,17 +281,59 @@ def render_html(report: Report, anomalies: pa.Table) -> str:
         if not count:
             continue
         parts.append(f"<h2>{esc(kind.replace('_', ' ').capitalize())}: {count:,} (by due time, earliest first)</h2>")
-        rows = anomalies.filter(anomalies[_FLAG[kind]]).slice(0, HTML_ROWS).to_pylist()
+        rows = anomalies.filter(anomalies[ANOMALY_FLAGS[kind]]).slice(0, HTML_ROWS).to_pylist()
+        records = kind in _RECORDS
         parts.append(_table(
-            ["id", "topic", "state", "due", "copies", "versions", "first delivery", "lateness ms", "epochs"],
+            ["id", "topic", "state", "due", "copies", "versions", "first delivery", "lateness ms", "epochs",
+             *(["buffer records"] if records else [])],
             [[r["id"], _name(r["topic"]), _state(r), _when(r["due_ms"]), r["delivered_count"],
-              r.get("versions_delivered"), _when(r["first_ms"]), r["lateness_ms"], _epochs(r)] for r in rows]))
+              r.get("versions_delivered"), _when(r["first_ms"]), r["lateness_ms"], _epochs(r),
+              *([_Text(_RECORDS[kind](r))] if records else [])] for r in rows]))
         if count > HTML_ROWS:
             parts.append(f"<p class='muted'>First {HTML_ROWS} of {count:,}; all of them in "
                          f"anomalies/{kind}.parquet.</p>")
     parts += _dead_letter_html(letters, report.malformed_buffer_records_by_code, totals)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _too_late_html(report: Report) -> list[str]:
+    """The page's section on cancels and reschedules that lost to a delivery, split by the evidence."""
+    esc = html.escape
+    totals = report.totals
+    gap = report.too_late_by_cutoff or {}
+    grace = _duration(report.window.get("ack_grace_ms"))
+    parts = ["<h2>Cancels and reschedules too late</h2>",
+             "<p class='note'>A cancel or reschedule that lost the race to a delivery of the version it superseded, "
+             "by the evidence the buffer holds beyond the master's own cutoff: <i>written after due</i>, its record "
+             "timestamp (the producer's creation time; the acknowledgement came later still) at or after the due "
+             "time; <i>appended after the delivery</i>, at an offset above the done that closed the delivered "
+             "version; <i>by the cutoff only</i>, neither, but at or above the done's cutoff and created less than "
+             f"the ack grace ({esc(grace)}) before the due time. Created earlier and appended before the done, "
+             "or below the cutoff, it was ignored: an anomaly (<i>cancel ignored</i>). None of these fails the "
+             "run.</p>"]
+    rows = [[label, totals.get(total, 0), *(totals.get(f"{total}_{evidence}", 0) for evidence in EVIDENCE_NAMES)]
+            for label, total in (("cancelled too late", "cancelled_too_late"),
+                                 ("rescheduled too late", "rescheduled_too_late"))]
+    parts.append(_table(["", "ids", *EVIDENCE_NAMES.values()], rows))
+    if gap.get("count"):
+        parts.append(f"<p>By the cutoff only: created {esc(_duration(gap.get('p50')))} (p50), at most "
+                     f"{esc(_duration(gap.get('max')))}, before the due time.</p>")
+    return parts
+
+
+def _reordered_records(row: dict[str, Any]) -> str:
+    """The two writes out of order: "offset 6514, created ..., appended before offset 6588, created ..."."""
+    return (f"offset {row['reorder_low_offset']}, created {_when(row['reorder_low_ms'])}, appended before offset "
+            f"{row['reorder_high_offset']}, created {_when(row['reorder_high_ms'])}")
+
+
+def _twice_written_records(row: dict[str, Any]) -> str:
+    return f"offset {row['twice_written_offset']} written again at offset {row['twice_written_copy_offset']}"
+
+
+# The buffer records an anomaly of these kinds is about, as the page names them.
+_RECORDS = {"reordered": _reordered_records, "twice_written": _twice_written_records}
 
 
 def _dead_letter_html(letters: dict[str, Any], malformed: dict[str, int], totals: dict[str, int]) -> list[str]:

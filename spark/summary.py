@@ -15,9 +15,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# Why a cancel or reschedule that lost to a delivery was too late (the job's TOO_LATE_EVIDENCE).
+TOO_LATE_EVIDENCE = ("after_due", "after_delivery", "by_cutoff")
 COUNT_FIELDS = ("expected", "delivered", "delivered_records", "duplicates", "duplicate_records", "missing",
-                "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "cancelled", "cancelled_too_late",
-                "rescheduled_too_late", "in_grace", "already_due_when_written")
+                "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "reordered", "twice_written",
+                "cancelled", "cancelled_too_late", "rescheduled_too_late",
+                *(f"{total}_{evidence}" for total in ("cancelled_too_late", "rescheduled_too_late")
+                  for evidence in TOO_LATE_EVIDENCE),
+                "in_grace", "already_due_when_written")
 # Lateness histogram bucket edges in ms; the first bucket is everything below -1 s, the last from 1 min up.
 LATENESS_EDGES_MS = (-1000, -100, -10, 0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 60_000)
 HOUR_MS = 3_600_000
@@ -61,11 +66,14 @@ class Tally:
     ``lateness`` holds first delivery minus due time of the delivered ids, except those
     whose put was written when it was already due (its timestamp at or after its due
     time): ``put_to_delivery`` holds first delivery minus the put's timestamp of those.
+    ``too_late_gap`` holds, per cancel or reschedule too late by the master's cutoff only,
+    how long before the due time it was created.
     """
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNT_FIELDS, 0))
     lateness: Counter = field(default_factory=Counter)
     put_to_delivery: Counter = field(default_factory=Counter)
+    too_late_gap: Counter = field(default_factory=Counter)
 
     def add(self, row: Mapping[str, Any]) -> None:
         for name in COUNT_FIELDS:
@@ -74,6 +82,8 @@ class Tally:
             self.lateness[int(row["lateness_key"])] += int(row["lateness_n"])
         if row.get("written_key") is not None:
             self.put_to_delivery[int(row["written_key"])] += int(row["written_n"])
+        if row.get("gap_key") is not None:
+            self.too_late_gap[int(row["gap_key"])] += int(row["gap_n"])
 
     def lateness_ms(self) -> dict[str, int | None]:
         """p50, p90, p99, max and min of the first-delivery lateness, and how many ids it covers."""
@@ -86,6 +96,12 @@ class Tally:
         table = self.put_to_delivery
         return {"count": self.counts["already_due_when_written"], "delivered": sum(table.values()),
                 "p50": percentile(table, 0.5), "p99": percentile(table, 0.99), "max": max(table, default=None)}
+
+    def too_late_gap_ms(self) -> dict[str, int | None]:
+        """Ids with a cancel or reschedule too late by the cutoff only: how many, and p50, max of
+        how long before the due time that write was created."""
+        table = self.too_late_gap
+        return {"count": sum(table.values()), "p50": percentile(table, 0.5), "max": max(table, default=None)}
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.counts, "lateness_ms": self.lateness_ms()}

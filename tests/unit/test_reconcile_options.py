@@ -64,6 +64,7 @@ def test_options_defaults_grace_five_minutes_read_committed_local_master():
     assert (chosen.grace_ms, chosen.read_committed, chosen.isolation_level, chosen.master, chosen.topics) == \
         (300_000, True, "read_committed", "local[*]", None)
     assert chosen.expected_before_ms == NOW - 300_000
+    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (0, 10_000)
 
 
 @pytest.mark.parametrize("changes,error,message", [
@@ -71,6 +72,9 @@ def test_options_defaults_grace_five_minutes_read_committed_local_master():
     ({"grace_ms": 86_400_000}, ValueError, "grace_ms 86400000 covers the whole window"),
     ({"grace_ms": -1}, ValueError, "grace_ms must not be negative"),
     ({"early_tolerance_ms": -5}, ValueError, "early_tolerance_ms must not be negative"),
+    ({"reorder_tolerance_ms": -1}, ValueError, "reorder_tolerance_ms must not be negative"),
+    ({"ack_grace_ms": -1}, ValueError, "ack_grace_ms must not be negative"),
+    ({"ack_grace_ms": 1.5}, TypeError, "ack_grace_ms must be an int"),
     ({"since_ms": "yesterday"}, TypeError, "since_ms must be an int"),
     ({"read_committed": True, "list_limit": True}, TypeError, "list_limit must be an int"),
     ({"topics": "orders"}, TypeError, "topics must be a sequence"),
@@ -98,24 +102,29 @@ def test_flags_default_to_the_last_24_hours_and_five_minutes_grace():
     assert (chosen.since_ms, chosen.until_ms, chosen.grace_ms, chosen.early_tolerance_ms) == \
         (NOW - 86_400_000, NOW, 300_000, 10)
     assert chosen.out == Path("delayq-report") and chosen.master == "local[*]" and chosen.read_committed
+    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (0, 10_000)
 
 
 def test_flags_map_onto_options():
     chosen = options_from_args(parse(
         "--since", "2027-01-15T06:00:00Z", "--until", "1h", "--grace", "30s", "--topics", "a, b,,a",
         "--read-uncommitted", "--master", "spark://m:7077", "--out", "/tmp/r", "--early-tolerance", "2ms",
-        "--conf", "spark.sql.shuffle.partitions=4", "--list-limit", "5"), now_ms=NOW)
+        "--conf", "spark.sql.shuffle.partitions=4", "--list-limit", "5", "--reorder-tolerance", "250ms",
+        "--ack-grace", "1m"), now_ms=NOW)
     assert (chosen.since_ms, chosen.until_ms, chosen.grace_ms) == (NOW - 7_200_000, NOW - 3_600_000, 30_000)
     assert chosen.topics == ("a", "b") and not chosen.read_committed and chosen.isolation_level == "read_uncommitted"
     assert (chosen.master, chosen.out, chosen.early_tolerance_ms, chosen.list_limit) == \
         ("spark://m:7077", Path("/tmp/r"), 2, 5)
     assert chosen.spark_conf == {"spark.sql.shuffle.partitions": "4"}
+    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (250, 60_000)
 
 
 @pytest.mark.parametrize("argv,message", [
     (("--conf", "no-equals-sign"), "--conf 'no-equals-sign' must be KEY=VALUE"),
     (("--topics", " , "), "--topics is empty"),
     (("--grace", "5"), "--grace '5' is not a duration"),
+    (("--reorder-tolerance", "2"), "--reorder-tolerance '2' is not a duration"),
+    (("--ack-grace", "10 s"), "--ack-grace '10 s' is not a duration"),
     (("--until", "later"), "--until 'later' is neither"),
 ])
 def test_flags_with_bad_values_fail_naming_the_flag(argv, message):

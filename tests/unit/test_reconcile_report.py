@@ -13,7 +13,7 @@ from delayq import Settings
 from delayq.spark import ANOMALY_KINDS, ReconcileOptions, load_report
 from delayq.spark.job import Findings
 from delayq.spark.report import HTML_ROWS, build_report, write_outputs
-from delayq.spark.summary import histogram
+from delayq.spark.summary import COUNT_FIELDS, histogram
 
 SINCE = 1_800_000_000_000
 HOUR = 3_600_000
@@ -25,10 +25,14 @@ SCHEMA = pa.schema([
     ("duplicate_records", pa.int64()), ("first_ms", pa.int64()), ("last_ms", pa.int64()),
     ("lateness_ms", pa.int64()), ("first_epoch", pa.int64()), ("last_epoch", pa.int64()),
     ("cancel_offset", pa.int64()), ("cancel_ms", pa.int64()), ("cutoff", pa.int64()),
-    ("cancel_too_late", pa.bool_()), ("rescheduled_too_late", pa.bool_()), ("ignored", pa.string()),
+    ("cancel_too_late", pa.bool_()), ("cancel_late_by", pa.string()), ("rescheduled_too_late", pa.bool_()),
+    ("reschedule_late_by", pa.string()), ("too_late_gap_ms", pa.int64()), ("ignored", pa.string()),
+    ("reorder_low_offset", pa.int64()), ("reorder_low_ms", pa.int64()), ("reorder_high_offset", pa.int64()),
+    ("reorder_high_ms", pa.int64()), ("twice_written_offset", pa.int64()), ("twice_written_copy_offset", pa.int64()),
     ("is_expected", pa.bool_()), ("in_grace", pa.bool_()), ("is_delivered", pa.bool_()), ("is_missing", pa.bool_()),
     ("is_duplicate", pa.bool_()), ("is_unexpected", pa.bool_()), ("is_early", pa.bool_()),
-    ("is_cancel_ignored", pa.bool_()), ("is_undeliverable", pa.bool_()),
+    ("is_cancel_ignored", pa.bool_()), ("is_reordered", pa.bool_()), ("is_twice_written", pa.bool_()),
+    ("is_undeliverable", pa.bool_()),
 ])
 FLAGS = ("in_grace", "cancel_too_late", "rescheduled_too_late")
 
@@ -47,20 +51,18 @@ def anomaly(delay_id: str, *, flag: str, topic: str = "orders", copies: int = 1,
 
 
 def counts(**anomalies: int) -> dict[str, int]:
-    base = dict.fromkeys(("expected", "delivered", "delivered_records", "duplicates", "duplicate_records", "missing",
-                          "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "cancelled",
-                          "cancelled_too_late", "rescheduled_too_late", "in_grace", "already_due_when_written",
-                          "dead_lettered", "buffer_records", "malformed_buffer_records"), 0)
+    base = dict.fromkeys((*COUNT_FIELDS, "dead_lettered", "buffer_records", "malformed_buffer_records"), 0)
     base.update(expected=100, delivered=100, delivered_records=100, buffer_records=200)
     base.update(anomalies)
     return base
 
 
 def findings(rows: list[dict], dead_letters: dict | None = None, malformed: dict | None = None,
-             **anomalies: int) -> Findings:
+             too_late_by_cutoff: dict | None = None, **anomalies: int) -> Findings:
     lateness = {"p50": 12, "p90": 40, "p99": 95, "max": 180, "min": 0, "count": 100}
     return Findings(
         dead_letters=dead_letters or {}, malformed_by_code=malformed or {},
+        too_late_by_cutoff=too_late_by_cutoff or {"count": 0, "p50": None, "max": None},
         already_due={"count": anomalies.get("already_due_when_written", 0), "delivered": 0, "p50": None,
                      "p99": None, "max": None},
         totals=counts(**anomalies), lateness=lateness,
@@ -109,7 +111,8 @@ def test_anomalies_are_listed_capped_in_json_and_complete_in_parquet(tmp_path):
     document = json.loads((chosen.out / "report.json").read_text())
     assert document["anomalies"]["duplicates"] == ["dup-0", "dup-1", "dup-2"]
     assert document["anomalies_truncated"] == {"duplicates": True, "missing": False, "unexpected": False,
-                                               "early": False, "cancel_ignored": False}
+                                               "early": False, "cancel_ignored": False, "reordered": False,
+                                               "twice_written": False}
     assert document["anomalies"]["missing"] == ["lost-1"]
     duplicates = pq.read_table(chosen.out / "anomalies" / "duplicates.parquet").to_pylist()
     assert [r["id"] for r in duplicates] == [f"dup-{i}" for i in range(5)]
@@ -153,6 +156,62 @@ def test_ignored_cancels_and_reschedules_are_listed_apart_and_named_in_the_page(
     assert "Cancel ignored: 2" in page and "cancelled, cancel ignored" in page and "scheduled, reschedule ignored" in page
 
 
+def test_reordered_and_twice_written_ids_are_listed_with_their_records_and_fail_the_run(tmp_path):
+    rows = [anomaly("r-1", flag="is_reordered", first=SINCE + HOUR + 4, reorder_low_offset=6514,
+                    reorder_low_ms=SINCE + 1400, reorder_high_offset=6588, reorder_high_ms=SINCE),
+            anomaly("t-1", flag="is_twice_written", copies=2, first=SINCE + HOUR + 4, is_duplicate=True,
+                    twice_written_offset=5, twice_written_copy_offset=7)]
+    chosen = options(tmp_path)
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+
+    report = write_outputs(build_report(findings(rows, reordered=1, twice_written=1, duplicates=1), Settings(),
+                                        chosen), table, chosen.out)
+
+    assert (report.ok, report.exit_code) == (False, 1)
+    assert report.anomalies["reordered"] == ["r-1"]
+    assert report.anomalies["twice_written"] == report.anomalies["duplicates"] == ["t-1"]
+    reordered = pq.read_table(chosen.out / "anomalies" / "reordered.parquet").to_pylist()
+    assert [(r["id"], r["reorder_low_offset"], r["reorder_high_offset"]) for r in reordered] == [("r-1", 6514, 6588)]
+    twice = pq.read_table(chosen.out / "anomalies" / "twice_written.parquet").to_pylist()
+    assert [(r["id"], r["twice_written_offset"], r["twice_written_copy_offset"]) for r in twice] == [("t-1", 5, 7)]
+    page = (chosen.out / "report.html").read_text()
+    assert "ALERT: 1 duplicated, 1 reordered, 1 written twice (exit code 1)" in page
+    assert "Reordered: 1" in page and "Twice written: 1" in page
+    assert ("offset 6514, created 2027-01-15 08:00:01.400, appended before offset 6588, created "
+            "2027-01-15 08:00:00.000") in page
+    assert "offset 5 written again at offset 7" in page
+
+
+def test_too_late_cancels_and_reschedules_are_reported_by_evidence_and_do_not_fail_the_run(tmp_path):
+    from rich.console import Console
+
+    from delayq.spark.cli import print_summary
+
+    chosen = options(tmp_path, ack_grace_ms=8000, reorder_tolerance_ms=50)
+    split = {"cancelled_too_late": 6, "cancelled_too_late_after_due": 3, "cancelled_too_late_after_delivery": 1,
+             "cancelled_too_late_by_cutoff": 2, "rescheduled_too_late": 1, "rescheduled_too_late_by_cutoff": 1}
+    found = findings([], too_late_by_cutoff={"count": 3, "p50": 2000, "max": 7500}, **split)
+
+    report = write_outputs(build_report(found, Settings(), chosen), pa.Table.from_pylist([], schema=SCHEMA),
+                           chosen.out)
+
+    assert (report.ok, report.exit_code) == (True, 0)
+    document = load_report(chosen.out)
+    assert {name: document["totals"][name] for name in split} == split
+    assert document["too_late_by_cutoff"] == {"count": 3, "p50": 2000, "max": 7500}
+    assert (document["window"]["ack_grace_ms"], document["window"]["reorder_tolerance_ms"]) == (8000, 50)
+    page = (chosen.out / "report.html").read_text()
+    assert "Cancels and reschedules too late" in page and "the ack grace (8 s)" in page
+    assert ("<tr><td class=l>cancelled too late</td><td>6</td><td>3</td><td>1</td><td>2</td></tr>"
+            "<tr><td class=l>rescheduled too late</td><td>1</td><td>0</td><td>0</td><td>1</td></tr>") in page
+    assert "By the cutoff only: created 2 s (p50), at most 7.5 s, before the due time." in page
+    console = Console(record=True, width=120)
+    print_summary(report, console)
+    text = console.export_text()
+    assert "written after due" in text and "appended after the delivery" in text and "by the cutoff only" in text
+    assert "too late by the cutoff only, created this long before the due time, ms: p50 2000, max 7500" in text
+
+
 def test_html_shows_status_totals_two_inline_charts_and_escapes_names(tmp_path):
     rows = [anomaly("<img src=x>", flag="is_missing", copies=0, topic="<orders>")]
     chosen = options(tmp_path)
@@ -179,6 +238,7 @@ def test_terminal_summary_shows_every_kind_and_names_the_alert(tmp_path):
 
     text = console.export_text()
     assert "cancel ignored" in text and "rescheduled too late" in text and "cancelled too late" in text
+    assert "reordered" in text and "twice written" in text
     assert "ALERT: 1 early, 2 cancel or reschedule ignored" in text
 
 

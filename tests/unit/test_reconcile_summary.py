@@ -73,3 +73,22 @@ def test_puts_already_due_when_written_are_summed_apart_from_lateness():
                                                     "max": 1500}
     assert summary.by_topic["a"].put_to_delivery_ms()["max"] == 20
     assert (summary.overall.counts["undeliverable"], summary.overall.counts["expected"]) == (1, 7)
+
+
+def test_too_late_by_the_cutoff_only_is_summed_with_how_long_before_due_the_write_was_created():
+    summary = Summary.of([
+        group("a", 0, 10, 1, expected=1, delivered=1, delivered_records=1, cancelled_too_late=1,
+              cancelled_too_late_after_due=1),
+        {**group("a", 0, None, 0, expected=1, delivered=1, delivered_records=1, cancelled_too_late=1,
+                 cancelled_too_late_by_cutoff=1), "gap_key": 2000, "gap_n": 1},
+        {**group("b", 1, None, 0, rescheduled_too_late=2, rescheduled_too_late_by_cutoff=2), "gap_key": 9500,
+         "gap_n": 2},
+        group("b", 1, None, 0, reordered=1, twice_written=1),
+    ])
+    counts = summary.overall.counts
+    assert (counts["cancelled_too_late"], counts["cancelled_too_late_after_due"],
+            counts["cancelled_too_late_by_cutoff"], counts["rescheduled_too_late_by_cutoff"]) == (2, 1, 1, 2)
+    assert (counts["reordered"], counts["twice_written"]) == (1, 1)
+    assert summary.overall.too_late_gap_ms() == {"count": 3, "p50": 9500, "max": 9500}
+    assert summary.by_topic["a"].too_late_gap_ms() == {"count": 1, "p50": 2000, "max": 2000}
+    assert Summary.of([]).overall.too_late_gap_ms() == {"count": 0, "p50": None, "max": None}
