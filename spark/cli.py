@@ -29,11 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None
                         help="two producer writes of one id (puts, cancels) whose buffer offsets and creation "
                              "times disagree by this much or less are not reordered: clock skew between producer "
                              "hosts (default: 0ms)")
-    parser.add_argument("--ack-grace", default="10s",
+    parser.add_argument("--ack-grace", default="5m",
                         help="how long a producer's acknowledgement may lag its write's creation: a cancel or "
                              "reschedule created less than this before the due time of a version delivered anyway "
                              "lost the race by the master's cutoff; created earlier and appended before the "
-                             "delivery's done, it was ignored (default: 10s)")
+                             "delivery's done, it was ignored (default: 5m, librdkafka's message.timeout.ms: a write "
+                             "not acknowledged by then has failed)")
     parser.add_argument("--lookback", default="1h",
                         help="read target topics from this long before --since, to catch early deliveries "
                              "(default: 1h)")

@@ -133,7 +133,10 @@ class ReconcileOptions:
     grace_ms: int = 5 * 60_000
     early_tolerance_ms: int = 10
     reorder_tolerance_ms: int = 0
-    ack_grace_ms: int = 10_000
+    # librdkafka's message.timeout.ms: a write not acknowledged by then has failed, so a cancel created
+    # earlier than this before the due time was acknowledged before it, or not at all. Less would call a
+    # cancel stuck in its producer through a broker outage (the soak's kafka_kill: 20-30 s) ignored.
+    ack_grace_ms: int = 300_000
     topics: tuple[str, ...] | None = None
     read_committed: bool = True
     lookback_ms: int = 3_600_000

@@ -64,7 +64,7 @@ def test_options_defaults_grace_five_minutes_read_committed_local_master():
     assert (chosen.grace_ms, chosen.read_committed, chosen.isolation_level, chosen.master, chosen.topics) == \
         (300_000, True, "read_committed", "local[*]", None)
     assert chosen.expected_before_ms == NOW - 300_000
-    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (0, 10_000)
+    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (0, 300_000)
 
 
 @pytest.mark.parametrize("changes,error,message", [
@@ -102,7 +102,7 @@ def test_flags_default_to_the_last_24_hours_and_five_minutes_grace():
     assert (chosen.since_ms, chosen.until_ms, chosen.grace_ms, chosen.early_tolerance_ms) == \
         (NOW - 86_400_000, NOW, 300_000, 10)
     assert chosen.out == Path("delayq-report") and chosen.master == "local[*]" and chosen.read_committed
-    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (0, 10_000)
+    assert (chosen.reorder_tolerance_ms, chosen.ack_grace_ms) == (0, 300_000)
 
 
 def test_flags_map_onto_options():

@@ -221,14 +221,15 @@ def histories() -> list[History]:
         # ... appended after the delivery's done (created before the due time: its acknowledgement lagged) ...
         h("cancel-after-done").put(0, T0, at=T0 - 60_000).deliver(T0 + 5, T0, 0).done(1, 0, 1)
         .cancel(2, at=T0 - 30_000),
-        # ... neither: above the cutoff, below the done, created 30 s before due, and delivered: ignored;
-        h("cancel-ignored-by-time").put(0, T0, at=T0 - 60_000).cancel(2, at=T0 - 30_000)
+        # ... neither: above the cutoff, below the done, created 10 minutes before due (longer than any
+        # acknowledgement may take: the ack grace), and delivered: ignored;
+        h("cancel-ignored-by-time").put(0, T0, at=T0 - 900_000).cancel(2, at=T0 - 600_000)
         .deliver(T0 + 5, T0, 0).done(3, 0, 1),
         # ... created 2 s before due, within the ack grace: too late by the master's cutoff only.
         h("cancel-by-cutoff").put(0, T0, at=T0 - 60_000).cancel(2, at=T0 - 2000).deliver(T0 + 5, T0, 0)
         .done(3, 0, 1),
-        # The same for reschedules: created 30 s before the old version's due time, which was delivered ...
-        h("reschedule-ignored-by-time").put(0, T0, at=T0 - 60_000).put(2, T0 + 1000, at=T0 - 30_000)
+        # The same for reschedules: created 10 minutes before the old version's due time, which was delivered ...
+        h("reschedule-ignored-by-time").put(0, T0, at=T0 - 900_000).put(2, T0 + 1000, at=T0 - 600_000)
         .deliver(T0 + 2, T0, 0).done(3, 0, 1).deliver(T0 + 1004, T0 + 1000, 2).done(4, 2, 4),
         # ... 2 s before it ...
         h("reschedule-by-cutoff").put(0, T0, at=T0 - 60_000).put(2, T0 + 1000, at=T0 - 2000)
@@ -476,7 +477,7 @@ def test_a_cancel_that_lost_to_a_delivery_is_too_late_by_the_evidence_it_has(ver
 
 
 def test_a_cancel_created_well_before_due_and_appended_before_the_done_was_ignored_above_the_cutoff_too(verdicts):
-    verdict = verdicts["cancel-ignored-by-time"]  # 30 s before due; offset 2: above the cutoff 1, below the done 3
+    verdict = verdicts["cancel-ignored-by-time"]  # 10 min before due; offset 2: above the cutoff 1, below the done 3
     assert anomalies(verdict) == {"is_cancel_ignored"}
     assert (verdict["state"], verdict["ignored"], verdict["cancel_offset"], verdict["cutoff"]) == \
         ("cancelled", "cancel", 2, 1)
