@@ -189,6 +189,8 @@ def test_each_injected_anomaly_is_found_with_its_id_and_nothing_else(troubled, s
         "unexpected": [ids["cancelled_delivered"], ids["unknown"]],  # by due time
         "early": [ids["early"]],
         "cancel_ignored": [],  # the ignored cancel's done has no cutoff to prove it: unexpected
+        "reordered": [],
+        "twice_written": [],
     }
     totals = report.totals
     assert {k: totals[k] for k in ("duplicates", "duplicate_records", "missing", "unexpected", "unknown", "early")} \
@@ -350,6 +352,8 @@ def test_a_cancel_or_reschedule_the_master_had_read_is_cancel_ignored_and_a_lost
         "unexpected": [],
         "early": [],
         "cancel_ignored": [ids["cancel_ignored"], ids["reschedule_ignored"]],  # by due time
+        "reordered": [],
+        "twice_written": [],
     }
     assert report.exit_code == 1
     totals = report.totals
@@ -374,6 +378,53 @@ def test_a_cancel_ignored_alone_fails_the_run(races_lost, spark, tmp_path):
     assert report.anomalies["cancel_ignored"] == [races_lost.ids["cancel_ignored"]]
     assert sum(report.totals[kind] for kind in ANOMALY_KINDS) == 1
     assert report.exit_code == 1 and not load_report(tmp_path)["ok"]
+
+
+@pytest.fixture(scope="module")
+def misordered(dev_stack, spark) -> Staged:
+    """What a producer without idempotence left when a broker froze (issue 28), planted in the buffer.
+
+    A put's retried batch appended after the cancel sent 1.4 s behind it (every node then saw
+    "cancel, then put" and delivered it), and a put whose ack was lost appended twice, each copy
+    delivered as a version of its own. The masters' records say nothing is wrong: only the
+    producers' creation times and the copies' bytes show it.
+    """
+    settings, (e, f), since, until = stage_topics(dev_stack, f"t-reconcile-misordered-{uuid.uuid4().hex[:8]}")
+    ids = {}
+    with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
+        healthy_traffic(writer, RACES_HEALTHY, [e, f], since, until - 30 * MINUTE, seed=5, versioned=True)
+        overtaken = new_message(e, since + 10 * MINUTE)
+        created = overtaken.deliver_at_ms - 30 * MINUTE
+        writer.cancel(overtaken.delay_id, created + 1400, wait=True)  # appended first, created 1.4 s later
+        put = writer.put(overtaken, created, wait=True)
+        writer.deliver(overtaken, overtaken.deliver_at_ms + 54_000, version=put)
+        writer.done(overtaken.delay_id, overtaken.deliver_at_ms + 54_000, version=put, cutoff=put + 1)
+        ids["reordered"] = overtaken.delay_id
+        doubled = new_message(f, since + 20 * MINUTE)
+        first = writer.put(doubled, doubled.created_at_ms, wait=True)
+        writer.deliver(doubled, doubled.deliver_at_ms + 5, version=first)
+        done = writer.done(doubled.delay_id, doubled.deliver_at_ms + 5, version=first, cutoff=first + 1, wait=True)
+        copy = writer.put(doubled, doubled.created_at_ms, wait=True)  # the same record, appended again
+        writer.deliver(doubled, doubled.deliver_at_ms + 44_000, version=copy)
+        writer.done(doubled.delay_id, doubled.deliver_at_ms + 44_000, version=copy, cutoff=max(copy, done) + 1)
+        ids["twice_written"] = doubled.delay_id
+    return Staged(settings, since, until, [e, f], ids)
+
+
+def test_a_reordered_pair_and_a_twice_written_put_fail_the_run_though_every_master_record_agrees(
+        misordered, spark, tmp_path):
+    ids = misordered.ids
+
+    report = reconcile(misordered.settings, misordered.options(tmp_path), spark=spark)
+
+    assert report.anomalies["reordered"] == [ids["reordered"]]
+    assert report.anomalies["twice_written"] == [ids["twice_written"]]
+    assert report.anomalies["duplicates"] == [ids["twice_written"]], "one write, delivered twice"
+    assert report.exit_code == 1
+    totals = report.totals
+    assert (totals["reordered"], totals["twice_written"], totals["cancel_ignored"], totals["missing"]) == (1, 1, 0, 0)
+    reordered = pq.read_table(tmp_path / "anomalies" / "reordered.parquet").to_pylist()
+    assert [r["id"] for r in reordered] == [ids["reordered"]]
 
 
 def _write(producer: Producer, topic: str, key: bytes | None, value: bytes | None, headers: list | None,
