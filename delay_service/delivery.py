@@ -78,11 +78,13 @@ ABANDON_TIMEOUT_S = 5.0
 # One commit_transaction call: a commit that times out is resumed by calling again (_commit_resuming),
 # so a short call only means the term is looked at more often while a broker is frozen or restarting.
 COMMIT_CALL_S = 2.0
-# A commit not confirmed this long (a broker frozen or restarting for that long) ends the term: the next
-# master's init_transactions settles the transaction (it completes a commit the coordinator has, aborts
-# the rest), and this node can lead again in a new term once Kafka answers. Longer, delivery would wait
-# on this one producer; an abort, which would end it sooner, is refused while a commit is pending.
-COMMIT_GIVE_UP_S = 15.0
+# A commit not confirmed this long ends the term: the next master's init_transactions settles the
+# transaction (it completes a commit the coordinator has, aborts the rest), and this node can lead again
+# in a new term, with a new producer, once Kafka answers. A commit takes milliseconds; after a broker
+# was frozen, librdkafka can hold the records of one for a partition whose new leader it has "not found
+# in cache" for 15 s and more (asking for metadata did not free them), while a new producer starts
+# with fresh metadata. An abort, which would end it sooner, is refused while a commit is pending.
+COMMIT_GIVE_UP_S = 6.0
 # An abort that takes longer ends the term at once (the next master's init_transactions aborts for it):
 # the transaction was not going to deliver anything anyway.
 ABORT_TIMEOUT_S = 5.0
@@ -1014,21 +1016,6 @@ class Delivery:
                     self.log.warning("epoch %d: the commit is not confirmed yet (%s); resuming it", term.epoch,
                                      error.str())
                     warned = True
-                self._refresh_metadata(producer)
-
-    @staticmethod
-    def _refresh_metadata(producer: Producer) -> None:
-        """Ask Kafka for metadata now, for a commit waiting on records librdkafka cannot send.
-
-        After a broker was frozen (a KRaft broker fenced for missing its heartbeats while it
-        slept), librdkafka can hold a partition's new leader as "not found in cache" and leave
-        the records for it queued until its next metadata refresh: the soak saw a commit wait
-        16 s after the broker was back. A metadata answer names the broker and frees them.
-        """
-        try:
-            producer.list_topics(timeout=1.0)
-        except KafkaException:
-            pass  # Kafka still away: the commit keeps waiting, and asks again on its next timeout
 
     def _while_committing(self, commit: Future[None]) -> None:
         """Use the time the broker takes to commit (the ids being committed are in flight already).

@@ -46,16 +46,22 @@ def stack(tmp_path_factory):
     stack.down()
 
 
+def frozen_for(pid: int, seconds: float) -> tuple[int, int]:
+    """SIGSTOP a server's process group for ``seconds``, then SIGCONT: the (start, end) of the freeze, epoch ms."""
+    started = now_ms()
+    freeze(pid)
+    try:
+        time.sleep(seconds)
+    finally:
+        thaw(pid)
+    return started, now_ms()
+
+
 def freeze_then_kill(stack, *, after_s: float = 3.0, while_down=lambda: None) -> tuple[int, int]:
     """Freeze the broker for FREEZE_S, let it run ``after_s``, kill it (and call ``while_down``) and start it
     again: the (start, end) of the outage, in epoch ms."""
     pid = kafka_pid(stack)
-    started = now_ms()
-    freeze(pid)
-    try:
-        time.sleep(FREEZE_S)
-    finally:
-        thaw(pid)
+    started, _ = frozen_for(pid, FREEZE_S)
     time.sleep(after_s)
     os.killpg(pid, signal.SIGKILL)
     wait_until(lambda: not stack.status()[0].running, timeout_s=15)
@@ -63,6 +69,31 @@ def freeze_then_kill(stack, *, after_s: float = 3.0, while_down=lambda: None) ->
     time.sleep(2)
     stack.up(say=lambda _text: None)
     return started, now_ms()
+
+
+def while_writing(producer: delayq.Producer, write_some, fault, *, before_s: float, after_s: float,
+                  every_s: float):
+    """Call ``write_some()`` every ``every_s`` from a thread, from ``before_s`` before ``fault()`` until ``after_s``
+    after it; ``fault()``'s result, once the producer has confirmed every write."""
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            write_some()
+            producer.poll(0)
+            time.sleep(every_s)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        time.sleep(before_s)
+        result = fault()
+        time.sleep(after_s)
+    finally:
+        stop.set()
+        writer.join(30)
+    assert producer.flush(120) == 0, "writes still unconfirmed two minutes after the fault"
+    return result
 
 
 def settings_on(stack, names, **fields) -> Settings:
@@ -83,7 +114,6 @@ def test_each_ids_writes_land_in_the_order_sent_and_once_across_a_frozen_then_ki
     # Per id: put, reschedule, cancel, each acknowledged with its offset (or a failure).
     acked: dict[str, list[tuple[int, int]]] = defaultdict(list)  # id -> [(write number, offset)]
     failed: list[str] = []
-    stop = threading.Event()
     sent = Counter()
 
     def report(number: int):
@@ -94,26 +124,14 @@ def test_each_ids_writes_land_in_the_order_sent_and_once_across_a_frozen_then_ki
                 acked[msg.key().decode()].append((number, msg.offset()))
         return on_delivery
 
-    def write() -> None:
-        while not stop.is_set():
-            for _ in range(50):
-                delay_id = producer.produce(target, b"w0", delay=3600, on_delivery=report(0))
-                producer.reschedule(delay_id, target, b"w1", delay=7200, on_delivery=report(1))
-                producer.cancel(delay_id, on_delivery=report(2))
-                sent["ids"] += 1
-            producer.poll(0)
-            time.sleep(0.05)
+    def write_some() -> None:
+        for _ in range(50):
+            delay_id = producer.produce(target, b"w0", delay=3600, on_delivery=report(0))
+            producer.reschedule(delay_id, target, b"w1", delay=7200, on_delivery=report(1))
+            producer.cancel(delay_id, on_delivery=report(2))
+            sent["ids"] += 1
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
-        time.sleep(2)
-        freeze_then_kill(stack)
-        time.sleep(3)
-    finally:
-        stop.set()
-        writer.join(30)
-    assert producer.flush(120) == 0, "writes still unconfirmed two minutes after the broker came back"
+    while_writing(producer, write_some, lambda: freeze_then_kill(stack), before_s=2, after_s=3, every_s=0.05)
     assert not failed, failed[:5]
 
     records = read_topic(settings.bootstrap_servers, settings.buffer_topic, expect=3 * sent["ids"], timeout_s=120,
@@ -155,26 +173,13 @@ def under_traffic(settings: Settings, target: str, fault) -> tuple[dict[str, int
     outage, in epoch ms) until 20 s after it: their ids and due times, and the outage."""
     producer = readme_producer(settings)
     due: dict[str, int] = {}
-    stop = threading.Event()
 
-    def write() -> None:
-        while not stop.is_set():
-            for _ in range(10):
-                at = now_ms() + 1500
-                due[producer.produce(target, b"m", deliver_at=at)] = at
-            producer.poll(0)
-            time.sleep(0.1)
+    def write_some() -> None:
+        for _ in range(10):
+            at = now_ms() + 1500
+            due[producer.produce(target, b"m", deliver_at=at)] = at
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
-        time.sleep(8)
-        outage = fault()
-        time.sleep(20)
-    finally:
-        stop.set()
-        writer.join(30)
-    assert producer.flush(120) == 0
+    outage = while_writing(producer, write_some, fault, before_s=8, after_s=20, every_s=0.1)
     return due, outage
 
 
@@ -211,20 +216,11 @@ def assert_delivered_once_in_time(settings: Settings, target: str, cluster: Clus
 
 def test_a_frozen_broker_costs_the_freeze_and_seconds(stack, names, tmp_path):
     # The soak's kafka_pause: after SIGCONT librdkafka held the records of a commit for partitions whose
-    # leader it had "not found in cache", and the master waited 16 s, then 5 s more to abort and flush.
+    # leader it had "not found in cache" (for 17 s here, asking for metadata or not), and the master waited
+    # for them, then 5 s more to abort and flush; now it hands over to a new producer after 6 s.
     settings, target, cluster = sharded_cluster(stack, names, tmp_path)
     try:
-        def fault() -> tuple[int, int]:
-            pid = kafka_pid(stack)
-            started = now_ms()
-            freeze(pid)
-            try:
-                time.sleep(FREEZE_S)
-            finally:
-                thaw(pid)
-            return started, now_ms()
-
-        due, outage = under_traffic(settings, target, fault)
+        due, outage = under_traffic(settings, target, lambda: frozen_for(kafka_pid(stack), FREEZE_S))
         assert_delivered_once_in_time(settings, target, cluster, due, outage, bound_ms=10_000)
     finally:
         cluster.close()
@@ -251,17 +247,8 @@ def test_a_sharded_cluster_with_replicas_loses_no_time_beyond_a_broker_outage_an
 def test_a_frozen_zookeeper_costs_the_freeze_and_seconds_and_no_node(stack, names, tmp_path):
     settings, target, cluster = sharded_cluster(stack, names, tmp_path)
     try:
-        def fault() -> tuple[int, int]:
-            pid = zookeeper_pid(stack)
-            started = now_ms()
-            freeze(pid)  # longer than the session: every node's session expires when it wakes
-            try:
-                time.sleep(10)
-            finally:
-                thaw(pid)
-            return started, now_ms()
-
-        due, outage = under_traffic(settings, target, fault)
+        # Longer than the session: every node's session expires when ZooKeeper wakes.
+        due, outage = under_traffic(settings, target, lambda: frozen_for(zookeeper_pid(stack), 10.0))
         assert_delivered_once_in_time(settings, target, cluster, due, outage)
     finally:
         cluster.close()

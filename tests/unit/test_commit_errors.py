@@ -90,12 +90,10 @@ def test_a_commit_unconfirmed_for_longer_than_a_broker_stall_should_last_ends_th
     producer.commit_transaction.side_effect = time_out
     delivery = master(producer)
 
-    with pytest.raises(LeadershipLost, match=r"the commit was not confirmed within 1[56]s"):
+    with pytest.raises(LeadershipLost, match=r"the commit was not confirmed within [67]s"):
         delivery._commit(Term(4), outgoing(2), [])
 
     assert calls and all(timeout <= delivery_module.COMMIT_CALL_S for timeout in calls)
-    # Each timeout asks for metadata: librdkafka may hold a frozen broker's partitions leaderless until then.
-    assert producer.list_topics.call_count == len(calls) - 1
     assert sum(calls) >= delivery_module.COMMIT_GIVE_UP_S and sum(calls) < delivery_module.COMMIT_GIVE_UP_S + 3
     producer.abort_transaction.assert_not_called()
     assert delivery.in_flight.snapshot() == set(), "its ids wait for the next master's cover"
