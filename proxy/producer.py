@@ -631,9 +631,11 @@ class Producer(confluent_kafka.Producer):
         if conf is not None and not isinstance(conf, dict):
             raise TypeError(f"conf must be a configuration dict, not {type(conf).__name__}")
         # delayq's keys of both, the writer's; librdkafka's part of each goes on as confluent-kafka takes them.
-        self._writer, ordered = BufferWriter.from_conf({**(conf or {}), **kwargs})
-        rest, rest_kw = split_conf(conf or {})[1], split_conf(kwargs)[1]
-        rest.update(ordered)  # idempotence, unless the conf (or kwargs) set it
+        # from_conf's librdkafka conf is both merged, with idempotence added unless either set it; what came
+        # as keyword arguments goes on as keyword arguments.
+        self._writer, librdkafka_conf = BufferWriter.from_conf({**(conf or {}), **kwargs})
+        rest_kw = split_conf(kwargs)[1]
+        rest = {key: value for key, value in librdkafka_conf.items() if key not in rest_kw}
         self._settings = self._writer.settings
         self._buffer_topic = self._settings.buffer_topic
         self._max_delay_ms = self._settings.max_delay_ms
