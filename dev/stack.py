@@ -1,14 +1,23 @@
-"""The embedded local stack: one real Apache Kafka (KRaft) and one real ZooKeeper on loopback.
+"""The embedded local stack: real Apache Kafka (KRaft) and one real ZooKeeper on loopback.
+
+One broker by default: a single Kafka process that is both broker and controller, on port P
+(its controller on P+1). With ``brokers=N`` (N >= 2, ``delayq dev up --brokers N``) it is a
+replicated cluster the way production runs one: N brokers on ports P .. P+N-1 and a quorum of
+three dedicated KRaft controllers on the next three ports (a broker going away, or two, never
+takes the cluster's metadata with it), the internal topics at replication factor min(N, 3)
+and ``min.insync.replicas`` min(N, 3) - 1 from three brokers on (1 below).
 
 Everything lives under one state folder::
 
-    <state>/stack.json     the ports the last ``up`` was asked for (Kafka, its controller, ZooKeeper),
-                           and whether the stack is secured
+    <state>/stack.json     the ports the last ``up`` was asked for (Kafka's first, ZooKeeper's), the
+                           broker count, and whether the stack is secured
     <state>/secure/        a secured stack's credentials and certificates (dev/secure.py)
-    <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log, kafka.pid}
+    <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log, kafka.pid}   (one broker)
+    <state>/kafka-<i>/..., <state>/controller-<j>/...                                   (N brokers)
     <state>/zookeeper/{zoo.cfg, logback.xml, data/, zookeeper.log, zookeeper.pid}
 
-``up`` starts what is not running and returns when both services answer; ``down``
+``up`` starts what is not running (after one broker died, just that one) and returns when every
+service answers; ``down``
 stops exactly the processes whose pid files ``up`` wrote, and is safe to repeat.
 A ``DevStack`` made without ports uses the ports recorded in its state folder, so
 ``status``, ``env`` and ``down`` of a folder talk about that folder's stack. An ``up``
@@ -44,8 +53,13 @@ DEFAULT_ZK_PORT = 2181
 DEFAULT_SECURE_KAFKA_PORT = 9192
 DEFAULT_SECURE_ZK_PORT = 2281
 HOST = "127.0.0.1"
-# The stack's services, in the order `up` starts them.
+# The one-broker stack's services, in the order `up` starts them (DevStack.services: any stack's).
 SERVICES = ("zookeeper", "kafka")
+# The dedicated KRaft controllers of a stack of two or more brokers (a quorum that survives one loss),
+# and the node ids they take (brokers are 1 .. N).
+CONTROLLERS = 3
+CONTROLLER_ID_BASE = 100
+MAX_BROKERS = 9
 # Where `up` records the ports it was asked for, in the state folder.
 RECORD = "stack.json"
 
@@ -78,14 +92,68 @@ class ServiceStatus:
 
 @dataclass(frozen=True)
 class Ports:
-    """The loopback ports of one stack: Kafka's (its controller listens on the next) and ZooKeeper's."""
+    """The loopback ports of one stack: Kafka's first port, ZooKeeper's, and how many brokers listen.
+
+    Brokers listen on ``kafka`` .. ``kafka + brokers - 1``; the controllers on the ports after them
+    (one, inside broker 1's process, for a one-broker stack; three dedicated ones otherwise).
+    """
 
     kafka: int
     zk: int
+    brokers: int = 1
 
     @property
     def controller(self) -> int:
-        return self.kafka + 1
+        """The first controller's port."""
+        return self.kafka + self.brokers
+
+    @property
+    def broker_ports(self) -> tuple[int, ...]:
+        return tuple(range(self.kafka, self.kafka + self.brokers))
+
+    @property
+    def controller_ports(self) -> tuple[int, ...]:
+        return tuple(range(self.controller, self.controller + (1 if self.brokers == 1 else CONTROLLERS)))
+
+    @property
+    def last_kafka_port(self) -> int:
+        return self.controller_ports[-1]
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    """One Kafka process of the stack: a broker, a dedicated controller, or (one broker) both."""
+
+    name: str
+    node_id: int
+    # Its client listener (None: a dedicated controller) and its controller listener (None: a broker only).
+    broker_port: int | None
+    controller_port: int | None
+
+    @property
+    def roles(self) -> str:
+        return ",".join(role for role, port in (("broker", self.broker_port), ("controller", self.controller_port))
+                        if port is not None)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.broker_port if self.broker_port is not None else self.controller_port}"
+
+
+def kafka_nodes(ports: Ports) -> tuple[KafkaNode, ...]:
+    """The Kafka processes of a stack with ``ports``, controllers first (the order ``up`` starts them)."""
+    if ports.brokers == 1:
+        return (KafkaNode("kafka", 1, ports.kafka, ports.controller),)
+    controllers = tuple(KafkaNode(f"controller-{j}", CONTROLLER_ID_BASE + j, None, port)
+                        for j, port in enumerate(ports.controller_ports, start=1))
+    brokers = tuple(KafkaNode(f"kafka-{i}", i, port, None) for i, port in enumerate(ports.broker_ports, start=1))
+    return controllers + brokers
+
+
+def internal_replication(brokers: int) -> tuple[int, int]:
+    """Replication factor and min.insync.replicas of the internal topics (and auto-created ones) on ``brokers``."""
+    factor = min(brokers, 3)
+    return factor, factor - 1 if factor >= 3 else 1
 
 
 def recorded_secure(state_dir: Path) -> bool | None:
@@ -107,7 +175,7 @@ def recorded_ports(state_dir: Path) -> Ports | None:
     state_dir = Path(state_dir).expanduser()
     try:
         record = json.loads((state_dir / RECORD).read_text())
-        return Ports(int(record["kafka_port"]), int(record["zk_port"]))
+        return Ports(int(record["kafka_port"]), int(record["zk_port"]), int(record.get("brokers", 1)))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
@@ -122,10 +190,11 @@ def recorded_ports(state_dir: Path) -> Ports | None:
 
 @dataclass
 class DevStack:
-    """One Kafka broker+controller and one ZooKeeper, started from cached jars.
+    """Kafka (one broker+controller, or N brokers and three controllers) and one ZooKeeper, from cached jars.
 
-    Ports left out (None) are the ones the last ``up`` in ``state_dir`` recorded, else
-    9092 and 2181: ``DevStack(folder)`` is whatever stack runs from that folder.
+    Ports and the broker count left out (None) are the ones the last ``up`` in ``state_dir``
+    recorded, else 9092, 2181 and one broker: ``DevStack(folder)`` is whatever stack runs from
+    that folder.
 
     Example:
         >>> stack = DevStack()
@@ -139,6 +208,8 @@ class DevStack:
     kafka_port: int | None = None
     zk_port: int | None = None
     start_timeout_s: float = 90.0
+    # Kafka brokers: 1 (a broker that is its own controller) or 2 to MAX_BROKERS (with three controllers).
+    brokers: int | None = None
     # SASL_SSL and ACLs (dev/secure.py). None: as the state folder's last ``up`` recorded, else plain.
     secure: bool | None = None
     # Where a new KRaft cluster id's randomness comes from (a test injects its own draws).
@@ -165,6 +236,9 @@ class DevStack:
                 DEFAULT_SECURE_KAFKA_PORT if self.secure else DEFAULT_KAFKA_PORT)
         if self.zk_port is None:
             self.zk_port = recorded.zk if recorded else (DEFAULT_SECURE_ZK_PORT if self.secure else DEFAULT_ZK_PORT)
+        if self.brokers is None:
+            self.brokers = recorded.brokers if recorded else 1
+        _check_brokers(self.brokers, bool(self.secure))
         _check_ports(self.ports)
 
     @property
@@ -176,12 +250,39 @@ class DevStack:
 
     @property
     def ports(self) -> Ports:
-        assert self.kafka_port is not None and self.zk_port is not None  # set by __post_init__
-        return Ports(self.kafka_port, self.zk_port)
+        assert self.kafka_port is not None and self.zk_port is not None and self.brokers  # set by __post_init__
+        return Ports(self.kafka_port, self.zk_port, self.brokers)
+
+    @property
+    def kafka_nodes(self) -> tuple[KafkaNode, ...]:
+        return kafka_nodes(self.ports)
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        """Every service's name, in the order ``up`` starts them: ZooKeeper, controllers, brokers."""
+        return ("zookeeper", *(node.name for node in self.kafka_nodes))
+
+    @property
+    def broker_names(self) -> tuple[str, ...]:
+        """The brokers' service names: ``kafka`` on a one-broker stack, else ``kafka-1`` .. ``kafka-N``."""
+        return tuple(node.name for node in self.kafka_nodes if node.broker_port is not None)
+
+    def kafka_node(self, name: str) -> KafkaNode:
+        """The Kafka process named ``name`` (a broker's or a controller's service name).
+
+        Raises:
+            ValueError: ``name`` is not a Kafka process of this stack.
+        """
+        for node in self.kafka_nodes:
+            if node.name == name:
+                return node
+        raise ValueError(f"{name!r} is not a Kafka process of this stack: choose one of "
+                         + ", ".join(node.name for node in self.kafka_nodes))
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self.ports.kafka}"
+        """Every broker's address: a client reaches the cluster while any one of them is up."""
+        return ",".join(f"{HOST}:{port}" for port in self.ports.broker_ports)
 
     @property
     def zk_connect(self) -> str:
@@ -279,7 +380,7 @@ class DevStack:
         """
         java = java_executable()
         self._check_ports_match_running()
-        missing = [name for name in SERVICES if not self._running(name)]
+        missing = [name for name in self.services if not self._running(name)]
         # What can be checked first is: a taken port or damaged storage fails the call before anything starts.
         for name in missing:
             self._preflight(name)
@@ -291,7 +392,7 @@ class DevStack:
                 self._launch(name, java, say)
                 started.append(name)
             deadline = time.monotonic() + self.start_timeout_s
-            for name in SERVICES:
+            for name in self.services:
                 self._wait(name, self._probe(name), deadline)
         except BaseException:
             self.down(tuple(reversed(started)))
@@ -299,19 +400,19 @@ class DevStack:
         return started
 
     def start(self, name: str, *, say=print) -> bool:
-        """Start one service (``"kafka"`` or ``"zookeeper"``) unless it runs; return when it answers.
+        """Start one service (one of :attr:`services`) unless it runs; return when it answers.
 
-        What a chaos test needs after :meth:`kill`; :meth:`up` starts both. On failure it
+        What a chaos test needs after :meth:`kill`; :meth:`up` starts them all. On failure it
         stops the service if this call started it.
 
         Returns:
             True if this call started it, False if it was running already.
 
         Raises:
-            ValueError: ``name`` is not one of :data:`SERVICES`.
+            ValueError: ``name`` is not one of :attr:`services`.
             StackError: as :meth:`up`.
         """
-        _check_service(name)
+        self._check_service(name)
         self._check_ports_match_running()
         started = not self._running(name)
         try:
@@ -338,10 +439,10 @@ class DevStack:
             True if the service was running and got the signal, False if it was not running.
 
         Raises:
-            ValueError: ``name`` is not one of :data:`SERVICES`.
+            ValueError: ``name`` is not one of :attr:`services`.
             StackError: it was still alive ``timeout_s`` after a SIGKILL or SIGTERM.
         """
-        _check_service(name)
+        self._check_service(name)
         pid = self._pid(name)
         if pid is None or not self._is_ours(name, pid):
             return False
@@ -354,14 +455,15 @@ class DevStack:
                              f"stop it with kill -9 {pid}")
         return True
 
-    def down(self, services: tuple[str, ...] = ("kafka", "zookeeper"), timeout_s: float = 30.0) -> list[str]:
-        """Stop the processes ``up`` started (by pid file); return the names of those stopped.
+    def down(self, services: tuple[str, ...] | None = None, timeout_s: float = 30.0) -> list[str]:
+        """Stop the processes ``up`` started (by pid file), all of them by default; return the names of those stopped.
 
-        A pid file whose process is gone, or is not the one ``up`` started (a reused pid), is
-        removed and nothing is signalled.
+        Brokers stop first (each moves its leaders away while the controllers still run), then
+        the controllers, then ZooKeeper. A pid file whose process is gone, or is not the one
+        ``up`` started (a reused pid), is removed and nothing is signalled.
         """
         stopped = []
-        for name in services:
+        for name in services if services is not None else tuple(reversed(self.services)):
             pid = self._pid(name)
             if pid is not None and self._is_ours(name, pid):
                 _terminate(pid, timeout_s)
@@ -374,8 +476,9 @@ class DevStack:
 
         self._check_ports_match_running()
         result = []
+        nodes = sorted(self.kafka_nodes, key=lambda node: node.broker_port is None)  # brokers first
         for name, version, address, probe in (
-            ("kafka", KAFKA_VERSION, self.bootstrap_servers, self._kafka_answers),
+            *((node.name, KAFKA_VERSION, node.address, self._probe(node.name)) for node in nodes),
             ("zookeeper", ZOOKEEPER_VERSION, self.zk_connect, self._zookeeper_answers),
         ):
             pid = self._pid(name)
@@ -389,7 +492,7 @@ class DevStack:
         return result
 
     def wipe(self) -> None:
-        """Stop both services and delete their data (a fresh cluster on next ``up``)."""
+        """Stop every service and delete their data (a fresh cluster on next ``up``)."""
         self.down()
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -397,10 +500,20 @@ class DevStack:
         if name == "zookeeper":
             self._start_zookeeper(java, ensure_runtime(ZOOKEEPER, say=say))
         else:
-            self._start_kafka(java, ensure_runtime(KAFKA, say=say))
+            self._start_kafka(self.kafka_node(name), java, ensure_runtime(KAFKA, say=say))
 
-    def _probe(self, name: str):
-        return self._zookeeper_answers if name == "zookeeper" else self._kafka_answers
+    def _probe(self, name: str) -> Callable[[], bool]:
+        if name == "zookeeper":
+            return self._zookeeper_answers
+        node = self.kafka_node(name)
+        if node.broker_port is None:
+            # A dedicated controller serves no client; the brokers, which need its quorum, answer for it.
+            return lambda: _port_open(node.controller_port or 0)
+        return lambda: self._broker_answers(node)
+
+    def _check_service(self, name: str) -> None:
+        if name not in self.services:
+            raise ValueError(f"service {name!r} is not part of the stack: choose one of {', '.join(self.services)}")
 
     # -- ports -----------------------------------------------------------
 
@@ -409,7 +522,7 @@ class DevStack:
         record = self.folder / RECORD
         scratch = record.with_suffix(".tmp")
         scratch.write_text(json.dumps({"kafka_port": self.ports.kafka, "zk_port": self.ports.zk,
-                                       "secure": bool(self.secure)}) + "\n")
+                                       "brokers": self.ports.brokers, "secure": bool(self.secure)}) + "\n")
         scratch.replace(record)
 
     def _check_ports_match_running(self) -> None:
@@ -417,24 +530,42 @@ class DevStack:
         recorded = self.recorded_ports()
         if recorded is None:
             return
-        for name, asked, has, option in (("kafka", self.ports.kafka, recorded.kafka, "--kafka-port"),
-                                         ("zookeeper", self.ports.zk, recorded.zk, "--zk-port")):
-            if asked != has and self._running(name):
+        kafka_running = any(self._running(node.name) for node in kafka_nodes(recorded))
+        for name, asked, has, option, running in (
+                ("kafka", self.ports.kafka, recorded.kafka, "--kafka-port", kafka_running),
+                ("zookeeper", self.ports.zk, recorded.zk, "--zk-port", self._running("zookeeper"))):
+            if asked != has and running:
                 raise StackError(
                     f"the {name} of the dev stack in {self.folder} runs on port {has}, not {asked}: "
                     f"leave out {option} to use it, or stop it first (delayq dev down --state-dir {self.folder})"
                 )
+        if recorded.brokers != self.ports.brokers:
+            formatted = [node.name for node in kafka_nodes(recorded)
+                         if (self.folder / node.name / "data" / "meta.properties").exists()]
+            if kafka_running or formatted:
+                state = "runs" if kafka_running else "has the data of"
+                raise StackError(
+                    f"the dev stack in {self.folder} {state} {_brokers(recorded.brokers)}, not {self.ports.brokers}: "
+                    f"leave out --brokers to use it, or wipe it (delayq dev down --wipe --state-dir {self.folder}; "
+                    f"every topic is lost) and start it with --brokers {self.ports.brokers}")
 
     def _preflight(self, name: str) -> None:
         """Refuse to start ``name`` on a taken port, or Kafka on storage it would refuse."""
         if name == "zookeeper":
             self._check_port_free("zookeeper", self.ports.zk, "--zk-port")
-        else:
-            self._check_port_free("kafka", self.ports.kafka, "--kafka-port")
-            self._check_port_free("the kafka controller (the Kafka port + 1)", self.controller_port, "--kafka-port")
-            meta = self.folder / "kafka" / "data" / "meta.properties"
-            if meta.exists():
-                self._check_meta_properties(meta)
+            return
+        node = self.kafka_node(name)
+        first = self.ports.kafka
+        if node.broker_port is not None:
+            self._check_port_free(name if node.broker_port == first else f"{name} (the Kafka port + "
+                                  f"{node.broker_port - first})", node.broker_port, "--kafka-port")
+        if node.controller_port is not None:
+            what = "the kafka controller" if node.broker_port is not None else name
+            self._check_port_free(f"{what} (the Kafka port + {node.controller_port - first})",
+                                  node.controller_port, "--kafka-port")
+        meta = self.folder / name / "data" / "meta.properties"
+        if meta.exists():
+            self._check_meta_properties(meta, node)
 
     def _check_port_free(self, name: str, port: int, option: str) -> None:
         with socket.socket() as sock:
@@ -497,10 +628,10 @@ class DevStack:
 
     # -- Kafka -----------------------------------------------------------
 
-    def _start_kafka(self, java: str, libs: Path) -> None:
-        home = self._home("kafka")
+    def _start_kafka(self, node: KafkaNode, java: str, libs: Path) -> None:
+        home = self._home(node.name)
         data = home / "data"
-        config = self._config_file("kafka")
+        config = self._config_file(node.name)
         if self.secure and (data / "meta.properties").exists() and security.Secrets.load(self.folder) is None:
             raise StackError(f"the secured stack in {self.folder} has Kafka data but lost its credentials "
                              f"({security.Secrets.path(self.folder)}): wipe it (delayq dev down --wipe --secure "
@@ -510,7 +641,7 @@ class DevStack:
         # Private: a secured broker's settings hold its passwords.
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(self._kafka_properties(data))
+            out.write(self._kafka_properties(node, data))
         (home / "log4j2.properties").write_text(
             "status = warn\nappender.out.type = Console\nappender.out.name = OUT\n"
             "appender.out.layout.type = PatternLayout\n"
@@ -519,27 +650,30 @@ class DevStack:
             "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
             "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
         )
-        jvm = [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        # A dedicated controller holds only the cluster's metadata: a quarter of a broker's heap is plenty.
+        heap = ["-Xms256m", "-Xmx1g"] if node.broker_port is not None else ["-Xms64m", "-Xmx256m"]
+        jvm = [java, *heap, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={home}", "-cp", f"{libs}/*"]
         if not (data / "meta.properties").exists():
-            self._format_kafka_storage(jvm, config, data)
-        self._spawn("kafka", [*jvm, "kafka.Kafka", str(config)])
+            self._format_kafka_storage(node, jvm, config, data)
+        self._spawn(node.name, [*jvm, "kafka.Kafka", str(config)])
 
-    def _format_kafka_storage(self, jvm: list[str], config: Path, data: Path) -> None:
+    def _format_kafka_storage(self, node: KafkaNode, jvm: list[str], config: Path, data: Path) -> None:
         """Kafka's own StorageTool writes meta.properties and the bootstrap checkpoint into ``data``.
 
         It writes meta.properties last, so a folder without it holds at most what an
-        interrupted format left: cleared first, and again if this format fails.
+        interrupted format left: cleared first, and again if this format fails. A node formatted
+        while others of the stack have data (a wiped broker) joins their cluster id.
         """
         shutil.rmtree(data, ignore_errors=True)
         data.mkdir(parents=True)
-        cluster_id = _kafka_cluster_id(self.draw_uuid)
+        cluster_id = self._existing_cluster_id() or _kafka_cluster_id(self.draw_uuid)
         try:
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
                  "--config", str(config), "--ignore-formatted",
-                 *(security.scram_bootstrap(self._secrets()) if self.secure else [])],
+                 *(security.scram_bootstrap(self._secrets()) if self.secure and node.controller_port else [])],
                 capture_output=True, text=True,
             )
         except BaseException:
@@ -553,7 +687,15 @@ class DevStack:
                 f"it said: {said}; fix that and run delayq dev up --state-dir {self.folder} again"
             )
 
-    def _check_meta_properties(self, meta: Path) -> None:
+    def _existing_cluster_id(self) -> str | None:
+        """The cluster id in another Kafka node's storage of this stack, if one has any."""
+        for other in self.kafka_nodes:
+            pairs = _read_properties(self.folder / other.name / "data" / "meta.properties")
+            if (pairs or {}).get("cluster.id", "").strip():
+                return pairs["cluster.id"].strip()  # type: ignore[index]
+        return None
+
+    def _check_meta_properties(self, meta: Path, node: KafkaNode) -> None:
         """Refuse, in one line, a log folder Kafka would refuse with a stack trace."""
         try:
             pairs = dict(line.split("=", 1) for line in meta.read_text(errors="replace").splitlines()
@@ -562,58 +704,78 @@ class DevStack:
             pairs, problem = {}, f"cannot be read ({err.strerror})"
         else:
             problem = ""
+        others = {other.name: _read_properties(self.folder / other.name / "data" / "meta.properties")
+                  for other in self.kafka_nodes if other != node}
+        cluster_ids = {name: (pairs_ or {}).get("cluster.id", "").strip() for name, pairs_ in others.items()}
         if not problem:
             if not pairs.get("cluster.id", "").strip():
                 problem = "has no cluster.id"
-            elif pairs.get("node.id", "").strip() != "1":
-                problem = f"names node.id {pairs.get('node.id', '(none)').strip()!r}, not '1'"
+            elif pairs.get("node.id", "").strip() != str(node.node_id):
+                problem = f"names node.id {pairs.get('node.id', '(none)').strip()!r}, not '{node.node_id}'"
+            else:
+                strangers = [name for name, cid in cluster_ids.items() if cid and cid != pairs["cluster.id"].strip()]
+                if strangers:
+                    problem = f"names cluster.id {pairs['cluster.id'].strip()}, another than {strangers[0]}'s"
         if problem:
             raise StackError(
                 f"Kafka's storage in {meta.parent} is damaged: {meta} {problem}; wipe the stack's data "
                 f"(delayq dev down --wipe --state-dir {self.folder}; every topic is lost) and run up again"
             )
 
-    def _kafka_properties(self, data: Path) -> str:
+    def _kafka_properties(self, node: KafkaNode, data: Path) -> str:
         client, controller = (security.PROTOCOL, "SASL_PLAINTEXT") if self.secure else ("PLAINTEXT", "PLAINTEXT")
+        voters = ",".join(f"{other.node_id}@{HOST}:{other.controller_port}"
+                          for other in self.kafka_nodes if other.controller_port is not None)
+        listeners = [f"{kind}://{HOST}:{port}" for kind, port in ((client, node.broker_port),
+                                                                   ("CONTROLLER", node.controller_port)) if port]
         settings = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
-            "listeners": f"{client}://{HOST}:{self.ports.kafka},CONTROLLER://{HOST}:{self.controller_port}",
-            "advertised.listeners": f"{client}://{HOST}:{self.ports.kafka}",
+            "process.roles": node.roles,
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": ",".join(listeners),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": client,
             "listener.security.protocol.map": f"{client}:{client},CONTROLLER:{controller}",
             "log.dirs": str(data),
-            "num.partitions": "1",
-            # One broker: every internal topic has one replica.
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "group.initial.rebalance.delay.ms": "0",
-            # auto.create.topics.enable stays at Kafka's default (true), as on most users' brokers:
-            # delivery must dead-letter a missing target topic without creating it.
-            # Compaction runs soon after a segment rolls, so tests can watch it.
-            "log.cleaner.backoff.ms": "1000",
         }
+        if node.broker_port is not None:
+            factor, min_isr = internal_replication(self.ports.brokers)
+            settings.update({
+                "advertised.listeners": f"{client}://{HOST}:{node.broker_port}",
+                "inter.broker.listener.name": client,
+                "num.partitions": "1",
+                # The internal topics, and topics created without settings, replicated as production runs
+                # them: factor min(N, 3), min ISR one less from three brokers on (see internal_replication).
+                "default.replication.factor": str(factor),
+                "min.insync.replicas": str(min_isr),
+                "offsets.topic.replication.factor": str(factor),
+                "offsets.topic.num.partitions": "4",
+                "transaction.state.log.replication.factor": str(factor),
+                "transaction.state.log.min.isr": str(min_isr),
+                "transaction.state.log.num.partitions": "4",
+                "share.coordinator.state.topic.replication.factor": str(factor),
+                "share.coordinator.state.topic.min.isr": str(min_isr),
+                "group.initial.rebalance.delay.ms": "0",
+                # auto.create.topics.enable stays at Kafka's default (true), as on most users' brokers:
+                # delivery must dead-letter a missing target topic without creating it.
+                # Compaction runs soon after a segment rolls, so tests can watch it.
+                "log.cleaner.backoff.ms": "1000",
+            })
         if self.secure:
             settings.update(security.kafka_properties(self.folder, self._secrets()))
         return "".join(f"{k}={v}\n" for k, v in settings.items())
 
-    def _kafka_answers(self) -> bool:
+    def _broker_answers(self, node: KafkaNode) -> bool:
+        """True once broker ``node`` serves metadata listing it (registered with, and unfenced by, the controllers)."""
         from confluent_kafka.admin import AdminClient
 
-        if not _port_open(self.ports.kafka):
+        if not _port_open(node.broker_port or 0):
             return False
         try:
             # log_level 0: a broker still starting is expected here, not worth librdkafka's stderr noise.
-            admin = AdminClient({**self.client_conf(), "socket.timeout.ms": 3000, "log_level": 0})
+            admin = AdminClient({**self.client_conf(), "bootstrap.servers": node.address,
+                                 "socket.timeout.ms": 3000, "log_level": 0})
             metadata = admin.list_topics(timeout=3)
-            return bool(metadata.brokers)
+            return node.node_id in metadata.brokers
         except Exception:
             return False
 
@@ -667,7 +829,7 @@ class DevStack:
         self._children[name] = process
 
     def _wait(self, name: str, probe, deadline: float) -> None:
-        address = self.bootstrap_servers if name == "kafka" else self.zk_connect
+        address = self.zk_connect if name == "zookeeper" else self.kafka_node(name).address
         while time.monotonic() < deadline:
             child = self._children.get(name)
             if child is not None and child.pid != self._pid(name):
@@ -713,14 +875,18 @@ def _telling_line(lines: list[str], limit: int = 300) -> str:
 
 
 def _check_ports(ports: Ports) -> None:
-    if not 1 <= ports.kafka <= 65534:
-        raise StackError(f"Kafka port {ports.kafka} is out of range: choose one from 1 to 65534 "
-                         "(its controller listens on the next port) with --kafka-port")
+    highest = 65535 - (ports.last_kafka_port - ports.kafka)
+    if not 1 <= ports.kafka <= highest:
+        raise StackError(f"Kafka port {ports.kafka} is out of range: choose one from 1 to {highest} "
+                         f"(Kafka's {_brokers(ports.brokers)} and controllers listen on it and the next "
+                         f"{ports.last_kafka_port - ports.kafka}) with --kafka-port")
     if not 1 <= ports.zk <= 65535:
         raise StackError(f"ZooKeeper port {ports.zk} is out of range: choose one from 1 to 65535 with --zk-port")
-    if ports.zk in (ports.kafka, ports.controller):
-        raise StackError(f"ZooKeeper port {ports.zk} collides with Kafka's ports {ports.kafka} and "
-                         f"{ports.controller} (client and controller): choose other ports (--kafka-port/--zk-port)")
+    if ports.kafka <= ports.zk <= ports.last_kafka_port:
+        taken = (f"{ports.kafka} and {ports.controller} (client and controller)" if ports.brokers == 1
+                 else f"{ports.kafka} to {ports.last_kafka_port} (brokers, then controllers)")
+        raise StackError(f"ZooKeeper port {ports.zk} collides with Kafka's ports {taken}: choose other ports "
+                         "(--kafka-port/--zk-port)")
 
 
 def _port_open(port: int) -> bool:
@@ -742,9 +908,24 @@ def _kafka_cluster_id(draw_uuid: Callable[[], uuid.UUID] | None = None) -> str:
         cluster_id = base64.urlsafe_b64encode(draw().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
-def _check_service(name: str) -> None:
-    if name not in SERVICES:
-        raise ValueError(f"service {name!r} is not part of the stack: choose one of {', '.join(SERVICES)}")
+def _read_properties(path: Path) -> dict[str, str] | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+
+def _brokers(count: int) -> str:
+    return f"{count} broker" + ("" if count == 1 else "s")
+
+
+def _check_brokers(brokers: int, secure: bool) -> None:
+    if not 1 <= brokers <= MAX_BROKERS:
+        raise StackError(f"a dev stack of {brokers} brokers is not possible: choose 1 to {MAX_BROKERS} with --brokers")
+    if secure and brokers > 1:
+        raise StackError(f"the secured dev stack runs one broker, not {brokers}: leave out --brokers with --secure, "
+                         "or leave out --secure for a replicated plain stack")
 
 
 def _alive(pid: int) -> bool:

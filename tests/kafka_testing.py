@@ -9,9 +9,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
-def create_topics(bootstrap: str, topics: Iterable[str], partitions: int = 1, config: dict | None = None) -> None:
+def create_topics(bootstrap: str, topics: Iterable[str], partitions: int = 1, config: dict | None = None,
+                  replication_factor: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(t, partitions, 1, config=config or {}) for t in topics])
+    futures = admin.create_topics([NewTopic(t, partitions, replication_factor, config=config or {}) for t in topics])
     for future in futures.values():
         future.result(30)
 

@@ -19,17 +19,23 @@ __all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "free_p
            "settings_env", "start_private_stack", "thaw", "zookeeper_pid"]
 
 
-def start_private_stack(root: Path) -> DevStack:
-    """A Kafka and ZooKeeper of a test's own, on free ports under ``root`` (its broker gets killed or frozen).
+def start_private_stack(root: Path, brokers: int = 1) -> DevStack:
+    """A Kafka (``brokers`` of them) and ZooKeeper of a test's own, on free ports under ``root`` (its brokers get
+    killed or frozen).
 
     Raises:
         StackError: it could not start (after trying other ports when one was taken meanwhile).
     """
+    span = 2 if brokers == 1 else brokers + 3  # the brokers' ports, then the controllers'
     for attempt in range(5):
         kafka_port = free_port()
-        while kafka_port >= 65535:  # the controller listens on the next port
+        while kafka_port + span > 65536:
             kafka_port = free_port()
-        stack = DevStack(state_dir=root / f"stack-{attempt}", kafka_port=kafka_port, zk_port=free_port())
+        zk_port = free_port()
+        while kafka_port <= zk_port < kafka_port + span:
+            zk_port = free_port()
+        stack = DevStack(state_dir=root / f"stack-{attempt}", kafka_port=kafka_port, zk_port=zk_port,
+                         brokers=brokers, start_timeout_s=180)
         try:
             stack.up(say=lambda _text: None)
             return stack
@@ -40,9 +46,9 @@ def start_private_stack(root: Path) -> DevStack:
     raise AssertionError("unreachable")
 
 
-def kafka_pid(stack: DevStack) -> int:
-    """The pid (and process group) of the stack's Kafka broker."""
-    return int((stack.state_dir / "kafka" / "kafka.pid").read_text())
+def kafka_pid(stack: DevStack, name: str = "kafka") -> int:
+    """The pid (and process group) of the stack's Kafka broker ``name`` (``kafka-2``: the second of several)."""
+    return int((stack.folder / name / f"{name}.pid").read_text())
 
 
 def zookeeper_pid(stack: DevStack) -> int:

@@ -43,9 +43,15 @@ def register(subparsers) -> None:
                             help="the secured stack: SASL_SSL with SCRAM-SHA-512 over TLS, ACLs enforced "
                                  "(default: whatever --state-dir holds)")
         action.add_argument("--kafka-port", type=int,
-                            help=f"Kafka's port; its controller takes the next one (default: the port `up` "
+                            help=f"Kafka's first port: brokers take it and the next ones, controllers the "
+                                 f"ports after them (default: the port `up` "
                                  f"recorded in --state-dir, else {DEFAULT_KAFKA_PORT}, secured "
                                  f"{DEFAULT_SECURE_KAFKA_PORT})")
+        action.add_argument("--brokers", type=_broker_count, metavar="N",
+                            help="Kafka brokers: 1 (a broker that is its own KRaft controller), or 2 to 9 with a "
+                                 "quorum of three dedicated controllers, the internal topics at replication factor "
+                                 "min(N, 3) and min.insync.replicas one less from three brokers on (default: the "
+                                 "count `up` recorded in --state-dir, else 1)")
         action.add_argument("--zk-port", type=int,
                             help=f"ZooKeeper's port (default: the port `up` recorded in --state-dir, "
                                  f"else {DEFAULT_ZK_PORT}, secured {DEFAULT_SECURE_ZK_PORT})")
@@ -88,15 +94,23 @@ def _os_problem(args: argparse.Namespace, err: OSError) -> str:
 
 
 def stack_from(args: argparse.Namespace) -> DevStack:
-    return DevStack(args.state_dir, kafka_port=args.kafka_port, zk_port=args.zk_port,
+    return DevStack(args.state_dir, kafka_port=args.kafka_port, zk_port=args.zk_port, brokers=args.brokers,
                     start_timeout_s=getattr(args, "timeout", 90.0), secure=args.secure)
+
+
+def _broker_count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of brokers (1 to 9)") from None
 
 
 def _up(args: argparse.Namespace) -> int:
     stack = stack_from(args)
-    with console.status("starting Kafka and ZooKeeper"):
+    brokers = f"{stack.ports.brokers} Kafka brokers" if stack.ports.brokers > 1 else "Kafka"
+    with console.status(f"starting {brokers} and ZooKeeper"):
         started = stack.up(say=console.print)
-    what = ", ".join(started) if started else "nothing (both were running)"
+    what = ", ".join(started) if started else "nothing (all were running)"
     kind = " (SASL_SSL, SCRAM-SHA-512, ACLs enforced)" if stack.secure else ""
     console.print(f"started {what}; Kafka at {stack.bootstrap_servers}{kind}, ZooKeeper at {stack.zk_connect}",
                   highlight=False)
@@ -148,7 +162,7 @@ def _user(args: argparse.Namespace) -> int:
 
 def _ran_here(args: argparse.Namespace) -> DevStack:
     stack = stack_from(args)
-    if args.kafka_port is None and args.zk_port is None and stack.recorded_ports() is None:
+    if args.kafka_port is None and args.zk_port is None and args.brokers is None and stack.recorded_ports() is None:
         secure = " --secure" if stack.secure else ""
         raise StackError(f"no dev stack has run in {stack.folder} (no ports recorded there): start one with "
                          f"delayq dev up{secure} --state-dir {stack.folder}")
