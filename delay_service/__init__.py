@@ -2,7 +2,7 @@
 
 Public surface::
 
-    from delayq.delay_service import Node, ensure_topics, ensure_shards, cluster_status
+    from delayq.delay_service import Node, ensure_topics, ensure_shards, cluster_status, kafka_status
     from delayq.delay_service import required_acls, apply_acls   # the Kafka ACLs of each role
 
 Nodes as child processes, for tests, bench and the demo, are scaffolding: ``delayq.testing``.
@@ -19,13 +19,14 @@ if TYPE_CHECKING:
     from .acls import AclLine, apply_acls, required_acls
     from .layout import ensure_shards
     from .node import Node
-    from .status import cluster_status
+    from .status import cluster_status, kafka_status
     from .topics import TopicCheck, ensure_topics
 
 _HOMES = {"AclLine": ".acls", "apply_acls": ".acls", "required_acls": ".acls", "Node": ".node",
-          "cluster_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics", "ensure_shards": ".layout"}
+          "cluster_status": ".status", "kafka_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics",
+          "ensure_shards": ".layout"}
 __all__ = ["AclLine", "Node", "TopicCheck", "apply_acls", "cluster_status", "ensure_shards", "ensure_topics",
-           "required_acls"]
+           "kafka_status", "required_acls"]
 
 
 def __getattr__(name: str) -> Any:

@@ -45,3 +45,32 @@ def cluster_status(settings: Settings) -> dict[str, Any]:
     finally:
         client.stop()
         client.close()
+
+
+def kafka_status(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
+    """JSON-ready: ``{"brokers", "buffer": {"replication_factor", "min_insync_replicas"}, "shortfalls": [...],
+    "problem"}``: whether the buffer, the dead-letter topic and Kafka's transaction state can take acknowledged
+    writes now (``shortfalls``: partitions with fewer in-sync replicas than min.insync.replicas), and the one line
+    that says why not (``problem``, None when they can).
+    """
+    from confluent_kafka import KafkaException
+
+    from .topics import TRANSACTION_STATE_TOPIC, admin_client, insync_shortfalls, shortfall_text
+
+    admin = admin_client(settings)
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+        buffer = metadata.topics.get(settings.buffer_topic)
+        shortfalls = insync_shortfalls(admin, [settings.buffer_topic, settings.dead_letter_topic,
+                                               TRANSACTION_STATE_TOPIC], timeout_s)
+    except KafkaException as err:
+        return {"brokers": None, "buffer": None, "shortfalls": [],
+                "problem": f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()})"}
+    factor = min((len(p.replicas) for p in buffer.partitions.values()), default=0) if buffer is not None else None
+    return {
+        "brokers": len(metadata.brokers),
+        "buffer": None if buffer is None else {"partitions": len(buffer.partitions), "replication_factor": factor},
+        "shortfalls": [{"topic": s.topic, "partitions": list(s.partitions), "in_sync": s.in_sync,
+                        "min_insync_replicas": s.min_insync} for s in shortfalls],
+        "problem": shortfall_text(shortfalls) if shortfalls else None,
+    }

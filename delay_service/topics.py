@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
@@ -30,15 +30,79 @@ def dead_letter_config() -> dict[str, str]:
     return {"cleanup.policy": "delete", "retention.ms": str(DEAD_LETTER_RETENTION_MS)}
 
 
+@dataclass(frozen=True)
+class Replication:
+    """How a delayq topic is replicated: its replication factor and ``min.insync.replicas``."""
+
+    factor: int
+    min_insync: int
+
+
+@dataclass(frozen=True)
+class TopicFacts:
+    """What ``delayq init`` found of a topic (the smallest replica count over its partitions)."""
+
+    partitions: int
+    replication_factor: int
+    min_insync_replicas: int
+    cleanup_policy: str
+    min_compaction_lag_ms: int | None
+
+    def describe(self) -> str:
+        lag = "" if self.min_compaction_lag_ms is None else f", min.compaction.lag.ms {self.min_compaction_lag_ms}"
+        return (f"{self.partitions} partitions, replication factor {self.replication_factor}, min.insync.replicas "
+                f"{self.min_insync_replicas}, cleanup.policy {self.cleanup_policy}{lag}")
+
+
 @dataclass
 class TopicCheck:
     topic: str
     created: bool
     differences: list[str]
+    # What the topic is now (None only where describing it failed), and one line per risk it runs.
+    found: TopicFacts | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(settings.kafka_conf())
+
+
+def replication_for(settings: Settings, brokers: int) -> Replication:
+    """The replication delayq's topics get on brokers: the settings', else min(brokers, 3) and one less.
+
+    Raises:
+        ConfigurationError: the replication factor is above the broker count, or min.insync.replicas above it.
+    """
+    factor = settings.buffer_replication_factor or min(brokers, 3)
+    if factor > brokers:
+        raise ConfigurationError(
+            f"buffer replication factor {factor} is more than the {brokers} broker{'s' if brokers > 1 else ''} of "
+            f"the Kafka cluster at {settings.bootstrap_servers}: choose at most {brokers} "
+            "(--replication-factor / DELAYQ_BUFFER_REPLICATION_FACTOR), or add brokers")
+    min_insync = settings.buffer_min_insync_replicas or max(1, factor - 1)
+    if min_insync > factor:
+        raise ConfigurationError(
+            f"buffer min.insync.replicas {min_insync} is more than its replication factor {factor}: no write "
+            "could ever be acknowledged; choose at most the replication factor (--min-insync-replicas / "
+            "DELAYQ_BUFFER_MIN_INSYNC_REPLICAS), usually one less")
+    return Replication(factor, min_insync)
+
+
+def replication_warnings(topic: str, facts: TopicFacts, brokers: int) -> list[str]:
+    """One line per way ``topic`` can lose acknowledged writes on a cluster of ``brokers`` (none on one broker)."""
+    if brokers < 2:
+        return []
+    if facts.replication_factor == 1:
+        return [f"{topic} has one replica on a cluster of {brokers} brokers: losing the broker that holds a partition "
+                "loses its pending messages; raise its replication factor (kafka-reassign-partitions) to "
+                f"{min(brokers, 3)}"]
+    if facts.min_insync_replicas == 1 and brokers >= 3:
+        return [f"{topic} has min.insync.replicas 1: a write acknowledged by its leader alone is lost if that broker "
+                f"dies before a follower copies it; set it to {facts.replication_factor - 1} (kafka-configs --alter "
+                f"--entity-type topics --entity-name {topic} --add-config min.insync.replicas="
+                f"{facts.replication_factor - 1})"]
+    return []
 
 
 def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[TopicCheck]:
@@ -49,31 +113,96 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
         KafkaException: the cluster refused to create or describe a topic.
     """
     admin = admin or admin_client(settings)
-    wanted = [
-        (settings.buffer_topic, settings.buffer_partitions, buffer_config(settings)),
-        (settings.dead_letter_topic, 1, dead_letter_config()),
-    ]
     try:
-        existing = admin.list_topics(timeout=15).topics
+        metadata = admin.list_topics(timeout=15)
     except KafkaException as err:
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()}): "
                                "is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err
+    existing, brokers = metadata.topics, len(metadata.brokers)
+    replication = replication_for(settings, brokers)
+    replicated = {"min.insync.replicas": str(replication.min_insync)}
+    wanted = [
+        (settings.buffer_topic, settings.buffer_partitions, {**buffer_config(settings), **replicated}),
+        (settings.dead_letter_topic, 1, {**dead_letter_config(), **replicated}),
+    ]
     results = []
     for topic, partitions, config in wanted:
+        created = False
         if topic not in existing:
-            futures = admin.create_topics([NewTopic(topic, partitions, settings.buffer_replication_factor,
-                                                    config=config)])
+            futures = admin.create_topics([NewTopic(topic, partitions, replication.factor, config=config)])
             try:
                 futures[topic].result(30)
                 _wait_until_served(admin, topic, partitions, timeout_s=60.0)
-                results.append(TopicCheck(topic, True, []))
-                continue
+                created = True
             except KafkaException as err:
                 if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise
-                existing = admin.list_topics(timeout=15).topics
-        results.append(TopicCheck(topic, False, _differences(admin, topic, partitions, config, existing[topic])))
+            existing = admin.list_topics(timeout=15).topics
+        facts = topic_facts(admin, topic, existing[topic])
+        differences = [] if created else _differences(partitions, replication, config, facts, describe_config(
+            admin, topic))
+        results.append(TopicCheck(topic, created, differences, facts, replication_warnings(topic, facts, brokers)))
     return results
+
+
+# Kafka's own topic whose partitions hold the transactions' state: a master's commits need a leader and
+# min.insync.replicas (transaction.state.log.min.isr) of its replicas in sync there, as in the buffer.
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+
+
+@dataclass(frozen=True)
+class InSyncShortfall:
+    """Partitions of ``topic`` with fewer replicas in sync (or no leader) than its min.insync.replicas."""
+
+    topic: str
+    partitions: tuple[int, ...]
+    in_sync: int  # the fewest in sync among them (0: no leader)
+    min_insync: int
+
+    def describe(self) -> str:
+        which = ",".join(map(str, self.partitions))
+        return (f"{self.topic} partition{'s' if len(self.partitions) > 1 else ''} {which} "
+                f"({self.in_sync} in sync, min.insync.replicas {self.min_insync})")
+
+
+def insync_shortfalls(admin: AdminClient, topics: list[str], timeout_s: float = 5.0) -> list[InSyncShortfall]:
+    """Which of ``topics``' partitions cannot take an acknowledged write now: fewer in-sync replicas than
+    min.insync.replicas, or no leader. Topics that do not exist are left out.
+
+    Raises:
+        KafkaException: Kafka did not answer within ``timeout_s``.
+    """
+    found = admin.list_topics(timeout=timeout_s).topics
+    result = []
+    for topic in topics:
+        metadata = found.get(topic)
+        if metadata is None or metadata.error is not None:
+            continue
+        min_insync = int(describe_config(admin, topic, timeout_s).get("min.insync.replicas") or 1)
+        short = {p.id: (len(p.isrs) if p.leader >= 0 else 0) for p in metadata.partitions.values()
+                 if p.leader < 0 or len(p.isrs) < min_insync}
+        if short:
+            result.append(InSyncShortfall(topic, tuple(sorted(short)), min(short.values()), min_insync))
+    return result
+
+
+def shortfall_text(shortfalls: list[InSyncShortfall]) -> str:
+    """One line: which partitions have too few in-sync replicas, and what happens meanwhile."""
+    where = "; ".join(shortfall.describe() for shortfall in shortfalls)
+    return (f"Kafka has fewer in-sync replicas than min.insync.replicas on {where}: writes there wait "
+            "(none fails, none is lost) until enough brokers are back")
+
+
+def topic_facts(admin: AdminClient, topic: str, metadata) -> TopicFacts:
+    config = describe_config(admin, topic)
+    lag = config.get("min.compaction.lag.ms")
+    return TopicFacts(
+        partitions=len(metadata.partitions),
+        replication_factor=min((len(p.replicas) for p in metadata.partitions.values()), default=0),
+        min_insync_replicas=int(config.get("min.insync.replicas", "1")),
+        cleanup_policy=config.get("cleanup.policy", "?"),
+        min_compaction_lag_ms=int(lag) if lag is not None and "compact" in config.get("cleanup.policy", "") else None,
+    )
 
 
 def _wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout_s: float) -> None:
@@ -101,21 +230,24 @@ def _wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout_
         time.sleep(0.2)
 
 
-def _differences(admin: AdminClient, topic: str, partitions: int, config: dict[str, str], metadata) -> list[str]:
+def _differences(partitions: int, replication: Replication, config: dict[str, str], facts: TopicFacts,
+                 actual: dict[str, str]) -> list[str]:
     found = []
-    if len(metadata.partitions) != partitions:
-        found.append(f"partitions: {len(metadata.partitions)}, configured {partitions} "
+    if facts.partitions != partitions:
+        found.append(f"partitions: {facts.partitions}, configured {partitions} "
                      "(delayq keeps working; DELAYQ_BUFFER_PARTITIONS only applies at creation)")
-    actual = describe_config(admin, topic)
+    if facts.replication_factor != replication.factor:
+        found.append(f"replication factor: {facts.replication_factor}, configured {replication.factor} "
+                     "(delayq keeps working; change it with kafka-reassign-partitions)")
     for key, value in config.items():
         if actual.get(key) != value:
             found.append(f"{key}: {actual.get(key)}, configured {value}")
     return found
 
 
-def describe_config(admin: AdminClient, topic: str) -> dict[str, str]:
+def describe_config(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> dict[str, str]:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entries = admin.describe_configs([resource])[resource].result(30)
+    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
     return {name: entry.value for name, entry in entries.items()}
 
 

@@ -196,7 +196,14 @@ class Settings(BaseSettings):
     buffer_topic: str = ""
     dead_letter_topic: str = ""
     buffer_partitions: int = Field(default=12, ge=1)
-    buffer_replication_factor: int = Field(default=1, ge=1)
+    buffer_replication_factor: int | None = Field(
+        default=None, ge=1,
+        description="replicas of each buffer and dead-letter partition, when `delayq init` creates them; unset: "
+                    "min(brokers, 3) of the cluster it finds")
+    buffer_min_insync_replicas: int | None = Field(
+        default=None, ge=1,
+        description="min.insync.replicas of the buffer and dead-letter topics at `delayq init`: a write is "
+                    "acknowledged once this many replicas hold it; unset: the replication factor - 1 (at least 1)")
     min_compaction_lag_ms: int = Field(default=7 * DAY_MS, ge=0)
     delete_retention_ms: int = Field(default=7 * DAY_MS, ge=0)
     shards: int = Field(

@@ -16,6 +16,12 @@ def register(subparsers) -> None:
     init.add_argument("--shards", type=int,
                       help="shards of the cluster (DELAYQ_SHARDS), recorded in ZooKeeper at the first init and never "
                            "changed; must divide the buffer's partitions")
+    init.add_argument("--replication-factor", type=int, metavar="N",
+                      help="replicas of each buffer and dead-letter partition at creation "
+                           "(DELAYQ_BUFFER_REPLICATION_FACTOR; default min(brokers, 3))")
+    init.add_argument("--min-insync-replicas", type=int, metavar="N",
+                      help="min.insync.replicas of both topics (DELAYQ_BUFFER_MIN_INSYNC_REPLICAS; default the "
+                           "replication factor - 1, at least 1)")
     init.add_argument("--strict", action="store_true", help="exit 1 when an existing topic differs from the settings")
     init.set_defaults(func=run)
 
@@ -29,20 +35,27 @@ def run(args: argparse.Namespace) -> int:
         overrides["buffer_partitions"] = args.partitions
     if args.shards is not None:
         overrides["shards"] = args.shards
+    if args.replication_factor is not None:
+        overrides["buffer_replication_factor"] = args.replication_factor
+    if args.min_insync_replicas is not None:
+        overrides["buffer_min_insync_replicas"] = args.min_insync_replicas
     settings = Settings(**overrides)
     differs = False
     # Refused before anything is created: a new buffer whose partitions the shards do not divide.
     ensure_shards(settings, check_only=True)
     for check in ensure_topics(settings):
+        facts = f" ({check.found.describe()})" if check.found else ""
         if check.created:
-            console.print(f"created [bold]{check.topic}[/]")
+            console.print(f"created [bold]{check.topic}[/]{facts}")
         elif check.differences:
             differs = True
-            console.print(f"[yellow]{check.topic} exists and differs:[/]")
+            console.print(f"[yellow]{check.topic} exists and differs:[/]{facts}")
             for line in check.differences:
                 console.print(f"  - {line}")
         else:
-            console.print(f"{check.topic} exists with the right configuration")
+            console.print(f"{check.topic} exists with the right configuration{facts}")
+        for warning in check.warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
     layout = ensure_shards(settings)
     console.print(f"cluster [bold]{settings.cluster}[/]: {layout.shards} shard{'s' if layout.shards > 1 else ''} of "
                   f"{layout.partitions // layout.shards} buffer partitions each (recorded in ZooKeeper at "

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -18,10 +19,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from delayq.delay_service import cluster_status
+    from delayq.delay_service import cluster_status, kafka_status
     from delayq.settings import Settings
 
-    status = cluster_status(Settings())
+    settings = Settings()
+    status = cluster_status(settings)
+    status["kafka"] = kafka = kafka_status(settings)
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
@@ -47,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     if len(shards) == 1 and status["cursor"]:
         console.print(f"cursor: {json.dumps(status['cursor'], sort_keys=True)}")
+    if kafka["problem"]:
+        console.print(f"[red]{escape(kafka['problem'])}[/]")
+    elif kafka["buffer"]:
+        brokers, buffer = kafka["brokers"], kafka["buffer"]
+        console.print(f"Kafka: {brokers} broker{'' if brokers == 1 else 's'}; the buffer has {buffer['partitions']} "
+                      f"partitions at replication factor {buffer['replication_factor']}, every one with enough "
+                      "in-sync replicas", highlight=False)
     return 0
 
 

@@ -25,8 +25,10 @@ def delayq(settings: Settings, *args: str, **extra_env: str) -> subprocess.Compl
 def test_init_creates_compacted_buffer_and_dead_letter_topics_then_finds_them_right(settings):
     first = delayq(settings, "init", DELAYQ_MIN_COMPACTION_LAG_MS="3600000")
     assert first.returncode == 0, first.stderr
-    assert f"created {settings.buffer_topic}" in first.stdout
+    assert f"created {settings.buffer_topic} (3 partitions, replication factor 1, min.insync.replicas 1, " \
+           "cleanup.policy compact, min.compaction.lag.ms 3600000)" in " ".join(first.stdout.split())
     assert f"created {settings.dead_letter_topic}" in first.stdout
+    assert "warning" not in first.stdout  # one broker: nothing to replicate to
 
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
     config = describe_config(admin, settings.buffer_topic)
@@ -40,6 +42,13 @@ def test_init_creates_compacted_buffer_and_dead_letter_topics_then_finds_them_ri
     differs = delayq(settings, "init", "--strict", DELAYQ_MIN_COMPACTION_LAG_MS="60000")
     assert differs.returncode == 1
     assert "min.compaction.lag.ms: 3600000, configured 60000" in differs.stdout
+
+    # More replicas than the cluster has brokers: one line, and nothing changed.
+    refused = delayq(settings, "init", "--replication-factor", "3")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "buffer replication factor 3 is more than the 1 broker of the Kafka cluster" in line
+    assert "--replication-factor" in line
 
 
 def test_status_json_names_the_master_and_every_node(settings, tmp_path):
@@ -60,8 +69,12 @@ def test_status_json_names_the_master_and_every_node(settings, tmp_path):
         roles = {n["node_id"]: n["role"] for n in status["nodes"]}
         assert roles == {"node-a": "master", "node-b": "standby"}
         assert all(n["lag"] == 0 and n["pending"] == 0 and n["http"].startswith("http://") for n in status["nodes"])
+        assert status["kafka"] == {"brokers": 1, "buffer": {"partitions": settings.buffer_partitions,
+                                                             "replication_factor": 1},
+                                   "shortfalls": [], "problem": None}
         table = delayq(settings, "status")
         assert "master node-a" in table.stdout and "node-b" in table.stdout
+        assert "Kafka: 1 broker; the buffer has" in table.stdout and "enough in-sync replicas" in table.stdout
     finally:
         cluster.close()
 

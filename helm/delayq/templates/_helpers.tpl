@@ -168,7 +168,12 @@ DELAYQ_DEAD_LETTER_TOPIC: {{ . | quote }}
 DELAYQ_BUFFER_PARTITIONS: {{ .Values.config.bufferPartitions | int64 | quote }}
 DELAYQ_SHARDS: {{ .Values.config.shards | int64 | quote }}
 DELAYQ_REPLICAS: {{ .Values.config.replicas | int64 | quote }}
+{{- if gt (int64 .Values.config.bufferReplicationFactor) 0 }}
 DELAYQ_BUFFER_REPLICATION_FACTOR: {{ .Values.config.bufferReplicationFactor | int64 | quote }}
+{{- end }}
+{{- if gt (int64 .Values.config.bufferMinInsyncReplicas) 0 }}
+DELAYQ_BUFFER_MIN_INSYNC_REPLICAS: {{ .Values.config.bufferMinInsyncReplicas | int64 | quote }}
+{{- end }}
 DELAYQ_MIN_COMPACTION_LAG_MS: {{ .Values.config.minCompactionLagMs | int64 | quote }}
 DELAYQ_DELETE_RETENTION_MS: {{ .Values.config.deleteRetentionMs | int64 | quote }}
 DELAYQ_DELIVERY_BATCH_SIZE: {{ .Values.config.deliveryBatchSize | int64 | quote }}
