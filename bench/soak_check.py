@@ -49,6 +49,7 @@ broker acknowledged: a write judged "acked before the due time" surely was.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import math
@@ -151,7 +152,10 @@ class FaultWindow:
     """One injected fault, from the moment it was done until the cluster was healthy again.
 
     ``outage_ms`` is the part during which Kafka or ZooKeeper itself was down (killed until it
-    answered again): no delivery is possible then, whatever the nodes do.
+    answered again; on a replicated cluster, until every partition the soak uses could take an
+    acknowledged write again): no delivery is possible then, whatever the nodes do.
+    ``later_outages_ms``: more such times in the same fault (a rolling restart's brokers, one
+    at a time), after the first.
     """
 
     kind: str
@@ -159,9 +163,19 @@ class FaultWindow:
     end_ms: int
     detail: str = ""
     outage_ms: tuple[int, int] | None = None
+    later_outages_ms: tuple[tuple[int, int], ...] = ()
 
     def overlaps(self, start_ms: int, end_ms: int) -> bool:
         return start_ms <= self.end_ms and end_ms >= self.start_ms
+
+    @property
+    def outages(self) -> list[tuple[int, int]]:
+        """Every outage of the fault, first to last."""
+        return ([self.outage_ms] if self.outage_ms is not None else []) + list(self.later_outages_ms)
+
+    @property
+    def outage_s(self) -> float:
+        return sum(end - start for start, end in self.outages) / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +323,32 @@ class Stall:
 
 
 @dataclass
+class KindFigures:
+    """The soak's figures for the faults of one kind: how many, how long, and delivery meanwhile.
+
+    ``lateness`` counts every delivered version whose due time to first delivery overlaps a
+    fault of this kind; the stalls are the longest overlapping one (by its whole length, and
+    by its length beyond every outage), as :func:`longest_stall` measures them.
+    """
+
+    kind: str
+    faults: int
+    seconds: float
+    longest_s: float
+    outage_s: float
+    lateness: Lateness
+    stall: Stall | None
+    stall_beyond_outages: Stall | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"faults": self.faults, "seconds": round(self.seconds, 1), "longest_s": round(self.longest_s, 1),
+                "outage_s": round(self.outage_s, 1), "lateness_ms": self.lateness.as_dict(),
+                "max_stall_s": round(self.stall.seconds, 3) if self.stall else 0.0,
+                "max_stall_beyond_outages_s": round(self.stall_beyond_outages.beyond_outages_s, 3)
+                if self.stall_beyond_outages else 0.0}
+
+
+@dataclass
 class Findings:
     """The judgement of one history."""
 
@@ -318,6 +358,7 @@ class Findings:
     lateness_outside_faults: Lateness
     stall: Stall | None
     stall_beyond_outages: Stall | None
+    by_fault_kind: dict[str, KindFigures] = field(default_factory=dict)
 
     def by_kind(self, kind: str) -> list[Anomaly]:
         return [a for a in self.anomalies if a.kind == kind]
@@ -357,6 +398,7 @@ def judge(history: History) -> Findings:
     counts["delivered_records"] = len(history.deliveries)
     inside: list[int] = []
     outside: list[int] = []
+    by_kind: dict[str, list[int]] = defaultdict(list)
     for message in history.messages.values():
         counts["cancelled"] += message.cancel is not None
         counts["rescheduled"] += len(message.versions) > 1 and not message.series
@@ -371,7 +413,10 @@ def judge(history: History) -> Findings:
                 first = delivered[0]
                 lateness = first.timestamp_ms - version.due_ms
                 window = (version.due_ms, max(version.due_ms, first.timestamp_ms))
-                (inside if _faults_overlapping(history.faults, *window) else outside).append(lateness)
+                during = _faults_overlapping(history.faults, *window)
+                (inside if during else outside).append(lateness)
+                for kind in {f.kind for f in during}:
+                    by_kind[kind].append(lateness)
             anomalies.extend(_version_anomalies(history, message, index, fate, delivered))
         reordered = _reordered(history, message)
         if reordered is not None:
@@ -380,8 +425,19 @@ def judge(history: History) -> Findings:
                      if repeated.delay_id in history.messages)
     for anomaly in anomalies:
         counts[anomaly.kind] += 1
-    return Findings(counts, anomalies, Lateness.of(inside), Lateness.of(outside), longest_stall(history),
-                    longest_stall(history, beyond_outages=True))
+    stalls = _stalls(history)
+    figures = {kind: _kind_figures(history, kind, by_kind.get(kind, []), stalls)
+               for kind in dict.fromkeys(f.kind for f in history.faults)}
+    return Findings(counts, anomalies, Lateness.of(inside), Lateness.of(outside), stalls.longest(),
+                    stalls.longest(beyond_outages=True), figures)
+
+
+def _kind_figures(history: History, kind: str, lateness: list[int], stalls: _Stalls) -> KindFigures:
+    windows = [f for f in history.faults if f.kind == kind]
+    lengths = [(f.end_ms - f.start_ms) / 1000 for f in windows]
+    return KindFigures(kind, len(windows), sum(lengths), max(lengths, default=0.0),
+                       sum(f.outage_s for f in windows), Lateness.of(lateness),
+                       stalls.longest(during=windows), stalls.longest(beyond_outages=True, during=windows))
 
 
 def owed_versions(messages: Iterable[Message]) -> list[tuple[str, int]]:
@@ -400,8 +456,49 @@ def longest_stall(history: History, *, beyond_outages: bool = False) -> Stall | 
     Args:
         history: what was asked and delivered.
         beyond_outages: rank stalls by their length less the time Kafka or ZooKeeper was
-            down during them (the fault windows' ``outage_ms``), not by their whole length.
+            down during them (the fault windows' outages), not by their whole length.
     """
+    return _stalls(history).longest(beyond_outages=beyond_outages)
+
+
+# Stalls shorter than this are not kept for the per-fault-kind figures (the longest overall always is).
+KEPT_STALL_MS = 100
+
+
+class _Stalls:
+    """Every stall of a history (those of :data:`KEPT_STALL_MS` or more), in time order, and the outages."""
+
+    def __init__(self, intervals: list[tuple[int, int, str]], outages: list[tuple[int, int]],
+                 faults: list[FaultWindow]):
+        self.intervals = intervals
+        self.outages = outages
+        self.faults = faults
+        self._ends = [end for _, end, _ in intervals]
+
+    def length(self, start: int, end: int, beyond_outages: bool) -> int:
+        return end - start - (_overlap(self.outages, start, end) if beyond_outages else 0)
+
+    def longest(self, *, beyond_outages: bool = False, during: list[FaultWindow] | None = None) -> Stall | None:
+        """The longest stall (overlapping one of ``during``, if given), as a :class:`Stall`."""
+        if during is None:
+            candidates = self.intervals
+        else:
+            chosen = set()
+            for window in during:
+                index = bisect.bisect_left(self._ends, window.start_ms)
+                while index < len(self.intervals) and self.intervals[index][0] <= window.end_ms:
+                    chosen.add(index)
+                    index += 1
+            candidates = [self.intervals[i] for i in sorted(chosen)]
+        if not candidates:
+            return None
+        start, end, first_owed = max(candidates, key=lambda c: self.length(c[0], c[1], beyond_outages))
+        return Stall(start, end, first_owed, [f.kind for f in self.faults if f.overlaps(start, end)],
+                     _overlap(self.outages, start, end))
+
+
+def _stalls(history: History) -> _Stalls:
+    """The stalls of ``history`` (:func:`longest_stall` says what one is)."""
     first_delivery: dict[tuple[str, int], int] = {}
     for d in history.deliveries:
         if d.delay_id is not None and d.due_ms is not None:
@@ -416,28 +513,33 @@ def longest_stall(history: History, *, beyond_outages: bool = False) -> Stall | 
             delivered = first_delivery.get((message.delay_id, version.due_ms), math.inf)
             if delivered > owed_from:
                 owed.append((owed_from, message.delay_id, delivered))
+    outages = _merged([outage for f in history.faults for outage in f.outages])
+    intervals: list[tuple[int, int, str]] = []
     if not owed:
-        return None
+        return _Stalls(intervals, outages, history.faults)
     settles: dict[float, int] = defaultdict(int)
     for _, _, delivered in owed:
         settles[delivered] += 1
     # At one instant a version falls due (kind 0) before deliveries happen (kind 1).
     events = sorted([(o[0], 0, i) for i, o in enumerate(owed)]
                     + [(t, 1, -1) for t in {d.timestamp_ms for d in history.deliveries}])
-    outages = [f.outage_ms for f in history.faults if f.outage_ms is not None]
-
-    def length(start: int, end: int) -> int:
-        return end - start - (_overlap(outages, start, end) if beyond_outages else 0)
 
     waiting: list[tuple[int, str, float]] = []  # owed, not yet delivered, earliest first
     owing = 0
     stall_start = 0
-    best: tuple[int, int, str | None] | None = None
+    # The longest overall by either measure, kept whatever its length.
+    best: dict[bool, tuple[int, int, str] | None] = {False: None, True: None}
+
+    def length(start: int, end: int, beyond: bool) -> int:
+        return end - start - (_overlap(outages, start, end) if beyond else 0)
 
     def consider(start: int, end: int, first_owed: str) -> None:
-        nonlocal best
-        if best is None or length(start, end) > length(best[0], best[1]):
-            best = (start, end, first_owed)
+        if end - start >= KEPT_STALL_MS:
+            intervals.append((start, end, first_owed))
+            return
+        for beyond, kept in best.items():
+            if kept is None or length(start, end, beyond) > length(kept[0], kept[1], beyond):
+                best[beyond] = (start, end, first_owed)
 
     for instant, kind, index in events:
         if kind == 0:
@@ -454,11 +556,20 @@ def longest_stall(history: History, *, beyond_outages: bool = False) -> Stall | 
         stall_start = instant
     if owing > 0:
         consider(stall_start, max(history.ended_ms, stall_start), waiting[0][1])
-    if best is None:
-        return None
-    start, end, first_owed = best
-    return Stall(start, end, first_owed, [f.kind for f in history.faults if f.overlaps(start, end)],
-                 _overlap(outages, start, end))
+    # The short stalls' longest (by either measure) beside the long ones: disjoint, so in order of start and end.
+    intervals = sorted(set(intervals) | {kept for kept in best.values() if kept is not None})
+    return _Stalls(intervals, outages, history.faults)
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of ``intervals`` as disjoint intervals in order."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _overlap(intervals: list[tuple[int, int]], start: int, end: int) -> int:
