@@ -88,6 +88,13 @@ COMMIT_GIVE_UP_S = 6.0
 # An abort that takes longer ends the term at once (the next master's init_transactions aborts for it):
 # the transaction was not going to deliver anything anyway.
 ABORT_TIMEOUT_S = 5.0
+# A term's first init_transactions call, and the most any later one waits. A call that fails (times out) is
+# tried again with a new producer, each call twice as long as the last: librdkafka keeps asking a transaction
+# coordinator that died (its broker SIGKILLed) until that broker is back, long after Kafka moved the
+# coordinator elsewhere, while a new producer finds the new one at once (7.5 s sooner in
+# test_replicated_kafka); a slow but live coordinator gets longer and longer calls.
+INIT_CALL_S = 3.0
+INIT_CALL_MAX_S = 30.0
 # How long closing the master's producer waits for what it still has to send (nothing, after a stuck transaction).
 CLOSE_FLUSH_S = 5.0
 # How often the master records its progress in ZooKeeper (`delayq status` shows it): a write per
@@ -446,6 +453,7 @@ class Delivery:
 
         Errors that can pass (Kafka restarting) are retried while the term lasts; False if it ended first.
         """
+        init_call_s = INIT_CALL_S
         while term.active:
             try:
                 self._start_times = StartTimes(began=time.monotonic())
@@ -453,7 +461,7 @@ class Delivery:
                     self.producer = self.spare.take()
                 self._start_times.connected = time.monotonic()
                 # Fences the previous master and aborts its open transaction.
-                self.producer.init_transactions(30)
+                self.producer.init_transactions(init_call_s)
                 self._start_times.fenced = time.monotonic()
                 # Nothing is covered until read again now: a transaction of this term whose
                 # commit failed may have committed after all (init_transactions settled it),
@@ -476,6 +484,7 @@ class Delivery:
                     raise
                 # A timed-out init_transactions leaves the producer unusable for another call.
                 self._close_producer()
+                init_call_s = min(INIT_CALL_MAX_S, init_call_s * 2)
                 self._passing_error(term, err)
         return False
 

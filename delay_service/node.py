@@ -44,6 +44,7 @@ from delayq.store import StoredEntry, StoreError, StoreFormatError, StoreOptions
 from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
 from .ingest import Ingest
+from .insync import InSyncWatch
 from .layout import ensure_layout
 from .master_producer import SpareProducer
 from .metrics import NodeMetrics
@@ -143,6 +144,8 @@ class Node:
         self._closing: dict[int, Seat] = {}
         # Set when a shard's feed first catches up: the placement looks again at once, not at its next round.
         self.place_soon = threading.Event()
+        # Whether Kafka can take acknowledged writes where this node writes (enough in-sync replicas).
+        self.insync = InSyncWatch(settings, self._written_partitions)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -191,6 +194,7 @@ class Node:
         self.metrics.shards_held.set(len(self.seats))
         self._spawn("ingest", lambda: ingest.run(self.stopping))
         self._spawn("membership", self._publish_membership)
+        self._spawn("insync-watch", lambda: self.insync.run(self.stopping))
         for seat in self.seats.values():
             self._contend(seat)
         self._spawn("placement", self._place_loop)
@@ -536,6 +540,13 @@ class Node:
         seat = self.seats.get(shard)
         return seat.store.get(delay_id) if seat is not None else None
 
+    def _written_partitions(self) -> tuple[list[int], list[str]]:
+        """The buffer partitions and the transactional ids of the shards this node holds: what its masters write."""
+        shards = self.layout.shards if self.layout is not None else 1
+        held = sorted(self.seats)
+        partitions = [p for p in self.info.partitions if wire.shard_of(p, shards) in held]
+        return partitions, [self.settings.transactional_id(shard) for shard in held]
+
     def alive(self) -> bool:
         return self.failure is None and all(t.is_alive() for t in list(self.threads))
 
@@ -544,6 +555,10 @@ class Node:
             return False, "a loop stopped"
         if self.ingest is None or self.ingest.lag is None:
             return False, "buffer end offsets not known yet"
+        shortfall = self.insync.problem
+        if shortfall is not None:
+            # Nothing can be delivered (nor a master's term begin) until enough replicas are back.
+            return False, shortfall
         loops: list[Ingest | Delivery | None] = [self.ingest, *(seat.delivery for seat in list(self.seats.values()))]
         for loop in loops:
             if loop is None:

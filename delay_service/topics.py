@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -50,7 +51,8 @@ class TopicFacts:
 
     def describe(self) -> str:
         lag = "" if self.min_compaction_lag_ms is None else f", min.compaction.lag.ms {self.min_compaction_lag_ms}"
-        return (f"{self.partitions} partitions, replication factor {self.replication_factor}, min.insync.replicas "
+        partitions = f"{self.partitions} partition{'' if self.partitions == 1 else 's'}"
+        return (f"{partitions}, replication factor {self.replication_factor}, min.insync.replicas "
                 f"{self.min_insync_replicas}, cleanup.policy {self.cleanup_policy}{lag}")
 
 
@@ -118,17 +120,23 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
     except KafkaException as err:
         raise UnavailableError(f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()}): "
                                "is it running, and is DELAYQ_BOOTSTRAP_SERVERS right?") from err
-    existing, brokers = metadata.topics, len(metadata.brokers)
-    replication = replication_for(settings, brokers)
-    replicated = {"min.insync.replicas": str(replication.min_insync)}
-    wanted = [
-        (settings.buffer_topic, settings.buffer_partitions, {**buffer_config(settings), **replicated}),
-        (settings.dead_letter_topic, 1, {**dead_letter_config(), **replicated}),
-    ]
+    existing, live = metadata.topics, len(metadata.brokers)
+    # The cluster's size: the brokers up, and any that hold a replica while down (one broker restarting
+    # does not make a cluster of three a cluster of two).
+    brokers = len(set(metadata.brokers) | {r for t in existing.values() for p in t.partitions.values()
+                                           for r in p.replicas})
     results = []
-    for topic, partitions, config in wanted:
+    for topic, partitions, config in ((settings.buffer_topic, settings.buffer_partitions, buffer_config(settings)),
+                                      (settings.dead_letter_topic, 1, dead_letter_config())):
         created = False
         if topic not in existing:
+            replication = replication_for(settings, brokers)
+            if replication.factor > live:
+                raise UnavailableError(
+                    f"only {live} of the Kafka cluster's {brokers} brokers are up at {settings.bootstrap_servers}: "
+                    f"{topic} cannot be created with {replication.factor} replicas now; start the others and run "
+                    "`delayq init` again, or choose fewer (--replication-factor)")
+            config = {**config, "min.insync.replicas": str(replication.min_insync)}
             futures = admin.create_topics([NewTopic(topic, partitions, replication.factor, config=config)])
             try:
                 futures[topic].result(30)
@@ -137,12 +145,25 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
             except KafkaException as err:
                 if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise
-            existing = admin.list_topics(timeout=15).topics
+            existing = {**existing, topic: _served(admin, topic, timeout_s=60.0)}
         facts = topic_facts(admin, topic, existing[topic])
-        differences = [] if created else _differences(partitions, replication, config, facts, describe_config(
+        differences = [] if created else _differences(settings, partitions, config, facts, describe_config(
             admin, topic))
         results.append(TopicCheck(topic, created, differences, facts, replication_warnings(topic, facts, brokers)))
     return results
+
+
+def _served(admin: AdminClient, topic: str, timeout_s: float):
+    """``topic``'s metadata once the broker answering knows it (another may not yet, just after its creation)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = admin.list_topics(timeout=15).topics.get(topic)
+        if found is not None and found.error is None and found.partitions:
+            return found
+        if time.monotonic() >= deadline:
+            raise UnavailableError(f"topic {topic} exists but no broker describes it after {timeout_s:.0f}s: check "
+                                   "the brokers' logs, then run `delayq init` again")
+        time.sleep(0.2)
 
 
 # Kafka's own topic whose partitions hold the transactions' state: a master's commits need a leader and
@@ -165,25 +186,53 @@ class InSyncShortfall:
                 f"({self.in_sync} in sync, min.insync.replicas {self.min_insync})")
 
 
-def insync_shortfalls(admin: AdminClient, topics: list[str], timeout_s: float = 5.0) -> list[InSyncShortfall]:
-    """Which of ``topics``' partitions cannot take an acknowledged write now: fewer in-sync replicas than
-    min.insync.replicas, or no leader. Topics that do not exist are left out.
+def insync_shortfalls(admin: AdminClient, topics: Mapping[str, Collection[int] | None], timeout_s: float = 5.0,
+                      min_insync: Mapping[str, int] | None = None, metadata=None) -> list[InSyncShortfall]:
+    """Which partitions of ``topics`` (topic -> the partitions to look at, None: all) cannot take an acknowledged
+    write now: fewer in-sync replicas than min.insync.replicas, or no leader. Topics that do not exist (or that
+    this principal may not see) are left out. ``min_insync`` gives a topic's, else it is described (1 where that
+    is refused: only a missing leader counts then). ``metadata``: a list_topics() answer just read, else one is
+    read (of every topic: asking for one by name could make a broker create it).
 
     Raises:
         KafkaException: Kafka did not answer within ``timeout_s``.
     """
-    found = admin.list_topics(timeout=timeout_s).topics
+    found = (metadata or admin.list_topics(timeout=timeout_s)).topics
     result = []
-    for topic in topics:
+    for topic, wanted in topics.items():
         metadata = found.get(topic)
         if metadata is None or metadata.error is not None:
             continue
-        min_insync = int(describe_config(admin, topic, timeout_s).get("min.insync.replicas") or 1)
+        needed = (min_insync or {}).get(topic)
+        if needed is None:
+            try:
+                needed = int(describe_config(admin, topic, timeout_s).get("min.insync.replicas") or 1)
+            except Exception:  # refused (no DESCRIBE_CONFIGS) or timed out: judge by leaders alone
+                needed = 1
         short = {p.id: (len(p.isrs) if p.leader >= 0 else 0) for p in metadata.partitions.values()
-                 if p.leader < 0 or len(p.isrs) < min_insync}
+                 if (wanted is None or p.id in wanted) and (p.leader < 0 or len(p.isrs) < needed)}
         if short:
-            result.append(InSyncShortfall(topic, tuple(sorted(short)), min(short.values()), min_insync))
+            result.append(InSyncShortfall(topic, tuple(sorted(short)), min(short.values()), needed))
     return result
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` of ``text``: a signed 32-bit int over its UTF-16 code units."""
+    value = 0
+    data = text.encode("utf-16-be")
+    for index in range(0, len(data), 2):
+        value = (31 * value + int.from_bytes(data[index:index + 2], "big")) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def coordinator_partition(transactional_id: str, partitions: int) -> int:
+    """The ``__transaction_state`` partition holding ``transactional_id``: its leader is the id's coordinator.
+
+    Kafka's ``Utils.abs(transactionalId.hashCode) % transaction.state.log.num.partitions``, where
+    ``Utils.abs`` takes ``Integer.MIN_VALUE`` to 0.
+    """
+    hashed = java_string_hash(transactional_id)
+    return (0 if hashed == -(1 << 31) else abs(hashed)) % partitions
 
 
 def shortfall_text(shortfalls: list[InSyncShortfall]) -> str:
@@ -230,16 +279,20 @@ def _wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout_
         time.sleep(0.2)
 
 
-def _differences(partitions: int, replication: Replication, config: dict[str, str], facts: TopicFacts,
+def _differences(settings: Settings, partitions: int, config: dict[str, str], facts: TopicFacts,
                  actual: dict[str, str]) -> list[str]:
+    """What an existing topic has other than the settings ask: a replication not asked for explicitly is
+    judged against the topic's own factor (its min ISR one less), not against the cluster's size now."""
     found = []
     if facts.partitions != partitions:
         found.append(f"partitions: {facts.partitions}, configured {partitions} "
                      "(delayq keeps working; DELAYQ_BUFFER_PARTITIONS only applies at creation)")
-    if facts.replication_factor != replication.factor:
-        found.append(f"replication factor: {facts.replication_factor}, configured {replication.factor} "
+    factor = settings.buffer_replication_factor or facts.replication_factor
+    if facts.replication_factor != factor:
+        found.append(f"replication factor: {facts.replication_factor}, configured {factor} "
                      "(delayq keeps working; change it with kafka-reassign-partitions)")
-    for key, value in config.items():
+    min_insync = settings.buffer_min_insync_replicas or max(1, factor - 1)
+    for key, value in {**config, "min.insync.replicas": str(min_insync)}.items():
         if actual.get(key) != value:
             found.append(f"{key}: {actual.get(key)}, configured {value}")
     return found
@@ -247,7 +300,7 @@ def _differences(partitions: int, replication: Replication, config: dict[str, st
 
 def describe_config(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> dict[str, str]:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s + 5)
     return {name: entry.value for name, entry in entries.items()}
 
 

@@ -463,13 +463,21 @@ class DevStack:
         ``up`` started (a reused pid), is removed and nothing is signalled.
         """
         stopped = []
-        for name in services if services is not None else tuple(reversed(self.services)):
+        for name in services if services is not None else self._every_service_stopping_order():
             pid = self._pid(name)
             if pid is not None and self._is_ours(name, pid):
                 _terminate(pid, timeout_s)
                 stopped.append(name)
             self._pid_file(name).unlink(missing_ok=True)
         return stopped
+
+    def _every_service_stopping_order(self) -> tuple[str, ...]:
+        """This stack's services and, when it was started with another broker count, that stack's: brokers first,
+        then controllers, then ZooKeeper (a ``down --brokers 1`` of a three-broker stack still stops it all)."""
+        recorded = self.recorded_ports()
+        names = {*self.services, *(("zookeeper", *(n.name for n in kafka_nodes(recorded))) if recorded else ())}
+        rank = {"kafka": 0, "controller": 1, "zookeeper": 2}
+        return tuple(sorted(names, key=lambda name: (rank[name.split("-")[0]], name)))
 
     def status(self) -> list[ServiceStatus]:
         from .runtime import KAFKA_VERSION, ZOOKEEPER_VERSION
@@ -650,9 +658,11 @@ class DevStack:
             "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
             "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
         )
-        # A dedicated controller holds only the cluster's metadata: a quarter of a broker's heap is plenty.
-        heap = ["-Xms256m", "-Xmx1g"] if node.broker_port is not None else ["-Xms64m", "-Xmx256m"]
-        jvm = [java, *heap, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        # A dedicated controller holds only the cluster's metadata, in a small heap a single-threaded collector
+        # serves without taking cores from the brokers.
+        gc = (["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"] if node.broker_port is not None
+              else ["-Xms64m", "-Xmx256m", "-XX:+UseSerialGC"])
+        jvm = [java, *gc,
                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={home}", "-cp", f"{libs}/*"]
         if not (data / "meta.properties").exists():
@@ -715,7 +725,11 @@ class DevStack:
             else:
                 strangers = [name for name, cid in cluster_ids.items() if cid and cid != pairs["cluster.id"].strip()]
                 if strangers:
-                    problem = f"names cluster.id {pairs['cluster.id'].strip()}, another than {strangers[0]}'s"
+                    problem = f"names cluster.id {pairs['cluster.id'].strip()}, not {strangers[0]}'s"
+        if problem and len(self.kafka_nodes) > 1:
+            raise StackError(
+                f"Kafka's storage in {meta.parent} is damaged: {meta} {problem}; delete that folder (the node copies "
+                f"its data back from the others) and run delayq dev up --state-dir {self.folder} again")
         if problem:
             raise StackError(
                 f"Kafka's storage in {meta.parent} is damaged: {meta} {problem}; wipe the stack's data "
@@ -737,8 +751,18 @@ class DevStack:
             "listener.security.protocol.map": f"{client}:{client},CONTROLLER:{controller}",
             "log.dirs": str(data),
         }
+        factor, min_isr = internal_replication(self.ports.brokers)
+        # On every node, controllers included: with Eligible Leader Replicas (on for clusters made since Kafka
+        # 4.1) the active controller records the cluster's min.insync.replicas from its own settings.
+        settings["min.insync.replicas"] = str(min_isr)
+        if len(self.kafka_nodes) > 1:
+            # Three controllers on a shared laptop or CI box: seconds of CPU starvation (seven JVMs, the nodes, the
+            # traffic) must not read as a dead leader. Kafka's 2 s fetch timeout made the quorum elect leader
+            # after leader in the middle of a broker fault, each new one activating slowly, and the dead broker
+            # was fenced 21 s after it died instead of 9.
+            settings["controller.quorum.fetch.timeout.ms"] = "8000"
+            settings["controller.quorum.election.timeout.ms"] = "2000"
         if node.broker_port is not None:
-            factor, min_isr = internal_replication(self.ports.brokers)
             settings.update({
                 "advertised.listeners": f"{client}://{HOST}:{node.broker_port}",
                 "inter.broker.listener.name": client,
@@ -746,7 +770,6 @@ class DevStack:
                 # The internal topics, and topics created without settings, replicated as production runs
                 # them: factor min(N, 3), min ISR one less from three brokers on (see internal_replication).
                 "default.replication.factor": str(factor),
-                "min.insync.replicas": str(min_isr),
                 "offsets.topic.replication.factor": str(factor),
                 "offsets.topic.num.partitions": "4",
                 "transaction.state.log.replication.factor": str(factor),

@@ -190,3 +190,27 @@ def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypat
 
     producer.abort_transaction.assert_called_once()
     assert delivery.producer is None
+
+
+def test_an_init_that_times_out_is_tried_again_with_a_new_producer_and_twice_as_long(monkeypatch):
+    # A transaction coordinator whose broker was killed: librdkafka asks that broker until it is back;
+    # a new producer finds the coordinator Kafka moved, and a live but slow one gets longer calls.
+    from delayq.delay_service import delivery as module
+
+    timed_out = KafkaException(KafkaError(KafkaError._TIMED_OUT, "init timed out", retriable=True))
+    producers = [mock.Mock(spec_set=Producer) for _ in range(3)]
+    producers[0].init_transactions.side_effect = timed_out
+    producers[1].init_transactions.side_effect = timed_out
+    delivery = master(producers[0])
+    spare = iter(producers[1:])
+    monkeypatch.setattr(delivery.spare, "take", lambda: next(spare))
+    monkeypatch.setattr(delivery, "_cover", lambda _term: True)
+    monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda _due, _term: None)
+
+    assert delivery._start(Term(4)) is True
+
+    calls = [p.init_transactions.call_args.args[0] for p in producers]
+    assert calls == [module.INIT_CALL_S, 2 * module.INIT_CALL_S, 4 * module.INIT_CALL_S]
+    assert delivery.producer is producers[2]
+    for closed in producers[:2]:
+        closed.flush.assert_called()  # closed before the next was taken

@@ -181,46 +181,81 @@ def test_partitions_below_min_insync_or_without_a_leader_are_named(monkeypatch):
     from delayq.delay_service import topics
 
     admin = mock.Mock(spec_set=AdminClient)
-    admin.list_topics.return_value = view("b", [(1, [1, 2, 3]), (2, [2]), (-1, []), (3, [3, 1])])
+    admin.list_topics.return_value = view("b", [(1, [1, 2, 3]), (2, [2]), (-1, []), (3, [3, 1]), (2, [2])])
     monkeypatch.setattr(topics, "describe_config", lambda _admin, _topic, _timeout=30.0: {"min.insync.replicas": "2"})
 
-    [short] = topics.insync_shortfalls(admin, ["b", "absent"])
+    [short] = topics.insync_shortfalls(admin, {"b": [0, 1, 2, 3], "absent": None})
 
-    assert short == topics.InSyncShortfall("b", (1, 2), in_sync=0, min_insync=2)
+    assert short == topics.InSyncShortfall("b", (1, 2), in_sync=0, min_insync=2)  # partition 4 is not asked about
     line = topics.shortfall_text([short])
     assert line == ("Kafka has fewer in-sync replicas than min.insync.replicas on b partitions 1,2 (0 in sync, "
                     "min.insync.replicas 2): writes there wait (none fails, none is lost) until enough brokers are "
                     "back")
 
 
-def test_the_node_watch_says_the_problem_while_it_lasts_and_nothing_stale(monkeypatch):
-    from confluent_kafka import KafkaError, KafkaException
+def test_a_topic_whose_config_may_not_be_read_is_judged_by_its_leaders_alone(monkeypatch):
+    from unittest import mock
 
+    from confluent_kafka.admin import AdminClient
+
+    from delayq.delay_service import topics
+
+    def refused(_admin, _topic, _timeout=30.0):
+        raise TimeoutError("describe_configs")
+
+    admin = mock.Mock(spec_set=AdminClient)
+    admin.list_topics.return_value = view("b", [(2, [2]), (-1, [])])
+    monkeypatch.setattr(topics, "describe_config", refused)
+
+    assert topics.insync_shortfalls(admin, {"b": None}) == [topics.InSyncShortfall("b", (1,), 0, 1)]
+
+
+@pytest.mark.parametrize("transactional_id, partitions, expected", [
+    # Java 17's String.hashCode(): "a" 97, "delayq-orders-master" 939662859, "delayq-orders-master-2" 1072876784.
+    ("a", 50, 47), ("delayq-orders-master", 50, 9), ("delayq-orders-master", 4, 3), ("delayq-orders-master-2", 50, 34),
+])
+def test_the_transaction_coordinator_partition_is_kafkas(transactional_id, partitions, expected):
+    from delayq.delay_service.topics import coordinator_partition, java_string_hash
+
+    assert java_string_hash("a") == 97 and java_string_hash("polygenelubricants") == -2147483648
+    assert coordinator_partition(transactional_id, partitions) == expected
+    assert coordinator_partition("polygenelubricants", 7) == 0  # Integer.MIN_VALUE: Kafka's Utils.abs gives 0
+
+
+def test_the_node_watch_says_the_problem_while_it_lasts_and_nothing_stale(monkeypatch):
     from delayq.delay_service import insync
     from delayq.delay_service.topics import InSyncShortfall
 
-    answers = iter([[InSyncShortfall("b", (0,), 1, 2)], [], [InSyncShortfall("b", (0,), 1, 2)],
-                    KafkaException(KafkaError(KafkaError._TIMED_OUT))])
+    answers = iter([[InSyncShortfall("b", (0,), 1, 2)], [], [InSyncShortfall("b", (0,), 1, 2)], TimeoutError()])
+    asked = []
 
-    def shortfalls(_admin, _topics, timeout_s):
+    def ask(_watch, _admin):
+        asked.append(_watch.held())
         answer = next(answers)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    monkeypatch.setattr(insync, "insync_shortfalls", shortfalls)
+    monkeypatch.setattr(insync.InSyncWatch, "_ask", ask)
     monkeypatch.setattr(insync, "admin_client", lambda _settings: object())
     now = [100.0]
     monkeypatch.setattr(insync.time, "monotonic", lambda: now[0])
-    watch = insync.InSyncWatch(Settings(cluster="c"))
-    assert watch.topics == ["delayq-c-buffer", "delayq-c-dead-letter", "__transaction_state"]
+    watch = insync.InSyncWatch(Settings(cluster="c"), lambda: ([0, 3], ["delayq-c-master"]))
 
     watch.check()
     assert watch.problem is not None and "b partition 0 (1 in sync, min.insync.replicas 2)" in watch.problem
     watch.check()
     assert watch.problem is None  # enough in sync again
     watch.check()
-    watch.check()  # Kafka did not answer: the last answer stands a while, with a fresh admin client next time
+    watch.check()  # Kafka did not answer (any error): the last answer stands a while, a fresh admin client next
     assert watch.problem is not None and watch._admin is None
     now[0] += insync.STALE_S + 1
     assert watch.problem is None  # too old to say anything
+    assert asked[0] == ([0, 3], ["delayq-c-master"])
+
+
+def test_down_of_a_stack_recorded_with_more_brokers_stops_all_of_it_brokers_first(tmp_path):
+    DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3)._record_ports()
+
+    assert DevStack(tmp_path, brokers=1)._every_service_stopping_order() == (
+        "kafka", "kafka-1", "kafka-2", "kafka-3", "controller-1", "controller-2", "controller-3", "zookeeper")
