@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from delayq.election import Cursor, Epoch, Layout, Leadership, Membership, connect_for
 from delayq.settings import Settings
 
@@ -53,19 +55,17 @@ def kafka_status(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
     writes now (``shortfalls``: partitions with fewer in-sync replicas than min.insync.replicas), and the one line
     that says why not (``problem``, None when they can).
     """
-    from confluent_kafka import KafkaException
-
     from .topics import TRANSACTION_STATE_TOPIC, admin_client, insync_shortfalls, shortfall_text
 
     admin = admin_client(settings)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
         buffer = metadata.topics.get(settings.buffer_topic)
-        shortfalls = insync_shortfalls(admin, [settings.buffer_topic, settings.dead_letter_topic,
-                                               TRANSACTION_STATE_TOPIC], timeout_s)
-    except KafkaException as err:
+        shortfalls = insync_shortfalls(admin, dict.fromkeys([settings.buffer_topic, settings.dead_letter_topic,
+                                                             TRANSACTION_STATE_TOPIC]), timeout_s, metadata=metadata)
+    except (KafkaException, TimeoutError) as err:
         return {"brokers": None, "buffer": None, "shortfalls": [],
-                "problem": f"Kafka at {settings.bootstrap_servers} did not answer ({err.args[0].str()})"}
+                "problem": f"Kafka at {settings.bootstrap_servers} did not answer ({_said(err)})"}
     factor = min((len(p.replicas) for p in buffer.partitions.values()), default=0) if buffer is not None else None
     return {
         "brokers": len(metadata.brokers),
@@ -74,3 +74,7 @@ def kafka_status(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
                         "min_insync_replicas": s.min_insync} for s in shortfalls],
         "problem": shortfall_text(shortfalls) if shortfalls else None,
     }
+
+
+def _said(err: Exception) -> str:
+    return err.args[0].str() if isinstance(err, KafkaException) else str(err) or type(err).__name__
