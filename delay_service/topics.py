@@ -242,8 +242,17 @@ def shortfall_text(shortfalls: list[InSyncShortfall]) -> str:
             "(none fails, none is lost) until enough brokers are back")
 
 
-def topic_facts(admin: AdminClient, topic: str, metadata) -> TopicFacts:
-    config = describe_config(admin, topic)
+def topic_facts(admin: AdminClient, topic: str, metadata, timeout_s: float = 30.0) -> TopicFacts:
+    # Just created, a topic may be unknown for a moment to the broker that answers describe_configs.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            config = describe_config(admin, topic)
+            break
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
     lag = config.get("min.compaction.lag.ms")
     return TopicFacts(
         partitions=len(metadata.partitions),

@@ -662,6 +662,11 @@ class DevStack:
         # serves without taking cores from the brokers.
         gc = (["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"] if node.broker_port is not None
               else ["-Xms64m", "-Xmx256m", "-XX:+UseSerialGC"])
+        if len(self.kafka_nodes) > 1:
+            # Seven JVMs on a small box: the quick compiler alone costs a restarting broker a fraction of the CPU
+            # the optimising one takes in its first minute, which starved everything else on 2 cores (ZooKeeper
+            # sessions of the nodes dropped while a killed broker came back).
+            gc.append("-XX:TieredStopAtLevel=1")
         jvm = [java, *gc,
                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={home}", "-cp", f"{libs}/*"]
