@@ -7,8 +7,8 @@ they need from Kafka beyond signals:
   (the buffer, the target topics, ``__transaction_state``), each partition's leader,
   replicas and in-sync replicas, through a fresh AdminClient bootstrapped from the brokers
   that are up (a paused broker still accepts connections and would hold the request).
-* :class:`LeaderMover`: a partition reassignment that puts each partition's replicas one
-  place round (same brokers, another preferred leader), then a preferred-leader election.
+* :class:`LeaderMover`: a partition reassignment that reorders each partition's replicas
+  (same brokers, the one after its leader preferred), then a preferred-leader election.
   confluent-kafka has the election but no reassignment, and the cached Kafka jars hold
   the broker and kafka-clients but not Kafka's tools, so the reassignment is a few lines
   of Java on kafka-clients' ``Admin``, compiled once per run (a JDK's ``javac``).
@@ -227,9 +227,12 @@ def choose_broker(pick: float, state: ClusterState, buffer_topic: str, transacti
     return candidates[int(rest * len(candidates))], fallback
 
 
-def rotated(replicas: tuple[int, ...]) -> tuple[int, ...]:
-    """The replicas one place round: the second becomes the preferred leader, the first the last."""
-    return replicas[1:] + replicas[:1]
+def led_elsewhere(replicas: tuple[int, ...], leader: int) -> tuple[int, ...]:
+    """The replicas turned round so that the one after ``leader`` (in assignment order) comes first, the
+    preferred leader, and ``leader`` last: a preferred election then moves the leadership (same brokers,
+    nothing to copy). A partition without a leader among its replicas is turned one place."""
+    start = replicas.index(leader) + 1 if leader in replicas else 1
+    return replicas[start:] + replicas[:start]
 
 
 # -- moving every leader -------------------------------------------------------------
@@ -321,8 +324,8 @@ class LeaderMover:
         self.classpath = compile_java(source, self.folder / "classes", say=lambda _text: None)
 
     def move(self, bootstrap: list[str], topics: list[str], timeout_s: float = 60.0) -> str:
-        """Rotate the replicas of every partition of ``topics`` with more than one, elect the preferred
-        leaders, and wait until every one leads; return what moved, as text.
+        """Reorder the replicas of every partition of ``topics`` with more than one (:func:`led_elsewhere`),
+        elect the preferred leaders, and wait until every one leads; return what moved, as text.
 
         Raises:
             LeaderMoveError: the reassignment, the election or the wait failed.
@@ -333,7 +336,7 @@ class LeaderMover:
         assert self.classpath is not None
         began = time.monotonic()
         before = {p.name: p for p in read_cluster(bootstrap, topics, 10).partitions if len(p.replicas) > 1}
-        wanted = {name: rotated(p.replicas) for name, p in before.items()}
+        wanted = {name: led_elsewhere(p.replicas, p.leader) for name, p in before.items()}
         if not wanted:
             raise LeaderMoveError(f"no partition of {', '.join(topics)} has more than one replica")
         args = [f"{p.topic}:{p.partition}:{','.join(map(str, wanted[name]))}" for name, p in before.items()]
@@ -349,7 +352,9 @@ class LeaderMover:
         admin = AdminClient({"bootstrap.servers": ",".join(bootstrap), "log_level": 0})
         partitions = [TopicPartition(p.topic, p.partition) for p in before.values()]
         try:
-            results = admin.elect_leaders(ElectionType.PREFERRED, partitions, request_timeout=30).result(40)
+            # No timeouts passed: confluent-kafka 2.16's elect_leaders fails with any keyword argument
+            # (SystemError "more argument specifiers than keyword list entries"); the default is 60 s.
+            results = admin.elect_leaders(ElectionType.PREFERRED, partitions).result(70)
         except KafkaException as err:
             raise LeaderMoveError(f"the preferred-leader election failed: {err.args[0].str()}") from err
         refused = {f"{tp.topic}/{tp.partition}": str(err) for tp, err in results.items()
@@ -359,7 +364,7 @@ class LeaderMover:
         state = self._wait(bootstrap, topics, deadline, lambda s: all(
             p.leader == wanted[p.name][0] for p in s.partitions if p.name in wanted))
         moved = sum(1 for p in state.partitions if p.name in before and p.leader != before[p.name].leader)
-        return (f"replicas of {len(wanted)} partitions one place round ({reassigned:.1f}s), preferred leaders "
+        return (f"replicas of {len(wanted)} partitions reordered ({reassigned:.1f}s), preferred leaders "
                 f"elected: {moved} of {len(wanted)} leaders moved, {time.monotonic() - began:.1f}s in all")
 
     @staticmethod

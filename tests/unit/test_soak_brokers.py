@@ -13,8 +13,8 @@ from delayq.bench.soak_brokers import (
     coordinator_of,
     coordinator_partition,
     java_string_hash,
+    led_elsewhere,
     replication_problems,
-    rotated,
     serving_problems,
 )
 
@@ -138,7 +138,10 @@ def test_an_excluded_broker_is_never_chosen_and_its_role_falls_back_to_any_other
         choose_broker(0.5, state, BUFFER, IDS, (1,), exclude=(1,))
 
 
-def test_rotated_replicas_make_the_second_one_the_preferred_leader():
-    assert rotated((1, 2, 3)) == (2, 3, 1)
-    assert rotated((2, 1)) == (1, 2)
-    assert rotated((4,)) == (4,)
+def test_the_replica_after_the_leader_becomes_the_preferred_one_and_the_leader_the_last():
+    assert led_elsewhere((1, 2, 3), 1) == (2, 3, 1)
+    assert led_elsewhere((1, 2, 3), 2) == (3, 1, 2)
+    assert led_elsewhere((1, 2, 3), 3) == (1, 2, 3)  # the preferred leader does not lead now: just elect it
+    assert led_elsewhere((2, 1), 2) == (1, 2)
+    assert led_elsewhere((1, 2, 3), -1) == (2, 3, 1)
+    assert led_elsewhere((4,), 4) == (4,)
