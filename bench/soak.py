@@ -6,7 +6,11 @@ One run, on an embedded stack of its own (so it runs beside ``delayq dev``)::
       -> drain -> nodes stopped -> judge -> Spark reconciliation -> verdict beside the soak's
 
 The cluster is ``--nodes`` nodes (3) holding ``--shards`` shards (3), each shard on
-``--replicas`` of them (2; 0: every node holds every shard). The traffic
+``--replicas`` of them (2; 0: every node holds every shard), on ``--brokers`` Kafka brokers
+(1: one broker that is its own controller, the faults hitting "the" broker; 2 or more: a
+replicated cluster with three KRaft controllers, the buffer and the target topics at
+replication factor min(N, 3) and min.insync.replicas one less, and the replicated
+cluster's broker faults instead of the one broker's). The traffic
 (:mod:`.soak_workload`) is the public ``delayq.Producer``, configured as a user
 configures it (the bootstrap servers and the cluster, nothing else: whatever order and
 no-duplicate guarantee the buffer gets must come from delayq itself), at ``--rate``,
@@ -50,6 +54,7 @@ from delayq.errors import DelayqError
 from delayq.settings import Settings
 from delayq.testing import LocalCluster, NodeError, settings_env
 
+from .soak_brokers import LeaderMover
 from .soak_check import (
     ANOMALY_KINDS,
     BufferScan,
@@ -62,7 +67,7 @@ from .soak_check import (
     missing_by_buffer_partition,
     owed_versions,
 )
-from .soak_faults import FAULT_KINDS, Chaos, log_excerpt, log_warnings, plan_faults
+from .soak_faults import Chaos, fault_kinds, log_excerpt, log_warnings, plan_faults
 from .soak_workload import Recorder, Watcher, Workload, WorkloadOptions, now_ms, read_buffer
 
 # Anomalies shown per kind in the summary and in --json (soak-report.json has them all).
@@ -101,10 +106,19 @@ class SoakOptions:
     replicas: int = 2
     target_topics: int = 3
     keep_runs: int = 3
+    # Kafka brokers: 1 (the stack's one combined broker) or 2 and more (a replicated cluster, its own fault kinds).
+    brokers: int = 1
 
     def __post_init__(self) -> None:
-        if self.duration_s < 60:
-            raise ValueError(f"--duration {self.duration_s:g}s is too short to fit every fault kind: give 60s or more")
+        from delayq.dev.stack import MAX_BROKERS
+
+        if not 1 <= self.brokers <= MAX_BROKERS:
+            raise ValueError(f"--brokers {self.brokers}: give 1 (one broker) to {MAX_BROKERS}")
+        shortest = 60 if self.brokers == 1 else 180
+        if self.duration_s < shortest:
+            raise ValueError(f"--duration {self.duration_s:g}s is too short to fit every fault kind"
+                             + (f" of {self.brokers} brokers" if self.brokers > 1 else "")
+                             + f": give {shortest // 60}m or more")
         if self.rate <= 0:
             raise ValueError(f"--rate must be positive, got {self.rate:g}")
         if self.nodes < 2:
@@ -187,6 +201,8 @@ class Soak:
         self.workload: Workload | None = None
         self.watcher: Watcher | None = None
         self.topics = [f"soak-{self.seed}-target-{i}" for i in range(options.target_topics)]
+        self.kinds = fault_kinds(options.brokers)
+        self.leader_mover: LeaderMover | None = None
         self.started = time.monotonic()  # of the traffic, once it starts
         self.phase = "starting"
         self.owed_left = 0  # while draining: versions that must still arrive
@@ -201,7 +217,8 @@ class Soak:
         o = self.options
         self.err.print(f"[bold]soak seed {self.seed}[/] (replay: delayq soak --seed {self.seed} "
                        f"--duration {o.duration_s:g}s --rate {o.rate:g} --nodes {o.nodes} --shards {o.shards} "
-                       f"--replicas {o.replicas})", highlight=False)
+                       f"--replicas {o.replicas}" + (f" --brokers {o.brokers}" if o.brokers > 1 else "") + ")",
+                       highlight=False)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             settings = self._start_cluster()
@@ -215,16 +232,31 @@ class Soak:
 
     def _start_cluster(self) -> Settings:
         o = self.options
-        kafka_port, zk_port = _free_ports()
-        self.stack = DevStack(self.run_dir / "stack", kafka_port=kafka_port, zk_port=zk_port, start_timeout_s=120)
-        with self.err.status(f"starting the soak's own Kafka (:{kafka_port}) and ZooKeeper (:{zk_port})"):
+        kafka_port, zk_port = _free_ports(o.brokers)
+        if o.brokers > 1:
+            # Compiled before anything starts: a missing JDK fails the run at once, not at its first leader_move.
+            self.leader_mover = LeaderMover(self.run_dir / "java")
+            try:
+                with self.err.status("compiling the leader mover (kafka-clients' Admin)"):
+                    self.leader_mover.prepare()
+            except DelayqError as err:
+                raise SoakError(f"--brokers {o.brokers} moves leaders with a few lines of Java: {err}") from err
+        self.stack = DevStack(self.run_dir / "stack", kafka_port=kafka_port, zk_port=zk_port, start_timeout_s=120,
+                              brokers=o.brokers)
+        kafka = (f":{kafka_port}" if o.brokers == 1 else
+                 f"{o.brokers} brokers on :{kafka_port}-{kafka_port + o.brokers - 1}, three controllers after them")
+        with self.err.status(f"starting the soak's own Kafka ({kafka}) and ZooKeeper (:{zk_port})"):
             self.stack.up(say=self.err.print)
         settings = Settings(bootstrap_servers=self.stack.bootstrap_servers, zk_connect=self.stack.zk_connect,
                             cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions, shards=o.shards,
                             replicas=o.replicas, zk_session_timeout_ms=o.zk_session_timeout_ms,
                             data_dir=self.run_dir / "nodes")
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
-        for future in admin.create_topics([NewTopic(t, TARGET_PARTITIONS, 1) for t in self.topics]).values():
+        # Replicated as the buffer is (RF min(N, 3), min ISR one less): a broker fault must not take a target away.
+        factor = min(o.brokers, 3)
+        config = {"min.insync.replicas": str(max(1, factor - 1))} if o.brokers > 1 else {}
+        for future in admin.create_topics([NewTopic(t, TARGET_PARTITIONS, factor, config=config)
+                                           for t in self.topics]).values():
             future.result(30)
         self.cluster = LocalCluster(settings, self.run_dir / "nodes")  # creates the buffer and dead-letter topics
         ensure_shards(settings)  # what `delayq init --shards N` records
@@ -244,8 +276,8 @@ class Soak:
     def _start_traffic(self, settings: Settings) -> None:
         o = self.options
         assert self.stack is not None and self.cluster is not None
-        plan = plan_faults(self.seed, o.duration_s, o.session_timeout_s)
-        first_round = ", ".join(f.describe() for f in plan[:len(FAULT_KINDS)])
+        plan = plan_faults(self.seed, o.duration_s, o.session_timeout_s, o.brokers)
+        first_round = ", ".join(f.describe() for f in plan[:len(self.kinds)])
         self.err.print(f"faults (first round, in order): {first_round}", highlight=False)
         self.started = time.monotonic()
         self.watcher = Watcher(settings.bootstrap_servers, self.topics, self.recorder)
@@ -260,7 +292,8 @@ class Soak:
         self.workload.start()
         self.chaos = Chaos(plan, self.stack, self.cluster, session_timeout_s=o.session_timeout_s,
                            heal_limit_s=o.heal_limit_s, warmup_s=o.warmup_s, deadline=self.started + o.duration_s,
-                           say=self._say)
+                           say=self._say, brokers=o.brokers, target_topics=self.topics,
+                           leader_mover=self.leader_mover)
         self.chaos.start()
         self.phase = "running"
 
@@ -466,7 +499,7 @@ class Soak:
         assert self.chaos is not None
         o, chaos = self.options, self.chaos
         crashes = [c.as_dict() for c in chaos.crashes]
-        missing_kinds = [k for k in FAULT_KINDS if not chaos.done[k]]
+        missing_kinds = [k for k in self.kinds if not chaos.done[k]]
         scan = self.buffer_scan
         reasons = failures(findings, crashes=len(crashes), stall_limit_s=o.stall_limit_s, comparison=comparison,
                            missing_fault_kinds=missing_kinds, buffer_error=scan.error if scan else "not read")
@@ -475,6 +508,7 @@ class Soak:
         document: dict[str, Any] = {
             "seed": self.seed,
             "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "shards": o.shards, "replicas": o.replicas,
+            "brokers": o.brokers,
             "max_delay_s": o.max_delay_s,
             "started_ms": started_ms, "judged_until_ms": until_ms,
             "sent": counts["messages"], "cancelled": counts["cancelled"], "rescheduled": counts["rescheduled"],
@@ -495,10 +529,13 @@ class Soak:
             "buffer_scan": scan.as_dict() if scan else None,
             "lateness_ms": {"in_faults": findings.lateness_in_faults.as_dict(),
                             "outside_faults": findings.lateness_outside_faults.as_dict()},
-            "faults": {kind: chaos.done[kind] for kind in FAULT_KINDS},
+            "faults": {kind: chaos.done[kind] for kind in self.kinds},
+            "by_fault_kind": {kind: findings.by_fault_kind[kind].as_dict() for kind in self.kinds
+                              if kind in findings.by_fault_kind},
             "fault_windows": [{"kind": w.kind, "start_ms": w.start_ms, "end_ms": w.end_ms,
                                "seconds": round((w.end_ms - w.start_ms) / 1000, 1), "outage_ms": w.outage_ms,
-                               "detail": w.detail} for w in chaos.windows],
+                               "outages_ms": w.outages, "outage_s": round(w.outage_s, 1), "detail": w.detail}
+                              for w in chaos.windows],
             "node_crashes": crashes,
             "faults_skipped": chaos.skipped,
             "node_log_warnings": {folder.name: log_warnings(folder / f"{folder.name}.log")
@@ -577,6 +614,7 @@ class Soak:
             for node, lines in stall["node_logs"].items():
                 self.out.print(Text(f"  {node}:\n    " + "\n    ".join(lines)))
         self.out.print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in doc["faults"].items()), highlight=False)
+        self._print_by_kind(doc)
         for window in doc["fault_windows"]:
             self.out.print(f"  {window['kind']:<15} {window['seconds']:6.1f}s  {window['detail']}", highlight=False)
         for kind, items in shown.items():
@@ -601,6 +639,22 @@ class Soak:
         self.out.print(f"{verdict}\nfull report: {doc['report']}", highlight=False)
 
 
+    def _print_by_kind(self, doc: dict[str, Any]) -> None:
+        """The figures per fault kind: how many, how long, outages, lateness and stalls during them."""
+        table = Table(title="by fault kind", show_header=True)
+        for column in ("kind", "faults", "longest window", "outage", "lateness ms p50/p99/max during",
+                       "longest stall", "beyond outages"):
+            table.add_column(column, justify="left" if column == "kind" else "right")
+        for kind, figures in doc["by_fault_kind"].items():
+            late = figures["lateness_ms"]
+            beyond = figures["max_stall_beyond_outages_s"]
+            table.add_row(kind, str(figures["faults"]), f"{figures['longest_s']:.1f}s", f"{figures['outage_s']:.1f}s",
+                          f"{_show(late['p50'])} / {_show(late['p99'])} / {_show(late['max'])}",
+                          f"{figures['max_stall_s']:.1f}s",
+                          f"[bold red]{beyond:.1f}s[/]" if beyond > doc["stall_limit_s"] else f"{beyond:.1f}s")
+        self.out.print(table)
+
+
 def _show(value: Any) -> str:
     return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
@@ -610,19 +664,49 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def _free_ports() -> tuple[int, int]:
-    """A Kafka port whose next port (its controller's) is free too, and a ZooKeeper port."""
-    for _ in range(50):
-        kafka = _free_port()
-        try:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", kafka + 1))
-        except OSError:
+def _free_ports(brokers: int = 1) -> tuple[int, int]:
+    """A Kafka port whose next ones are free too, and a ZooKeeper port, outside the ephemeral port range.
+
+    One broker: its port and its controller's (the next one). ``brokers`` N >= 2: the brokers'
+    N ports and the three controllers' after them. Below the range the kernel takes clients'
+    local ports from (``ip_local_port_range``): a broker or ZooKeeper killed by a fault must
+    find its port free when it restarts, and one in that range can meanwhile be some
+    client's local port (seen: a broker's restart refused, its port taken by a connection).
+    """
+    span = 2 if brokers == 1 else brokers + 3
+    low, high = _ephemeral_ports()
+    ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > span + 1]
+    draw = random.SystemRandom()
+    for _ in range(200):
+        if not ranges:
+            kafka = _free_port()
+        else:
+            start, end = draw.choice(ranges)
+            kafka = draw.randrange(start, end - span)
+        if kafka + span > 65536 or not all(_port_free(kafka + i) for i in range(span)):
             continue
-        zk = _free_port()
-        if zk not in (kafka, kafka + 1):
+        zk = draw.randrange(*draw.choice(ranges)) if ranges else _free_port()
+        if not kafka <= zk < kafka + span and _port_free(zk):
             return kafka, zk
-    raise SoakError("found no free pair of loopback ports for the soak's Kafka broker and controller")
+    raise SoakError(f"found no {span} free consecutive loopback ports for the soak's Kafka brokers and controllers")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of clients' local ports (Linux's default where it cannot be read)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _port_free(port: int) -> bool:
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def _free_port() -> int:

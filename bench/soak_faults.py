@@ -1,6 +1,7 @@
 """The soak's faults: a plan drawn from the seed, and the thread that carries it out.
 
-Eight kinds, each at least once per run, one at a time (never two overlapping):
+Each kind at least once per run, one at a time (never two overlapping). On one broker (the
+default), eight kinds:
 
 * ``master_kill``: SIGKILL to a shard's master; a standby takes over; the node restarts from its store.
 * ``master_pause``: SIGSTOP to a shard's master for longer than the ZooKeeper session timeout, then SIGCONT.
@@ -13,17 +14,47 @@ Eight kinds, each at least once per run, one at a time (never two overlapping):
 * ``zookeeper_pause``: SIGSTOP to ZooKeeper (8-12 s, 5-8 s in short runs: past the soak's 5 s
   session timeout), then SIGCONT.
 
+On a replicated cluster (``--brokers N``, N >= 2: N brokers, three KRaft controllers), the
+replicated cluster's kinds replace ``kafka_kill`` and ``kafka_pause`` (which would hit one
+broker of N, as ``broker_kill`` and ``broker_pause`` do, choosing it better); the other six stay:
+
+* ``broker_kill``: SIGKILL to one broker, restarted after 5-15 s (3-8 s in short runs). The
+  victim, by the fault's pick: the leader of the most buffer partitions, the transaction
+  coordinator of a shard master (the leader of the ``__transaction_state`` partition its
+  transactional id hashes to), or any broker.
+* ``broker_pause``: SIGSTOP to one broker (chosen the same way) for 10-14 s, past its broker
+  session (``broker.session.timeout.ms``, 9 s: the controllers fence it and move its
+  leaders), then SIGCONT.
+* ``rolling_restart``: every broker in turn SIGTERMed (a controlled shutdown: its leaders
+  move first), restarted, and every partition of the buffer, the target topics and
+  ``__transaction_state`` back to its full ISR before the next one.
+* ``leader_move``: every partition of the buffer and the target topics reassigned to its own
+  replicas, the one after its leader first, then a preferred-leader election: every leader moves
+  (:class:`.soak_brokers.LeaderMover`).
+* ``two_brokers_down`` (three brokers or more): SIGKILL to two brokers at once, so the
+  in-sync replicas fall below ``min.insync.replicas`` (2): producers and masters must wait,
+  not fail or lose a record. After 5-15 s (3-8 s) one is restarted, and once the cluster
+  serves again (or 30 s on), the other.
+
+During a broker fault a watch reads the metadata every half second: while some partition of
+the buffer, the targets or ``__transaction_state`` cannot take an acknowledged write (no
+leader, a leader that is down, fewer in-sync replicas than min.insync.replicas, or a
+broker that is down still in sync: :func:`.soak_brokers.serving_problems`), the cluster is
+out, and those times are the fault's outages, as a killed single broker's downtime is:
+stalls are judged beyond them.
+
 A standby is a node that holds a shard and masters none; when every node masters a shard
 (three shards on three nodes), a node that holds a shard it does not master, the standby
-of that shard. A node that holds no shard is nobody's standby. A paused process is always
-continued: when the pause is over, when the soak stops or fails in the middle of it
-(:meth:`Chaos.release`), never left stopped behind.
+of that shard. A node that holds no shard is nobody's standby. A paused process (a node,
+a broker, ZooKeeper) is always continued: when the pause is over, when the soak stops or
+fails in the middle of it (:meth:`Chaos.release`), never left stopped behind.
 
 A fault's window runs from the moment it is done until the cluster is healthy again
 (every node running and ready, exactly one master per shard, each shard held by its
-replicas), or until the heal limit. The same thread watches for node processes that exit
-without the soak having stopped them: each such crash is recorded with its node's log
-tail, and the node restarted.
+replicas; on a replicated cluster also every broker registered and every watched
+partition with its full ISR), or until the heal limit. The same thread watches for node
+processes that exit without the soak having stopped them: each such crash is recorded
+with its node's log tail, and the node restarted.
 """
 
 from __future__ import annotations
@@ -39,21 +70,45 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from delayq.clock import now_ms
 from delayq.dev import DevStack
 from delayq.testing import LocalCluster, NodeProcess, mastered_shards
 
+from .soak_brokers import (
+    TRANSACTION_STATE_TOPIC,
+    ClusterState,
+    LeaderMoveError,
+    LeaderMover,
+    choose_broker,
+    min_insync_replicas,
+    read_cluster,
+    replication_problems,
+    serving_problems,
+)
 from .soak_check import FaultWindow
-from .suites import FAULT_TEXT
+from .suites import BROKER_FAULTS, FAULT_TEXT, ONE_BROKER_FAULTS
 
-FAULT_KINDS = tuple(FAULT_TEXT)
+# The one-broker stack's kinds (the default); fault_kinds(N) gives a replicated cluster's.
+FAULT_KINDS = tuple(kind for kind in FAULT_TEXT if kind not in BROKER_FAULTS)
 DESCRIPTIONS = FAULT_TEXT
+# How long a rolling restart waits for every partition's full ISR after restarting a broker.
+FULL_ISR_WITHIN_S = 90.0
+
+
+def fault_kinds(brokers: int = 1) -> tuple[str, ...]:
+    """The kinds of a run on ``brokers`` brokers, each at least once (module docstring)."""
+    if brokers <= 1:
+        return FAULT_KINDS
+    return tuple(kind for kind in FAULT_TEXT
+                 if kind not in ONE_BROKER_FAULTS and BROKER_FAULTS.get(kind, 0) <= brokers)
 # A node that crashes this often is left down: restarting it again only repeats the crash.
 MAX_RESTARTS_AFTER_CRASH = 5
 LOG_TAIL_LINES = 40
@@ -70,34 +125,48 @@ class PlannedFault:
     hold_s: float
     pick: float
 
-    def estimate_s(self, session_timeout_s: float) -> float:
-        """About how long the fault takes until the cluster is healthy (for fitting the plan in the run)."""
+    def estimate_s(self, session_timeout_s: float, brokers: int = 1) -> float:
+        """About how long the fault takes until the cluster is healthy (for fitting the plan in the run).
+
+        A broker restarts in 10-20 s on a busy machine and then catches up its replicas; a
+        rolling restart does that for each of the ``brokers``.
+        """
         return self.hold_s + {"master_kill": session_timeout_s + 6, "master_pause": 6, "standby_term": 5,
                               "standby_wipe": 8, "kafka_kill": 20, "zookeeper_kill": 10,
-                              "kafka_pause": 12, "zookeeper_pause": session_timeout_s + 6}[self.kind]
+                              "kafka_pause": 12, "zookeeper_pause": session_timeout_s + 6,
+                              "broker_kill": 25, "broker_pause": 20, "rolling_restart": 30 * brokers,
+                              "leader_move": 20, "two_brokers_down": 45}[self.kind]
 
     def describe(self) -> str:
         held = f", held {self.hold_s:.1f}s" if self.hold_s else ""
         return f"{self.kind} after {self.gap_s:.1f}s{held}"
 
 
-def plan_faults(seed: int, duration_s: float, session_timeout_s: float) -> list[PlannedFault]:
-    """The faults of a run: rounds of every kind in a seeded order, more rounds than a run can use.
+def plan_faults(seed: int, duration_s: float, session_timeout_s: float, brokers: int = 1) -> list[PlannedFault]:
+    """The faults of a run: rounds of every kind (:func:`fault_kinds`) in a seeded order, more rounds than a run
+    can use.
 
-    Gaps scale with the run: a few seconds in a 2-minute run, up to a minute in long ones.
-    The first round always runs whole (every kind once); later ones as long as time is left.
-    Holds: a master's pause outlasts the session; a broker's pause is a long GC pause, 6-10 s
-    (3-8 s in runs of 5 minutes or less); ZooKeeper's 8-12 s (5-8 s), past the session.
+    Gaps scale with the run and the number of kinds: a few seconds in a 2-minute run, up to a
+    minute in long ones. The first round always runs whole (every kind once); later ones as
+    long as time is left. Holds: a master's pause outlasts the session; a single broker's
+    pause is a long GC pause, 6-10 s (3-8 s in runs of 5 minutes or less); ZooKeeper's 8-12 s
+    (5-8 s), past the session; a broker of a replicated cluster is paused 10-14 s (past its
+    9 s broker session) and killed for 5-15 s (3-8 s), as are the two of ``two_brokers_down``.
+    On one broker the plan is the same as before replicated clusters had kinds of their own.
     """
     rng = random.Random(f"{seed}/faults")
+    kinds_of_run = fault_kinds(brokers)
     short = duration_s <= 300
-    gap_max = min(60.0, max(3.0, duration_s / 24))
+    # Eight kinds on one broker: a 24th of the run, as it always was.
+    gap_max = min(60.0, max(3.0, duration_s / (3 * len(kinds_of_run))))
     down_max = 5.0 if short else 15.0
+    broker_down = (3.0, 8.0) if short else (5.0, 15.0)
     holds = {"kafka_pause": (3.0, 8.0) if short else (6.0, 10.0),
-             "zookeeper_pause": (5.0, 8.0) if short else (8.0, 12.0)}
+             "zookeeper_pause": (5.0, 8.0) if short else (8.0, 12.0),
+             "broker_pause": (10.0, 14.0), "broker_kill": broker_down, "two_brokers_down": broker_down}
     plan = []
     for _ in range(max(1, math.ceil(duration_s / 30))):
-        kinds = list(FAULT_KINDS)
+        kinds = list(kinds_of_run)
         rng.shuffle(kinds)
         for kind in kinds:
             gap = rng.uniform(gap_max / 2, gap_max)
@@ -134,6 +203,106 @@ class NodeCrash:
                 "during_fault": self.during_fault, "cause": self.cause, "log_tail": self.log_tail}
 
 
+class OutageWatch(threading.Thread):
+    """While a broker fault runs: the times the cluster could not serve (module docstring), as intervals.
+
+    The fault says which brokers it has down (:meth:`set_down`) before it signals them; the
+    watch reads the metadata every ``every_s`` from the others and judges it with that set,
+    less those the controllers fenced meanwhile and that are registered again (restarted,
+    they are back before the fault's restart call returns). A read that fails leaves the
+    last verdict standing. A read begun before the set changed is not judged (it may show a
+    broker up that is down now).
+
+    Args:
+        read: the cluster as seen from the brokers not down (:func:`.soak_brokers.read_cluster`).
+        min_insync: each watched topic's min.insync.replicas.
+    """
+
+    def __init__(self, read: Callable[[frozenset[int]], ClusterState], min_insync: Mapping[str, int],
+                 every_s: float = 0.5):
+        super().__init__(name="soak-outage-watch", daemon=True)
+        self.read = read
+        self.min_insync = min_insync
+        self.every_s = every_s
+        self.intervals: list[tuple[int, int]] = []
+        self.problems = ""  # why the cluster was last seen out
+        self.unregistered_ms: dict[int, int] = {}  # a down broker -> when the metadata first left it out
+        self._down: frozenset[int] = frozenset()
+        self._generation = 0
+        self._since: int | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._changed = threading.Event()
+
+    def set_down(self, brokers: Iterable[int], *, out: bool = False) -> None:
+        """The brokers the fault has down from now on; ``out``: the cluster is out from this moment (a kill:
+        the dead broker is in sync somewhere until the controllers fence it) until a read says otherwise."""
+        with self._lock:
+            self._down = frozenset(brokers)
+            self._generation += 1
+            if out and self._since is None:
+                self._since = now_ms()
+        self._changed.set()
+
+    @property
+    def down(self) -> frozenset[int]:
+        return self._down
+
+    @property
+    def out(self) -> bool:
+        return self._since is not None
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                down, generation = self._down, self._generation
+            try:
+                state = self.read(down)
+            except KafkaException:  # Kafka did not answer: the last verdict stands
+                state = None
+            if state is not None:
+                at = now_ms()
+                for broker in down - state.brokers:
+                    self.unregistered_ms.setdefault(broker, at)
+                # A down broker the controllers fenced and that is registered again is back: restarted (or
+                # continued) and unfenced, it leads or is in sync only once it caught up.
+                back = {broker for broker in down if broker in self.unregistered_ms and broker in state.brokers}
+                problems = serving_problems(state, self.min_insync, down - back)
+                with self._lock:
+                    if generation == self._generation:
+                        self._mark(at, problems)
+            self._changed.wait(self.every_s)
+            self._changed.clear()
+
+    def _mark(self, at: int, problems: list[str]) -> None:
+        if problems:
+            self.problems = "; ".join(problems)
+            if self._since is None:
+                self._since = at
+        elif self._since is not None:
+            self.intervals.append((self._since, at))
+            self._since = None
+
+    def wait_serving(self, timeout_s: float, stop: threading.Event) -> bool:
+        """Wait until a read finds the cluster serving; False after ``timeout_s`` (or once ``stop`` is set)."""
+        deadline = time.monotonic() + timeout_s
+        while self.out and time.monotonic() < deadline and not stop.is_set():
+            stop.wait(0.2)
+        return not self.out
+
+    def finish(self) -> list[tuple[int, int]]:
+        """Stop watching; the outages seen (one still open ends now)."""
+        self._stopping.set()
+        self._changed.set()
+        if self.is_alive():
+            self.join(10)
+        with self._lock:
+            if self._since is not None:
+                self.intervals.append((self._since, now_ms()))
+                self._since = None
+        return self.intervals
+
+
 class Chaos(threading.Thread):
     """Carries out the plan against the soak's own stack and nodes, and watches the nodes for crashes.
 
@@ -147,15 +316,23 @@ class Chaos(threading.Thread):
         warmup_s: quiet time before the first fault.
         deadline: ``time.monotonic()`` after which no fault beyond the first round starts.
         say: progress lines (one per fault).
+        brokers: the stack's brokers; from 2 on, the replicated cluster's kinds (:func:`fault_kinds`).
+        target_topics: the soak's target topics (a replicated cluster's faults watch their partitions).
+        leader_mover: what ``leader_move`` moves leaders with (prepared by the soak; a replicated cluster).
     """
 
     def __init__(self, plan: list[PlannedFault], stack: DevStack, cluster: LocalCluster, *,
                  session_timeout_s: float, heal_limit_s: float, warmup_s: float, deadline: float,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], brokers: int = 1, target_topics: Iterable[str] = (),
+                 leader_mover: LeaderMover | None = None):
         super().__init__(name="soak-chaos", daemon=True)
         self.plan = plan
         self.stack = stack
         self.cluster = cluster
+        self.brokers = brokers
+        self.kinds = fault_kinds(brokers)
+        self.target_topics = list(target_topics)
+        self.leader_mover = leader_mover
         self.session_timeout_s = session_timeout_s
         self.heal_limit_s = heal_limit_s
         self.warmup_s = warmup_s
@@ -166,7 +343,7 @@ class Chaos(threading.Thread):
         self.crashes: list[NodeCrash] = []
         self.done = Counter[str]()
         self.current: tuple[str, float] | None = None
-        self.planned_first_round = len(FAULT_KINDS)
+        self.planned_first_round = len(self.kinds)
         self.finished = threading.Event()
         self.stop = threading.Event()
         self.failure: BaseException | None = None
@@ -179,13 +356,19 @@ class Chaos(threading.Thread):
         self._released = False
         self._last_ready: dict[int, float] = {}  # pid -> when it last answered ready (monotonic)
         self._restarts = Counter[str]()
+        self._outage: tuple[int, int] | None = None
+        self._watch: OutageWatch | None = None  # during a replicated cluster's broker fault
+        self._min_insync: dict[str, int] | None = None  # the watched topics', read on first need
+        # Broker node id -> its service name (kafka-1 ..), on a replicated cluster.
+        self._broker_names: dict[int, str] = (
+            {stack.kafka_node(name).node_id: name for name in stack.broker_names} if brokers > 1 else {})
 
     # -- the plan ------------------------------------------------------------
 
     def run(self) -> None:
         try:
             self._idle(self.warmup_s)
-            first_round = self.plan[:len(FAULT_KINDS)]
+            first_round = self.plan[:len(self.kinds)]
             for fault in first_round:
                 self._idle(fault.gap_s)
                 self._inject(fault)
@@ -194,8 +377,9 @@ class Chaos(threading.Thread):
                 if not self.done[fault.kind]:
                     self._idle(fault.gap_s)
                     self._inject(fault)
-            for fault in self.plan[len(FAULT_KINDS):]:
-                if time.monotonic() + fault.gap_s + fault.estimate_s(self.session_timeout_s) > self.deadline:
+            for fault in self.plan[len(self.kinds):]:
+                if (time.monotonic() + fault.gap_s + fault.estimate_s(self.session_timeout_s, self.brokers)
+                        > self.deadline):
                     break
                 self._idle(fault.gap_s)
                 self._inject(fault)
@@ -220,7 +404,11 @@ class Chaos(threading.Thread):
         before = "" if healthy else f"cluster not healthy before the fault ({problems}); "
         start = now_ms()
         self.current = (fault.kind, time.monotonic())
-        self._outage: tuple[int, int] | None = None
+        self._outage = None
+        if fault.kind in BROKER_FAULTS:
+            self._watch = OutageWatch(self._read_cluster, self._watched_min_insync())
+            self._watch.start()
+        outages: list[tuple[int, int]] = []
         try:
             try:
                 detail = getattr(self, f"_{fault.kind}")(fault)
@@ -229,14 +417,25 @@ class Chaos(threading.Thread):
                 self.say(f"[yellow]fault {fault.kind} skipped: {skipped}[/]")
                 return
             healthy, problems = self._wait_healthy(self.heal_limit_s)
+            if self._watch is not None:
+                outages = self._watch.finish()
+                detail += "; " + _outage_text(outages, start, self._watch.problems)
             took = (now_ms() - start) / 1000
             after = f"; healthy {took:.1f}s after it began" if healthy else (
                 f"; NOT healthy {self.heal_limit_s:.0f}s after it was undone: {problems}")
-            self.windows.append(FaultWindow(fault.kind, start, now_ms(), before + detail + after, self._outage))
+            if outages:
+                first, *later = outages
+                window = FaultWindow(fault.kind, start, now_ms(), before + detail + after, first, tuple(later))
+            else:
+                window = FaultWindow(fault.kind, start, now_ms(), before + detail + after, self._outage)
+            self.windows.append(window)
             self.done[fault.kind] += 1
             self.say(f"fault {fault.kind}: {detail}{after}")
         finally:
             self.current = None
+            if self._watch is not None:
+                self._watch.finish()
+                self._watch = None
 
     # -- the kinds -----------------------------------------------------------
 
@@ -371,6 +570,163 @@ class Chaos(threading.Thread):
         self._outage = (killed_at, now_ms())
         return f"SIGKILL to {name}, down {down_s:.1f}s, answering {time.monotonic() - began:.1f}s after its restart"
 
+    # -- a replicated cluster's kinds ------------------------------------------
+
+    def _broker_kill(self, fault: PlannedFault) -> str:
+        broker, why = self._choose_broker(fault.pick)
+        name = self._broker_names[broker]
+        assert self._watch is not None
+        self._watch.set_down({broker}, out=True)
+        if not self.stack.kill(name, signal.SIGKILL):
+            raise FaultSkipped(f"{name} was not running")
+        self._idle(fault.hold_s)
+        back = self._start_broker(name)
+        return f"SIGKILL to {name} (broker {broker}, {why}), down {fault.hold_s:.1f}s, {back}"
+
+    def _broker_pause(self, fault: PlannedFault) -> str:
+        broker, why = self._choose_broker(fault.pick)
+        name = self._broker_names[broker]
+        assert self._watch is not None
+        with self._pause_lock:
+            if self._released:
+                raise FaultSkipped("the soak is stopping")
+            self._watch.set_down({broker}, out=True)
+            stopped_at = now_ms()
+            if not self.stack.kill(name, signal.SIGSTOP):
+                raise FaultSkipped(f"{name} was not running")
+            self._paused_services.add(name)
+        try:
+            self._idle(fault.hold_s)
+        finally:
+            self._continue(name)
+            self._watch.set_down(())
+        held = (now_ms() - stopped_at) / 1000
+        cut = f" (cut short: the soak is stopping; {fault.hold_s:.1f}s planned)" if held < fault.hold_s - 0.5 else ""
+        fenced = self._watch.unregistered_ms.get(broker)
+        fence = (f"fenced by the controllers {(fenced - stopped_at) / 1000:.1f}s in" if fenced is not None
+                 else "never seen fenced")
+        return f"SIGSTOP to {name} (broker {broker}, {why}) for {held:.1f}s{cut}, then SIGCONT; {fence}"
+
+    def _rolling_restart(self, fault: PlannedFault) -> str:
+        assert self._watch is not None
+        steps = []
+        for name in self.stack.broker_names:
+            if self.stop.is_set():
+                steps.append("stopped: the soak is stopping")
+                break
+            broker = self.stack.kafka_node(name).node_id
+            began = time.monotonic()
+            # Down once it has exited: until then it shuts down in a controlled way, serving while its
+            # leaders move away.
+            if not self.stack.kill(name, signal.SIGTERM, timeout_s=120):
+                raise FaultSkipped(f"{name} was not running")
+            self._watch.set_down({broker})
+            stopped = time.monotonic() - began
+            back = self._start_broker(name)
+            began = time.monotonic()
+            full, problems = self._wait_full_isr(FULL_ISR_WITHIN_S)
+            if not full:
+                steps.append(f"{name}: stopped in {stopped:.1f}s, {back}, full ISR NOT back within "
+                             f"{FULL_ISR_WITHIN_S:.0f}s ({problems}): the restart stops here")
+                break
+            steps.append(f"{name}: stopped in {stopped:.1f}s, {back}, full ISR {time.monotonic() - began:.1f}s later")
+        return "SIGTERM and restart, one broker at a time: " + "; ".join(steps)
+
+    def _leader_move(self, fault: PlannedFault) -> str:
+        if self.leader_mover is None:
+            raise FaultSkipped("no leader mover (a replicated cluster's soak prepares one)")
+        try:
+            return self.leader_mover.move(self._live_addresses(), [self.cluster.settings.buffer_topic,
+                                                                   *self.target_topics])
+        except LeaderMoveError as err:
+            raise FaultSkipped(f"leaders not moved: {err}") from err
+
+    def _two_brokers_down(self, fault: PlannedFault) -> str:
+        first, why_first = self._choose_broker(fault.pick)
+        # A second draw from the same pick: another broker, by the same rules.
+        second, why_second = self._choose_broker((fault.pick * 7919) % 1, exclude=(first,))
+        names = [self._broker_names[first], self._broker_names[second]]
+        assert self._watch is not None
+        self._watch.set_down({first, second}, out=True)
+        for name in names:
+            if not self.stack.kill(name, signal.SIGKILL):
+                raise FaultSkipped(f"{name} was not running")
+        self._idle(fault.hold_s)
+        back_first = self._start_broker(names[0], still_down=(second,))
+        began = time.monotonic()
+        serving = self._watch.wait_serving(30, self.stop)
+        waited = time.monotonic() - began
+        serves = (f"the cluster served again {waited:.1f}s later" if serving
+                  else f"the cluster still not serving {waited:.0f}s later ({self._watch.problems})")
+        back_second = self._start_broker(names[1])
+        return (f"SIGKILL to {names[0]} (broker {first}, {why_first}) and {names[1]} (broker {second}, "
+                f"{why_second}), down {fault.hold_s:.1f}s; {names[0]} {back_first}, {serves}; "
+                f"{names[1]} {back_second}")
+
+    def _start_broker(self, name: str, still_down: Iterable[int] = ()) -> str:
+        """Start broker ``name`` (returns once it is registered and unfenced); what it took, as text."""
+        began = time.monotonic()
+        self.stack.start(name, say=lambda _text: None)
+        if self._watch is not None:
+            self._watch.set_down(still_down)
+        return f"registered again {time.monotonic() - began:.1f}s after its restart"
+
+    def _choose_broker(self, pick: float, exclude: Iterable[int] = ()) -> tuple[int, str]:
+        """The broker a fault hits (:func:`.soak_brokers.choose_broker`), by the cluster as it is now."""
+        settings = self.cluster.settings
+        try:
+            state = self._read_cluster(frozenset(), timeout_s=10)
+        except KafkaException as err:
+            raise FaultSkipped(f"Kafka did not answer to choose a broker: {err}") from err
+        return choose_broker(pick, state, settings.buffer_topic,
+                             [settings.transactional_id(k) for k in range(settings.shards)],
+                             sorted(self._broker_names), exclude)
+
+    def _watched_topics(self) -> list[str]:
+        return [self.cluster.settings.buffer_topic, *self.target_topics, TRANSACTION_STATE_TOPIC]
+
+    def _watched_min_insync(self) -> dict[str, int]:
+        if self._min_insync is None:
+            self._min_insync = min_insync_replicas(self._live_addresses(), self._watched_topics())
+        return self._min_insync
+
+    def _live_addresses(self, down: Iterable[int] = ()) -> list[str]:
+        """The addresses of the brokers neither ``down`` nor paused by a fault."""
+        left_out = set(down) | {broker for broker, name in self._broker_names.items()
+                                if name in self._paused_services}
+        return [self.stack.kafka_node(name).address for broker, name in sorted(self._broker_names.items())
+                if broker not in left_out]
+
+    def _read_cluster(self, down: frozenset[int], timeout_s: float = 3.0) -> ClusterState:
+        addresses = self._live_addresses(down)
+        if not addresses:
+            return ClusterState(frozenset(), ())
+        return read_cluster(addresses, self._watched_topics(), timeout_s)
+
+    def _kafka_problems(self) -> list[str]:
+        """A replicated cluster's part of :meth:`health`: every broker running, registered and in sync."""
+        problems = []
+        for name in self._broker_names.values():
+            if name in self._paused_services:
+                problems.append(f"{name} paused")
+            elif not self.stack.kill(name, 0):  # signal 0: is its process there
+                problems.append(f"{name} not running")
+        try:
+            state = self._read_cluster(frozenset())
+        except KafkaException as err:
+            return [*problems, f"Kafka did not answer ({err})"]
+        return problems + replication_problems(state, self._broker_names)
+
+    def _wait_full_isr(self, limit_s: float) -> tuple[bool, str]:
+        deadline = time.monotonic() + limit_s
+        problems: list[str] = []
+        while not self.stop.is_set():
+            problems = self._kafka_problems()
+            if not problems or time.monotonic() >= deadline:
+                break
+            self._idle(0.5)
+        return not problems, "; ".join(problems)
+
     # -- nodes ---------------------------------------------------------------
 
     def _live_nodes(self) -> list[NodeProcess]:
@@ -494,7 +850,18 @@ class Chaos(threading.Thread):
                 problems.append(f"{node.node_id} not ready" + (f" ({answer.reason[:160]})" if answer.reason else ""))
         settings = self.cluster.settings
         problems += shard_problems(probes, settings.shards, settings.replicas)
+        if self._broker_names:
+            problems += self._kafka_problems()
         return not problems, "; ".join(problems)
+
+
+def _outage_text(outages: list[tuple[int, int]], start_ms: int, problems: str) -> str:
+    """A broker fault's outages, as the detail line tells them."""
+    if not outages:
+        return "every partition served throughout"
+    spans = ", ".join(f"{(a - start_ms) / 1000:.1f}-{(b - start_ms) / 1000:.1f}s" for a, b in outages)
+    total = sum(b - a for a, b in outages) / 1000
+    return f"out {total:.1f}s (at {spans}; last seen: {problems[:300]})"
 
 
 def standbys(probes: Mapping[str, Probe]) -> list[str]:

@@ -24,14 +24,30 @@ SUITE_TEXT: dict[str, str] = {
 # Suites a plain `delayq bench` leaves out: they run only when --only names them.
 OPT_IN_SUITES = frozenset({"capacity-100m"})
 
-# The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run.
+# The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run. On one broker (the default)
+# every kind but the replicated cluster's; with --brokers N (2 or more) those instead of the two that hit "the"
+# broker (ONE_BROKER_FAULTS), and two_brokers_down from three brokers on.
 FAULT_TEXT: dict[str, str] = {
     "master_kill": "SIGKILL a shard's master, restart it",
     "master_pause": "SIGSTOP a shard's master past the session timeout, SIGCONT",
     "standby_term": "SIGTERM a standby, restart it",
     "standby_wipe": "stop a standby, wipe its data, restart it",
-    "kafka_kill": "SIGKILL the Kafka broker, restart it",
+    "kafka_kill": "SIGKILL the Kafka broker, restart it (one broker only)",
     "zookeeper_kill": "SIGKILL ZooKeeper, restart it",
-    "kafka_pause": "SIGSTOP the Kafka broker 6-10 s (3-8 s in runs up to 5 min: a long GC pause), SIGCONT",
+    "kafka_pause": "SIGSTOP the Kafka broker 6-10 s (3-8 s in runs up to 5 min: a long GC pause), SIGCONT "
+                   "(one broker only)",
     "zookeeper_pause": "SIGSTOP ZooKeeper 8-12 s (5-8 s in runs up to 5 min), SIGCONT",
+    "broker_kill": "(2+ brokers) SIGKILL a broker (the busiest buffer leader, a shard master's transaction "
+                   "coordinator, or any), restart it after 5-15 s (3-8 s in runs up to 5 min)",
+    "broker_pause": "(2+ brokers) SIGSTOP a broker (chosen as for broker_kill) 10-14 s, past its 9 s session, SIGCONT",
+    "rolling_restart": "(2+ brokers) SIGTERM each broker in turn, restart it, wait for every partition's full ISR",
+    "leader_move": "(2+ brokers) move every buffer and target leader: the replica after it preferred (a "
+                   "reassignment), a preferred election (needs javac)",
+    "two_brokers_down": "(3+ brokers) SIGKILL two brokers at once (ISR below min ISR 2), restart one after "
+                        "5-15 s (3-8 s), then the other",
 }
+# The kinds that act on the one broker of a one-broker stack; a replicated one has the broker_* kinds instead.
+ONE_BROKER_FAULTS = ("kafka_kill", "kafka_pause")
+# The replicated cluster's kinds (--brokers 2 or more), and the least brokers each needs.
+BROKER_FAULTS: dict[str, int] = {"broker_kill": 2, "broker_pause": 2, "rolling_restart": 2, "leader_move": 2,
+                                 "two_brokers_down": 3}

@@ -19,7 +19,7 @@ def _seconds(text: str) -> float:
 def register(subparsers) -> None:
     from delayq.bench.suites import FAULT_TEXT
 
-    faults = "\n".join(f"  {name:<15} {text}" for name, text in FAULT_TEXT.items())
+    faults = "\n".join(f"  {name:<16} {text}" for name, text in FAULT_TEXT.items())
     soak = subparsers.add_parser(
         "soak", help="chaos soak test: delayed traffic under faults, every message checked, Spark verdict beside",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -29,8 +29,12 @@ def register(subparsers) -> None:
                     "2% repeating) while a seeded plan of faults hits the cluster; judge every message with a\n"
                     "read_committed consumer, and each id's writes in the buffer (in the order they were sent\n"
                     "and acknowledged, each once); then run `delayq reconcile` on the same topics and compare.\n"
+                    "With --brokers N (2 or more) Kafka is a replicated cluster (N brokers, three KRaft\n"
+                    "controllers; the buffer and the target topics at RF min(N, 3), min.insync.replicas one less)\n"
+                    "and the broker faults below replace kafka_kill and kafka_pause; during them the times no\n"
+                    "acknowledged write was possible count as outages, and every figure is also given per fault kind.\n"
                     "Exit code 0 when every rule held, 1 when one broke, 2 when the soak could not run.\n\n"
-                    f"faults (each at least once per run, never two at once):\n{faults}")
+                    f"faults (each of the run's kinds at least once, never two at once):\n{faults}")
     soak.add_argument("--duration", type=_seconds, default=1800.0, metavar="DURATION",
                       help="traffic and faults phase, e.g. 2m, 30m, 1h (default 30m); draining and the "
                            "reconciliation follow")
@@ -40,6 +44,9 @@ def register(subparsers) -> None:
                       help="shards of the soak's cluster, each with its own master (default 3; 1, 2, 3 or 6)")
     soak.add_argument("--replicas", type=int, default=2,
                       help="nodes holding each shard (default 2; 0: every node holds every shard)")
+    soak.add_argument("--brokers", type=int, default=1,
+                      help="Kafka brokers of the soak's own stack (default 1; 2 or more: a replicated cluster with "
+                           "its own broker faults, 3 for all of them; needs a JDK's javac for leader_move)")
     soak.add_argument("--seed", type=int, help="seed of the traffic and the fault plan (default: random, printed)")
     soak.add_argument("--json", action="store_true", help="print one JSON object instead of the summary table")
     soak.add_argument("--no-reconcile", dest="reconcile", action="store_false",
@@ -53,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from delayq.bench.soak import SoakOptions, run_soak
 
     options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
-                          reconcile=args.reconcile, shards=args.shards, replicas=args.replicas)
+                          reconcile=args.reconcile, shards=args.shards, replicas=args.replicas,
+                          brokers=args.brokers)
     if args.state_dir is not None:
         options.state_dir = args.state_dir
     return run_soak(options, as_json=args.json)

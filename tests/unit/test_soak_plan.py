@@ -10,11 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from delayq.bench.soak_brokers import ClusterState, LeaderMoveError, PartitionState
 from delayq.bench.soak_faults import (
     FAULT_KINDS,
     Chaos,
+    OutageWatch,
     PlannedFault,
     Probe,
+    fault_kinds,
     held_shards,
     log_excerpt,
     log_warnings,
@@ -248,3 +251,243 @@ def test_a_service_that_is_not_running_is_not_paused_and_the_fault_is_skipped():
 
     assert stack.signals == [] and chaos.windows == []
     assert chaos.skipped[0].startswith("kafka_pause: kafka was not running")
+
+
+# -- a replicated cluster's kinds (--brokers N) ------------------------------------------------
+
+BROKER_KINDS = ("broker_kill", "broker_pause", "rolling_restart", "leader_move", "two_brokers_down")
+
+
+def test_three_brokers_replace_the_one_brokers_kinds_with_the_replicated_clusters():
+    assert fault_kinds(1) == FAULT_KINDS
+    assert not set(BROKER_KINDS) & set(FAULT_KINDS)
+    assert set(fault_kinds(3)) == set(FAULT_KINDS) - {"kafka_kill", "kafka_pause"} | set(BROKER_KINDS)
+    assert "two_brokers_down" not in fault_kinds(2) and "broker_kill" in fault_kinds(2)
+
+
+def test_the_first_round_of_a_three_broker_plan_holds_each_of_its_kinds_once():
+    for seed in range(50):
+        for duration in (240, 1800):
+            plan = plan_faults(seed, duration_s=duration, session_timeout_s=5, brokers=3)
+
+            assert sorted(f.kind for f in plan[:len(fault_kinds(3))]) == sorted(fault_kinds(3))
+            assert {f.kind for f in plan} == set(fault_kinds(3))
+
+
+def test_one_broker_plans_none_of_the_replicated_clusters_kinds():
+    for seed in range(50):
+        for duration in (60, 240, 1800):
+            assert not {f.kind for f in plan_faults(seed, duration, 5)} & set(BROKER_KINDS)
+            assert not {f.kind for f in plan_faults(seed, duration, 5, brokers=1)} & set(BROKER_KINDS)
+
+
+def test_a_three_broker_plan_is_the_seeds_and_another_seed_gives_another():
+    assert plan_faults(7, 240, 5, brokers=3) == plan_faults(7, 240, 5, brokers=3)
+    assert plan_faults(7, 240, 5, brokers=3) != plan_faults(8, 240, 5, brokers=3)
+    assert plan_faults(7, 240, 5, brokers=3) != plan_faults(7, 240, 5)
+
+
+def test_broker_holds_are_in_their_ranges():
+    for seed in range(20):
+        short, long = plan_faults(seed, 240, 5, brokers=3), plan_faults(seed, 1800, 5, brokers=3)
+
+        def holds(plan: list[PlannedFault], kind: str) -> list[float]:
+            return [f.hold_s for f in plan if f.kind == kind]
+
+        for plan in (short, long):
+            assert all(10 <= h <= 14 for h in holds(plan, "broker_pause"))  # past the 9 s broker session
+            assert holds(plan, "rolling_restart") and set(holds(plan, "rolling_restart")) == {0}
+            assert set(holds(plan, "leader_move")) == {0}
+        for kind in ("broker_kill", "two_brokers_down"):
+            assert all(3 <= h <= 8 for h in holds(short, kind))
+            assert all(5 <= h <= 15 for h in holds(long, kind))
+        # Eleven kinds share the gaps: a 33rd of a 4-minute run at most.
+        assert all(240 / 66 - 0.1 <= f.gap_s <= 240 / 33 + 0.1 for f in short)
+
+
+def test_every_kind_has_an_estimate_beyond_its_hold_and_a_rolling_restart_grows_with_the_brokers():
+    for kind in fault_kinds(1) + fault_kinds(3):
+        assert PlannedFault(kind, 1, 2, 0).estimate_s(5, 3) > 2
+    assert PlannedFault("rolling_restart", 1, 0, 0).estimate_s(5, 5) > PlannedFault(
+        "rolling_restart", 1, 0, 0).estimate_s(5, 3)
+
+
+BUFFER = "delayq-soak-buffer"
+
+
+class FakeCluster(FakeStack):
+    """Three brokers whose metadata follows the signals, as a real cluster's does.
+
+    A killed or stopped broker stays leader and in sync until the controllers fence it,
+    ``fence_s`` later (a real broker session is 9 s); then it leads nothing and is in no ISR.
+    Every partition is replicated on all three (preferred leader: the first of its replicas).
+    """
+
+    broker_names = ("kafka-1", "kafka-2", "kafka-3")
+
+    def __init__(self, fence_s: float = 0.3) -> None:
+        super().__init__()
+        self.fence_s = fence_s
+        self.gone: dict[int, float] = {}  # broker -> when it was killed or stopped (monotonic)
+
+    def kafka_node(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(node_id=int(name[-1]), address=f"127.0.0.1:{9000 + int(name[-1])}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> bool:
+        if sig == 0:  # is it running
+            return int(name[-1]) not in self.gone
+        super().kill(name, sig, timeout_s)
+        if sig != signal.SIGCONT:
+            self.gone.setdefault(int(name[-1]), time.monotonic())
+        else:
+            self.gone.pop(int(name[-1]), None)
+        return True
+
+    def start(self, name: str, *, say=print) -> bool:
+        self.signals.append((name, "start"))
+        self.gone.pop(int(name[-1]), None)
+        return True
+
+    def state(self, down: frozenset[int] = frozenset(), timeout_s: float = 3.0) -> ClusterState:
+        fenced = {b for b, since in self.gone.items() if time.monotonic() - since >= self.fence_s}
+        alive = [b for b in (1, 2, 3) if b not in fenced]
+        partitions = []
+        for topic, count in ((BUFFER, 6), ("target", 3), ("__transaction_state", 4)):
+            for p in range(count):
+                replicas = tuple((p + i) % 3 + 1 for i in range(3))
+                leader = next((b for b in replicas if b in alive), -1)
+                partitions.append(PartitionState(topic, p, leader, replicas, tuple(b for b in replicas if b in alive)))
+        return ClusterState(frozenset(alive), tuple(partitions))
+
+
+def broker_chaos(stack: FakeCluster, mover=None) -> Chaos:
+    settings = SimpleNamespace(shards=0, replicas=0, buffer_topic=BUFFER,
+                               transactional_id=lambda k: "delayq-soak-master" + (f"-{k}" if k else ""))
+    cluster = SimpleNamespace(nodes={}, settings=settings)
+    chaos = Chaos([], stack, cluster, session_timeout_s=5, heal_limit_s=0, warmup_s=0,  # type: ignore[arg-type]
+                  deadline=0, say=lambda _text: None, brokers=3, target_topics=["target"], leader_mover=mover)
+    chaos._min_insync = {BUFFER: 2, "target": 2, "__transaction_state": 2}
+    chaos._read_cluster = stack.state  # type: ignore[method-assign]
+    return chaos
+
+
+def test_a_broker_kill_kills_the_chosen_broker_restarts_it_and_counts_the_outage():
+    stack = FakeCluster()
+    chaos = broker_chaos(stack)
+
+    chaos._inject(PlannedFault("broker_kill", 0, 0.6, 0.1))  # the busiest buffer leader: broker 1 (a tie, lowest)
+
+    assert stack.signals == [("kafka-1", signal.SIGKILL), ("kafka-1", "start")]
+    window, = chaos.windows
+    assert window.kind == "broker_kill" and "broker 1, leader of 2 of the buffer's 6 partitions" in window.detail
+    assert window.outage_ms is not None and window.outage_s >= 0.3  # out from the kill until it was fenced
+    assert chaos.done["broker_kill"] == 1
+
+
+def test_two_brokers_down_kills_two_then_restarts_one_and_the_other_and_is_out_meanwhile():
+    stack = FakeCluster()
+    chaos = broker_chaos(stack)
+
+    chaos._inject(PlannedFault("two_brokers_down", 0, 0.5, 0.9))
+
+    kills = [name for name, sig in stack.signals if sig == signal.SIGKILL]
+    assert len(set(kills)) == 2
+    assert stack.signals[2:] == [(kills[0], "start"), (kills[1], "start")]
+    window, = chaos.windows
+    assert window.outage_s >= 0.5 and "the cluster served again" in window.detail
+
+
+def test_a_broker_pause_stops_the_broker_past_its_session_then_continues_it_and_release_continues_it_too():
+    stack = FakeCluster()
+    chaos = broker_chaos(stack)
+    pausing = threading.Thread(target=chaos._inject, args=(PlannedFault("broker_pause", 0, 30, 0.9),))
+    pausing.start()
+    deadline = time.monotonic() + 5
+    while not stack.signals and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    chaos.release()  # Ctrl-C or an error while the broker is stopped
+    assert stack.signals == [("kafka-3", signal.SIGSTOP), ("kafka-3", signal.SIGCONT)]
+    chaos.stop.set()
+    pausing.join(5)
+
+    assert not pausing.is_alive()
+    assert stack.signals == [("kafka-3", signal.SIGSTOP), ("kafka-3", signal.SIGCONT)]
+
+
+def test_a_rolling_restart_stops_and_starts_every_broker_in_turn_without_an_outage():
+    stack = FakeCluster()
+    chaos = broker_chaos(stack)
+
+    chaos._inject(PlannedFault("rolling_restart", 0, 0, 0))
+
+    assert stack.signals == [(f"kafka-{i}", sig) for i in (1, 2, 3) for sig in (signal.SIGTERM, "start")]
+    window, = chaos.windows
+    assert window.outages == [] and "every partition served throughout" in window.detail
+    assert window.detail.count("full ISR") == 3
+
+
+def test_a_leader_move_is_the_movers_and_a_failed_one_is_skipped():
+    class Mover:
+        def __init__(self, error: bool):
+            self.error = error
+            self.calls: list[list[str]] = []
+
+        def move(self, bootstrap: list[str], topics: list[str]) -> str:
+            self.calls.append(topics)
+            if self.error:
+                raise LeaderMoveError("the reassignment failed (exit 1)")
+            return "9 of 9 leaders moved"
+
+    moved, failed = Mover(False), Mover(True)
+    chaos = broker_chaos(FakeCluster(), moved)  # type: ignore[arg-type]
+    chaos._inject(PlannedFault("leader_move", 0, 0, 0))
+    assert moved.calls == [[BUFFER, "target"]] and chaos.done["leader_move"] == 1
+
+    chaos = broker_chaos(FakeCluster(), failed)  # type: ignore[arg-type]
+    chaos._inject(PlannedFault("leader_move", 0, 0, 0))
+    assert chaos.done["leader_move"] == 0 and "the reassignment failed" in chaos.skipped[0]
+
+
+def test_health_on_a_replicated_cluster_wants_every_broker_registered_and_in_sync():
+    stack = FakeCluster()
+    chaos = broker_chaos(stack)
+
+    assert chaos.health() == (True, "")
+    stack.gone[2] = 0.0  # long fenced
+    healthy, problems = chaos.health()
+    assert not healthy and problems.startswith("kafka-2 not running; broker 2 not registered; under-replicated: ")
+
+
+def test_an_outage_watch_is_out_from_a_kill_until_a_read_finds_every_partition_serving():
+    stack = FakeCluster(fence_s=0.1)
+    watch = OutageWatch(stack.state, {BUFFER: 2, "target": 2, "__transaction_state": 2}, every_s=0.05)
+    watch.start()
+    time.sleep(0.2)
+    assert not watch.out
+
+    watch.set_down({1, 2}, out=True)
+    stack.gone.update({1: time.monotonic(), 2: time.monotonic()})  # two of three down: min ISR 2 not met
+    time.sleep(0.4)
+    assert watch.out and "fewer in-sync replicas" in watch.problems
+    stack.start("kafka-1")
+    watch.set_down({2})
+    assert watch.wait_serving(5, threading.Event())
+
+    outages = watch.finish()
+    assert len(outages) == 1 and 150 <= outages[0][1] - outages[0][0] < 2_000
+
+
+def test_a_down_broker_fenced_and_registered_again_is_back_before_its_restart_call_returns():
+    stack = FakeCluster(fence_s=0.1)
+    watch = OutageWatch(stack.state, {BUFFER: 2, "target": 2, "__transaction_state": 2}, every_s=0.05)
+    watch.start()
+    watch.set_down({1}, out=True)
+    stack.gone[1] = time.monotonic()
+    time.sleep(0.4)
+    assert 1 in watch.unregistered_ms and not watch.out  # fenced: out of every ISR, the others lead
+
+    stack.gone.pop(1)  # restarted and registered again: in sync everywhere, while the fault still has it down
+    time.sleep(0.3)
+    assert not watch.out
+    assert len(watch.finish()) == 1
