@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,18 +19,52 @@ from delayq.delay_service import ensure_topics
 from delayq.settings import Settings
 
 
-def free_stack_ports() -> tuple[int, int]:
-    """Ports for a dev stack: a Kafka port whose next one (its controller's) is free too, and a ZooKeeper port."""
-    while True:
-        with socket.socket() as kafka, socket.socket() as controller, socket.socket() as zookeeper:
-            kafka.bind(("127.0.0.1", 0))
-            port = kafka.getsockname()[1]
-            try:
-                controller.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            zookeeper.bind(("127.0.0.1", 0))
-            return port, zookeeper.getsockname()[1]
+def free_stack_ports(brokers: int = 1) -> tuple[int, int]:
+    """A Kafka port whose next ones are free too, and a ZooKeeper port, for a dev stack of ``brokers``.
+
+    One broker: its port and its controller's (the next one); N >= 2: the brokers' N ports and the
+    three controllers' after them. Drawn outside the range the kernel takes clients' local ports
+    from (``ip_local_port_range``): a broker or ZooKeeper killed by a fault must find its port free
+    when it restarts, and one in that range can meanwhile be some client's local port (seen: a
+    broker's restart refused, its port taken by a connection of the clients retrying it).
+
+    Raises:
+        RuntimeError: no such ports were found.
+    """
+    span = 2 if brokers == 1 else brokers + 3
+    low, high = _ephemeral_ports()
+    ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > span + 1]
+    draw = random.SystemRandom()
+    for _ in range(200):
+        if ranges:
+            start, end = draw.choice(ranges)
+            kafka = draw.randrange(start, end - span)
+        else:
+            kafka = free_port()
+        if kafka + span > 65_536 or not all(_port_free(kafka + i) for i in range(span)):
+            continue
+        zk = draw.randrange(*draw.choice(ranges)) if ranges else free_port()
+        if not kafka <= zk < kafka + span and _port_free(zk):
+            return kafka, zk
+    raise RuntimeError(f"found no {span} free consecutive loopback ports for a dev stack's Kafka")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of clients' local ports (Linux's default where it cannot be read)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _port_free(port: int) -> bool:
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def free_port() -> int:
