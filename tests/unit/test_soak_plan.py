@@ -491,3 +491,16 @@ def test_a_down_broker_fenced_and_registered_again_is_back_before_its_restart_ca
     time.sleep(0.3)
     assert not watch.out
     assert len(watch.finish()) == 1
+
+
+def test_the_soaks_ports_lie_outside_the_kernels_ephemeral_range(monkeypatch):
+    # A killed broker restarts on its port: one in that range may meanwhile be some client's local port.
+    from delayq.bench import soak
+
+    monkeypatch.setattr(soak, "_ephemeral_ports", lambda: (32768, 60999))
+    for brokers, span in ((1, 2), (3, 6)):
+        for _ in range(20):
+            kafka, zk = soak._free_ports(brokers)
+
+            assert all(not 32768 <= port <= 60999 for port in (*range(kafka, kafka + span), zk))
+            assert not kafka <= zk < kafka + span
