@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,7 +51,7 @@ from delayq.delay_service.topics import committed_end_offsets
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
 from delayq.settings import Settings
-from delayq.testing import LocalCluster, NodeError, settings_env
+from delayq.testing import LocalCluster, NodeError, free_stack_ports, settings_env
 
 from .soak_brokers import LeaderMover
 from .soak_check import (
@@ -665,54 +664,12 @@ def _clock(seconds: float) -> str:
 
 
 def _free_ports(brokers: int = 1) -> tuple[int, int]:
-    """A Kafka port whose next ones are free too, and a ZooKeeper port, outside the ephemeral port range.
-
-    One broker: its port and its controller's (the next one). ``brokers`` N >= 2: the brokers'
-    N ports and the three controllers' after them. Below the range the kernel takes clients'
-    local ports from (``ip_local_port_range``): a broker or ZooKeeper killed by a fault must
-    find its port free when it restarts, and one in that range can meanwhile be some
-    client's local port (seen: a broker's restart refused, its port taken by a connection).
-    """
-    span = 2 if brokers == 1 else brokers + 3
-    low, high = _ephemeral_ports()
-    ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > span + 1]
-    draw = random.SystemRandom()
-    for _ in range(200):
-        if not ranges:
-            kafka = _free_port()
-        else:
-            start, end = draw.choice(ranges)
-            kafka = draw.randrange(start, end - span)
-        if kafka + span > 65536 or not all(_port_free(kafka + i) for i in range(span)):
-            continue
-        zk = draw.randrange(*draw.choice(ranges)) if ranges else _free_port()
-        if not kafka <= zk < kafka + span and _port_free(zk):
-            return kafka, zk
-    raise SoakError(f"found no {span} free consecutive loopback ports for the soak's Kafka brokers and controllers")
-
-
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range of clients' local ports (Linux's default where it cannot be read)."""
+    """The soak's stack's ports (:func:`delayq.testing.free_stack_ports`: outside the ephemeral range, where a
+    killed broker's port could meanwhile be some client's local port)."""
     try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        return 32768, 60999
-    return low, high
-
-
-def _port_free(port: int) -> bool:
-    try:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", port))
-    except OSError:
-        return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return free_stack_ports(brokers)
+    except RuntimeError as err:
+        raise SoakError(str(err)) from err
 
 
 def _clean_runs(state_dir: Path, keep: int) -> None:

@@ -495,9 +495,10 @@ def test_a_down_broker_fenced_and_registered_again_is_back_before_its_restart_ca
 
 def test_the_soaks_ports_lie_outside_the_kernels_ephemeral_range(monkeypatch):
     # A killed broker restarts on its port: one in that range may meanwhile be some client's local port.
+    from delayq import testing
     from delayq.bench import soak
 
-    monkeypatch.setattr(soak, "_ephemeral_ports", lambda: (32768, 60999))
+    monkeypatch.setattr(testing, "_ephemeral_ports", lambda: (32768, 60999))
     for brokers, span in ((1, 2), (3, 6)):
         for _ in range(20):
             kafka, zk = soak._free_ports(brokers)
