@@ -36,26 +36,7 @@ from pathlib import Path
 from confluent_kafka import ElectionType, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-TRANSACTION_STATE_TOPIC = "__transaction_state"
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode`` of ``text``: a signed 32-bit int over its UTF-16 code units."""
-    value = 0
-    data = text.encode("utf-16-be")
-    for index in range(0, len(data), 2):
-        value = (31 * value + int.from_bytes(data[index:index + 2], "big")) & 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def coordinator_partition(transactional_id: str, partitions: int) -> int:
-    """The ``__transaction_state`` partition that holds ``transactional_id`` (its leader is the coordinator).
-
-    Kafka's ``Utils.abs(transactionalId.hashCode) % transaction.state.log.num.partitions``, where
-    ``Utils.abs`` takes ``Integer.MIN_VALUE`` to 0 (``Math.abs`` would leave it negative).
-    """
-    hashed = java_string_hash(transactional_id)
-    return (0 if hashed == -(1 << 31) else abs(hashed)) % partitions
+from delayq.delay_service import TRANSACTION_STATE_TOPIC, coordinator_partition
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,15 @@ if TYPE_CHECKING:
     from .layout import ensure_shards
     from .node import Node
     from .status import cluster_status, kafka_status
-    from .topics import TopicCheck, ensure_topics
+    from .topics import TRANSACTION_STATE_TOPIC, TopicCheck, coordinator_partition, ensure_topics, java_string_hash
 
 _HOMES = {"AclLine": ".acls", "apply_acls": ".acls", "required_acls": ".acls", "Node": ".node",
           "cluster_status": ".status", "kafka_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics",
+          "TRANSACTION_STATE_TOPIC": ".topics", "coordinator_partition": ".topics", "java_string_hash": ".topics",
           "ensure_shards": ".layout"}
-__all__ = ["AclLine", "Node", "TopicCheck", "apply_acls", "cluster_status", "ensure_shards", "ensure_topics",
-           "kafka_status", "required_acls"]
+__all__ = ["TRANSACTION_STATE_TOPIC", "AclLine", "Node", "TopicCheck", "apply_acls", "cluster_status",
+           "coordinator_partition", "ensure_shards", "ensure_topics", "java_string_hash", "kafka_status",
+           "required_acls"]
 
 
 def __getattr__(name: str) -> Any:

@@ -5,18 +5,16 @@ from __future__ import annotations
 import pytest
 
 from delayq.bench.soak_brokers import (
-    TRANSACTION_STATE_TOPIC,
     ClusterState,
     PartitionState,
     busiest_leader,
     choose_broker,
     coordinator_of,
-    coordinator_partition,
-    java_string_hash,
     led_elsewhere,
     replication_problems,
     serving_problems,
 )
+from delayq.delay_service import TRANSACTION_STATE_TOPIC, coordinator_partition, java_string_hash
 
 BUFFER = "delayq-soak-1-buffer"
 
