@@ -88,6 +88,11 @@ COMMIT_GIVE_UP_S = 6.0
 # An abort that takes longer ends the term at once (the next master's init_transactions aborts for it):
 # the transaction was not going to deliver anything anyway.
 ABORT_TIMEOUT_S = 5.0
+# How long one read of the buffer's end offsets for a cover waits (a ListOffsets takes milliseconds). A failed
+# read is tried again through a new admin client, with new metadata: a read sent to the leader a broker had
+# before it died waits for its whole timeout, and at 10 s the master's second read, sent just before the
+# controllers fenced the dead broker, kept delivery 9.5 s behind Kafka (test_replicated_kafka).
+END_OFFSETS_CALL_S = 2.0
 # A term's first init_transactions call, and the most any later one waits. A call that fails (times out) is
 # tried again with a new producer, each call twice as long as the last: librdkafka keeps asking a transaction
 # coordinator that died (its broker SIGKILLed) until that broker is back, long after Kafka moved the
@@ -604,7 +609,7 @@ class Delivery:
             KafkaException: the end offsets could not be read.
         """
         read_at = now_ms()
-        return Ends(read_at, self.feed.read_ends(timeout_s=10.0, committed=False))
+        return Ends(read_at, self.feed.read_ends(timeout_s=END_OFFSETS_CALL_S, committed=False))
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
