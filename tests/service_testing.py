@@ -12,7 +12,7 @@ from delayq import Settings, wire
 from delayq.clock import now_ms
 from delayq.dev import DevStack, StackError
 from delayq.testing import LocalCluster as Cluster
-from delayq.testing import NodeProcess, free_port, settings_env
+from delayq.testing import NodeProcess, free_port, free_stack_ports, settings_env
 from delayq.wire import Envelope, new_delay_id
 
 __all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "free_port", "freeze", "kafka_pid", "now_ms",
@@ -26,14 +26,8 @@ def start_private_stack(root: Path, brokers: int = 1) -> DevStack:
     Raises:
         StackError: it could not start (after trying other ports when one was taken meanwhile).
     """
-    span = 2 if brokers == 1 else brokers + 3  # the brokers' ports, then the controllers'
     for attempt in range(5):
-        kafka_port = free_port()
-        while kafka_port + span > 65536:
-            kafka_port = free_port()
-        zk_port = free_port()
-        while kafka_port <= zk_port < kafka_port + span:
-            zk_port = free_port()
+        kafka_port, zk_port = free_stack_ports(brokers)
         stack = DevStack(state_dir=root / f"stack-{attempt}", kafka_port=kafka_port, zk_port=zk_port,
                          brokers=brokers, start_timeout_s=180)
         try:

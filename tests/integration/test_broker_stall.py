@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections import Counter, defaultdict
 
@@ -21,8 +20,8 @@ import pytest
 from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
 from service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
+from traffic_testing import readme_producer, while_writing
 
-import delayq
 from delayq import Settings
 from delayq import wire as env
 from delayq.delay_service import ensure_shards
@@ -71,39 +70,9 @@ def freeze_then_kill(stack, *, after_s: float = 3.0, while_down=lambda: None) ->
     return started, now_ms()
 
 
-def while_writing(producer: delayq.Producer, write_some, fault, *, before_s: float, after_s: float,
-                  every_s: float):
-    """Call ``write_some()`` every ``every_s`` from a thread, from ``before_s`` before ``fault()`` until ``after_s``
-    after it; ``fault()``'s result, once the producer has confirmed every write."""
-    stop = threading.Event()
-
-    def write() -> None:
-        while not stop.is_set():
-            write_some()
-            producer.poll(0)
-            time.sleep(every_s)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
-        time.sleep(before_s)
-        result = fault()
-        time.sleep(after_s)
-    finally:
-        stop.set()
-        writer.join(30)
-    assert producer.flush(120) == 0, "writes still unconfirmed two minutes after the fault"
-    return result
-
-
 def settings_on(stack, names, **fields) -> Settings:
     return Settings(bootstrap_servers=stack.bootstrap_servers, zk_connect=stack.zk_connect, cluster=names.cluster,
                     zk_session_timeout_ms=4000, **{"buffer_partitions": 3, **fields})
-
-
-def readme_producer(settings: Settings) -> delayq.Producer:
-    """A producer as the README shows one: nothing but where Kafka is and which cluster."""
-    return delayq.Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster})
 
 
 def test_each_ids_writes_land_in_the_order_sent_and_once_across_a_frozen_then_killed_broker(stack, names, tmp_path):
