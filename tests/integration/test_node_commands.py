@@ -43,12 +43,19 @@ def test_init_creates_compacted_buffer_and_dead_letter_topics_then_finds_them_ri
     assert differs.returncode == 1
     assert "min.compaction.lag.ms: 3600000, configured 60000" in differs.stdout
 
-    # More replicas than the cluster has brokers: one line, and nothing changed.
-    refused = delayq(settings, "init", "--replication-factor", "3")
+    # An existing topic is not re-replicated by init: another factor is reported as a difference.
+    other = delayq(settings, "init", "--strict", "--replication-factor", "3", DELAYQ_MIN_COMPACTION_LAG_MS="3600000")
+    assert other.returncode == 1
+    assert "replication factor: 1, configured 3" in other.stdout
+
+    # A new buffer with more replicas than the cluster has brokers: one line, and nothing created.
+    fresh = settings.cluster + "-more"
+    refused = delayq(settings, "init", "--replication-factor", "3", DELAYQ_CLUSTER=fresh)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     [line] = refused.stderr.strip().splitlines()
     assert "buffer replication factor 3 is more than the 1 broker of the Kafka cluster" in line
     assert "--replication-factor" in line
+    assert f"delayq-{fresh}-buffer" not in admin.list_topics(timeout=10).topics
 
 
 def test_status_json_names_the_master_and_every_node(settings, tmp_path):
