@@ -93,10 +93,10 @@ def min_insync_replicas(bootstrap: Iterable[str], topics: Iterable[str], timeout
     Raises:
         KafkaException: Kafka did not answer.
     """
-    from delayq.delay_service.topics import describe_config
+    from delayq.delay_service.topics import min_insync_replicas as of_topic
 
     admin = AdminClient({"bootstrap.servers": ",".join(bootstrap), "log_level": 0})
-    return {topic: int(describe_config(admin, topic, timeout_s).get("min.insync.replicas") or 1) for topic in topics}
+    return {topic: of_topic(admin, topic, timeout_s) for topic in topics}
 
 
 def _ranges(numbers: Iterable[int]) -> str:

@@ -24,8 +24,8 @@ from .topics import (
     TRANSACTION_STATE_TOPIC,
     admin_client,
     coordinator_partition,
-    describe_config,
     insync_shortfalls,
+    min_insync_or_one,
     shortfall_text,
 )
 
@@ -91,11 +91,8 @@ class InSyncWatch:
         topics = [s.buffer_topic, s.dead_letter_topic, TRANSACTION_STATE_TOPIC]
         if time.monotonic() - self._configs_read_at > CONFIG_REFRESH_S:
             self._configs_read_at = time.monotonic()
-            for topic in topics:
-                try:
-                    self._min_insync[topic] = int(describe_config(admin, topic, 3.0).get("min.insync.replicas") or 1)
-                except Exception:  # refused (a node may describe the buffer only) or absent: leaders alone count
-                    self._min_insync[topic] = 1
+            for topic in topics:  # a node may describe the buffer only: elsewhere leaders alone count
+                self._min_insync[topic] = min_insync_or_one(admin, topic, 3.0)
         # Every topic's metadata: asking for one by name could make a broker create it.
         metadata = admin.list_topics(timeout=CHECK_S)
         state = metadata.topics.get(TRANSACTION_STATE_TOPIC)

@@ -205,15 +205,29 @@ def insync_shortfalls(admin: AdminClient, topics: Mapping[str, Collection[int] |
             continue
         needed = (min_insync or {}).get(topic)
         if needed is None:
-            try:
-                needed = int(describe_config(admin, topic, timeout_s).get("min.insync.replicas") or 1)
-            except Exception:  # refused (no DESCRIBE_CONFIGS) or timed out: judge by leaders alone
-                needed = 1
+            needed = min_insync_or_one(admin, topic, timeout_s)
         short = {p.id: (len(p.isrs) if p.leader >= 0 else 0) for p in metadata.partitions.values()
                  if (wanted is None or p.id in wanted) and (p.leader < 0 or len(p.isrs) < needed)}
         if short:
             result.append(InSyncShortfall(topic, tuple(sorted(short)), min(short.values()), needed))
     return result
+
+
+def min_insync_replicas(admin: AdminClient, topic: str, timeout_s: float = 15.0) -> int:
+    """``topic``'s min.insync.replicas (``__transaction_state``'s is the brokers' transaction.state.log.min.isr).
+
+    Raises:
+        KafkaException: Kafka did not answer, or refused (no DESCRIBE_CONFIGS on the topic).
+    """
+    return int(describe_config(admin, topic, timeout_s).get("min.insync.replicas") or 1)
+
+
+def min_insync_or_one(admin: AdminClient, topic: str, timeout_s: float) -> int:
+    """:func:`min_insync_replicas`, or 1 where it cannot be read (refused, timed out): leaders alone count then."""
+    try:
+        return min_insync_replicas(admin, topic, timeout_s)
+    except Exception:
+        return 1
 
 
 def java_string_hash(text: str) -> int:
