@@ -149,6 +149,15 @@ def _refused(item: Outgoing, error: KafkaError) -> Undeliverable:
     return Undeliverable(item, wire.Reason.REJECTED, f"Kafka refused the record: {error.str()}")
 
 
+class EndsUnreadable(KafkaException):
+    """The buffer's end offsets could not be read for a cover: no transaction is open then.
+
+    Delivery keeps its producer and waits for Kafka: a new producer's ``init_transactions`` would
+    wait for the coordinator, and for the markers of whatever the last one left open, for seconds
+    after the partitions had new leaders (2.3 s of test_replicated_kafka's stall after a broker was lost).
+    """
+
+
 class RecordRejected(Exception):
     """produce() refused one delivery for what it is (too large, ...): dead-letter it, deliver the rest."""
 
@@ -431,7 +440,11 @@ class Delivery:
                               self._start_times.summary(term.won_at, time.monotonic()))
                 try:
                     while term.active:
-                        self.deliver_due(term)
+                        try:
+                            self.deliver_due(term)
+                        except EndsUnreadable as err:
+                            self._passing_error(term, err)
+                            continue
                         self._recovered()
                 except KafkaException as err:
                     # Whatever state the transaction was left in, a new producer starts clean
@@ -459,15 +472,18 @@ class Delivery:
         Errors that can pass (Kafka restarting) are retried while the term lasts; False if it ended first.
         """
         init_call_s = INIT_CALL_S
+        fenced = False
         while term.active:
             try:
-                self._start_times = StartTimes(began=time.monotonic())
-                if self.producer is None:
-                    self.producer = self.spare.take()
-                self._start_times.connected = time.monotonic()
-                # Fences the previous master and aborts its open transaction.
-                self.producer.init_transactions(init_call_s)
-                self._start_times.fenced = time.monotonic()
+                if not fenced:
+                    self._start_times = StartTimes(began=time.monotonic())
+                    if self.producer is None:
+                        self.producer = self.spare.take()
+                    self._start_times.connected = time.monotonic()
+                    # Fences the previous master and aborts its open transaction.
+                    self.producer.init_transactions(init_call_s)
+                    self._start_times.fenced = time.monotonic()
+                    fenced = True
                 # Nothing is covered until read again now: a transaction of this term whose
                 # commit failed may have committed after all (init_transactions settled it),
                 # and its `done`s must be read before its ids, no longer in flight, are picked.
@@ -483,12 +499,15 @@ class Delivery:
                     self._ledger_due = 0.0
                     self._recovered()
                     return True
+            except EndsUnreadable as err:
+                self._passing_error(term, err)  # the fenced producer stays: no transaction is open
             except KafkaException as err:
                 error: KafkaError = err.args[0]
                 if error.fatal():
                     raise
                 # A timed-out init_transactions leaves the producer unusable for another call.
                 self._close_producer()
+                fenced = False
                 init_call_s = min(INIT_CALL_MAX_S, init_call_s * 2)
                 self._passing_error(term, err)
         return False
@@ -606,10 +625,13 @@ class Delivery:
         The clock is read first: every write acknowledged by then is below them.
 
         Raises:
-            KafkaException: the end offsets could not be read.
+            EndsUnreadable: the end offsets could not be read.
         """
         read_at = now_ms()
-        return Ends(read_at, self.feed.read_ends(timeout_s=END_OFFSETS_CALL_S, committed=False))
+        try:
+            return Ends(read_at, self.feed.read_ends(timeout_s=END_OFFSETS_CALL_S, committed=False))
+        except KafkaException as err:
+            raise EndsUnreadable(*err.args) from err
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""

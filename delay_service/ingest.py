@@ -31,7 +31,7 @@ from delayq.store import Malformed, Put, Remove, StoreOp, TimeIndex
 from .dead_letters import DeadLetterLedger
 from .metrics import NodeMetrics, ShardMetrics
 from .reader import MALFORMED, PUT, REMOVE, Batch, BufferReader, ReaderConfig, ReaderGone
-from .topics import EndOffsets
+from .topics import LEADER_REFRESH_CONF, AskedEnds, EndOffsets
 
 log = logging.getLogger("delayq.ingest")
 
@@ -44,6 +44,11 @@ CHORES_S = 0.05
 READER_RESTART_S = 0.5
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0
+# How often ingest reads the buffer's end offsets (its lag, and readiness), and how long one read may take. The
+# read is asked for and its answer taken when it comes: a read waited for held ingest, and every master's cover
+# with it, for its whole timeout each time a partition's leader was a broker just lost (test_replicated_kafka).
+LAG_CHECK_S = 0.5
+LAG_CALL_S = 5.0
 # How often ingest persists what it applied (store batches skip the WAL: TimeIndex.flush), so a
 # crash rolls the store back by at most this, and never past the buffer's delete.retention.ms.
 STORE_FLUSH_S = 300.0
@@ -153,6 +158,7 @@ class Ingest:
             # Low fetch wait: a put due in 50 ms must reach the master's store well before then.
             "fetch.wait.max.ms": 5,
             "fetch.min.bytes": 1,
+            **LEADER_REFRESH_CONF,
         })
         self._consumer_conf.pop("logger", None)  # a Python object: the reader sets its own
         self.ledger = DeadLetterLedger(settings)
@@ -235,6 +241,7 @@ class Ingest:
 
     def run(self, stop: threading.Event) -> None:
         next_lag_check = next_ledger_check = 0.0
+        asked: AskedEnds | None = None  # end offsets asked for: never waited for here, records keep flowing
         next_flush = time.monotonic() + STORE_FLUSH_S
         while not stop.is_set():
             # Returns as soon as the reader sends a frame; the timeout only paces the chores below.
@@ -242,9 +249,12 @@ class Ingest:
             if time.monotonic() >= next_flush:
                 next_flush = time.monotonic() + STORE_FLUSH_S
                 self.flush()
-            if time.monotonic() >= next_lag_check:
-                next_lag_check = time.monotonic() + 0.5
-                self.refresh_lag()
+            if asked is None and time.monotonic() >= next_lag_check:
+                asked = self._ask_ends()
+            if asked is not None and asked.done():
+                next_lag_check = time.monotonic() + LAG_CHECK_S
+                self.refresh_lag(asked)
+                asked = None
             if time.monotonic() >= next_ledger_check and any(f.store.malformed_count for f in self.feeds.values()):
                 next_ledger_check = time.monotonic() + LEDGER_CHECK_S
                 self.forget_dead_lettered()
@@ -326,16 +336,26 @@ class Ingest:
 
     # -- where ingest stands ---------------------------------------------
 
-    def refresh_lag(self) -> int | None:
-        previous = self._end_offsets
-        partitions = list(self.partitions)
+    def _ask_ends(self) -> AskedEnds | None:
         try:
-            self._end_offsets = self.end_offsets.read(timeout_s=5.0, partitions=partitions)
+            return self.end_offsets.ask(timeout_s=LAG_CALL_S, partitions=list(self.partitions))
         except KafkaException as err:
-            if self.failing is None:
-                self.failing_since = time.monotonic()
-                log.warning("cannot read the buffer's end offsets: %s", err.args[0].str())
-            self.failing = f"cannot read the buffer's end offsets: {err.args[0].str()}"
+            self._ends_failed(err)
+            return None
+
+    def _ends_failed(self, err: KafkaException) -> None:
+        if self.failing is None:
+            self.failing_since = time.monotonic()
+            log.warning("cannot read the buffer's end offsets: %s", err.args[0].str())
+        self.failing = f"cannot read the buffer's end offsets: {err.args[0].str()}"
+
+    def refresh_lag(self, asked: AskedEnds | None = None) -> int | None:
+        """Take the buffer's end offsets (``asked`` earlier, or read now) as the shards' lag and readiness."""
+        previous = self._end_offsets
+        try:
+            self._end_offsets = (asked or self.end_offsets.ask(LAG_CALL_S, partitions=list(self.partitions))).result()
+        except KafkaException as err:
+            self._ends_failed(err)
             return self.lag
         if self.failing is not None:
             log.info("buffer end offsets readable again after %.1fs", time.monotonic() - (self.failing_since or 0))

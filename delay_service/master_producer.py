@@ -22,6 +22,8 @@ from confluent_kafka import KafkaException, Producer
 
 from delayq.settings import Settings
 
+from .topics import LEADER_REFRESH_CONF
+
 log = logging.getLogger("delayq.delivery")
 
 # How long to wait for the shard's metadata while connecting a producer.
@@ -42,6 +44,7 @@ def master_producer(settings: Settings, shard: int) -> Producer:
         "transactional.id": settings.transactional_id(shard),
         "client.id": f"delayq-master-{shard}-{settings.node_id}",
         "linger.ms": 1,
+        **LEADER_REFRESH_CONF,
         "transaction.timeout.ms": 60_000,
         "message.timeout.ms": 30_000,
         # A producer's metadata request would otherwise create a missing target topic on a broker

@@ -15,6 +15,12 @@ from delayq.errors import ConfigurationError, UnavailableError
 from delayq.settings import Settings
 
 DEAD_LETTER_RETENTION_MS = 30 * 24 * 3600 * 1000
+# How often the master's producer and ingest's consumer read the cluster's metadata, whatever else happens. A
+# broker lost stays its partitions' leader in the metadata until the controllers fence it (seconds later), and
+# librdkafka, which only asks again quickly while a leader is unknown, then waited for its 5-minute refresh or
+# an error to learn the new one: commits and reads stayed behind a plain producer by seconds
+# (test_replicated_kafka). A metadata request a second per client costs the brokers nothing.
+LEADER_REFRESH_CONF = {"topic.metadata.refresh.interval.ms": 1000}
 
 
 def buffer_config(settings: Settings) -> dict[str, str]:
@@ -420,13 +426,49 @@ class EndOffsets:
         Raises:
             KafkaException: Kafka did not answer; the next call starts from a new client.
         """
+        return self.ask(timeout_s, committed=committed, partitions=partitions).result()
+
+    def ask(self, timeout_s: float = 15.0, *, committed: bool = True,
+            partitions: list[int] | None = None) -> AskedEnds:
+        """Ask for the end offsets :meth:`read` returns, without waiting for the answer.
+
+        Raises:
+            KafkaException: the request could not be sent; the next call starts from a new client.
+        """
         with self._lock:
             admin = self._admin
         asked = self.partitions if partitions is None else partitions
-        if not asked:
-            return {}
         try:
-            ends = _offsets(_ask_end_offsets(admin, self.settings.buffer_topic, asked, timeout_s, committed))
+            futures = _ask_end_offsets(admin, self.settings.buffer_topic, asked, timeout_s, committed) if asked else {}
+        except KafkaException:
+            self._replace(admin)
+            raise
+        return AskedEnds(self, admin, futures)
+
+    def _replace(self, failed: AdminClient) -> None:
+        with self._lock:
+            if self._admin is failed:
+                self._admin = admin_client(self.settings)
+
+
+class AskedEnds:
+    """End offsets asked for (:meth:`EndOffsets.ask`): :meth:`done` once Kafka answered or the request timed out."""
+
+    def __init__(self, owner: EndOffsets, admin: AdminClient, futures: dict[TopicPartition, Future]):
+        self._owner, self._admin, self._futures = owner, admin, futures
+
+    def done(self) -> bool:
+        return all(future.done() for future in self._futures.values())
+
+    def result(self) -> dict[int, int]:
+        """Partition -> end offset (waits for the answer).
+
+        Raises:
+            KafkaException: Kafka did not answer for every partition; the owner's next request
+                starts from a new client.
+        """
+        try:
+            ends = _offsets(self._futures)
             unknown = sorted(p for p, offset in ends.items() if offset < 0)
             if unknown:
                 # librdkafka reports a partition it got no answer for as offset -1001 (invalid)
@@ -435,7 +477,5 @@ class EndOffsets:
                                                 f"no end offset for buffer partitions {unknown}"))
             return ends
         except KafkaException:
-            with self._lock:
-                if self._admin is admin:
-                    self._admin = admin_client(self.settings)
+            self._owner._replace(self._admin)
             raise

@@ -34,11 +34,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BROKERS = 3
 TARGET_PARTITIONS = 6  # a leader on every broker: the probe meets every broker's loss
 # How long after the probe could write again delivery may stay behind: a lost broker, a graceful restart.
-# Issue 29 asks for 3 s and 1 s; on this 2-core box the last runs measured 4.9 s and 1.6 s (the buffer reader's
-# consumer takes about 4 s to follow a partition's new leader after a broker is lost). The bounds below
-# guard what is reached; the issue stays open until the targets are.
-KILLED_BOUND_MS = 8_000
-GRACEFUL_BOUND_MS = 3_000
+# Issue 29 asks for 3 s and 1 s. Runs on this 2-core box (three brokers, three controllers, ZooKeeper and three
+# nodes) measured 0.3-3.1 s for a lost broker and 0.96-1.07 s for a rolling restart; `delayq soak --brokers 3`
+# reports the spread over many faults. The bounds leave room for the box's noise and still fail the regressions
+# met on the way (a master closing its producer on an unreadable cover: 4.9 s; ingest waiting on its end-offset
+# read: 10 s).
+KILLED_BOUND_MS = 5_000
+GRACEFUL_BOUND_MS = 2_500
 
 
 @pytest.fixture(scope="module")

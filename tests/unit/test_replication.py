@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from delayq import Settings
-from delayq.delay_service.topics import Replication, TopicFacts, replication_for, replication_warnings
+from delayq.delay_service.topics import EndOffsets, Replication, TopicFacts, replication_for, replication_warnings
 from delayq.dev import DevStack, Ports, StackError
 from delayq.dev.stack import internal_replication, kafka_nodes
 from delayq.errors import ConfigurationError
@@ -259,3 +262,57 @@ def test_down_of_a_stack_recorded_with_more_brokers_stops_all_of_it_brokers_firs
 
     assert DevStack(tmp_path, brokers=1)._every_service_stopping_order() == (
         "kafka", "kafka-1", "kafka-2", "kafka-3", "controller-1", "controller-2", "controller-3", "zookeeper")
+
+
+def test_the_master_producer_and_the_ingest_consumer_learn_a_new_leader_within_a_second(monkeypatch):
+    # A lost broker stays its partitions' leader in the metadata until the controllers fence it, and librdkafka
+    # asks again quickly only while a leader is unknown: without a short periodic refresh, commits and reads
+    # waited seconds longer than a plain producer to find the new leaders.
+    from delayq.delay_service import ingest, master_producer
+    from delayq.delay_service.metrics import NodeMetrics
+
+    seen: list[dict] = []
+
+    class Recording:
+        def __init__(self, conf: dict) -> None:
+            seen.append(conf)
+
+        def list_topics(self, timeout: float) -> None:
+            return None
+
+    monkeypatch.setattr(master_producer, "Producer", Recording)
+    settings = Settings()
+    master_producer.master_producer(settings, 0)
+    consumer_conf = ingest.Ingest(settings, 1, NodeMetrics(), EndOffsets(settings, [0], mock.Mock(spec_set=AdminClient)))._consumer_conf
+    for conf in (seen[0], consumer_conf):
+        assert int(conf["topic.metadata.refresh.interval.ms"]) <= 1000, conf
+    assert seen[0]["transactional.id"] == settings.transactional_id(0)
+
+
+def test_end_offsets_asked_for_are_not_waited_for_and_a_failed_answer_replaces_the_client(monkeypatch):
+    # Ingest asks and takes the answer when it comes: a read waited for held ingest, and every master's cover,
+    # for its whole timeout each time a partition's leader was a broker just lost.
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from delayq.delay_service import topics
+
+    settings = Settings()
+    futures: dict[TopicPartition, Future] = {TopicPartition(settings.buffer_topic, p): Future() for p in (0, 1)}
+    first = mock.Mock(spec_set=AdminClient)
+    first.list_offsets.return_value = futures
+    replacement = mock.Mock(spec_set=AdminClient)
+    monkeypatch.setattr(topics, "admin_client", lambda _settings: replacement)
+    end_offsets = EndOffsets(settings, [0, 1], first)
+
+    asked = end_offsets.ask(5.0, partitions=[0, 1])
+
+    assert not asked.done()
+    futures[TopicPartition(settings.buffer_topic, 0)].set_result(mock.Mock(offset=7))
+    futures[TopicPartition(settings.buffer_topic, 1)].set_exception(
+        KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
+    assert asked.done()
+    with pytest.raises(KafkaException):
+        asked.result()
+    assert end_offsets._admin is replacement, "the next request starts from a new client, with new metadata"
