@@ -14,7 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+# The one home of delayq's version: pyproject.toml reads it from here (setuptools' attr), so a source
+# tree and its wheel never disagree. A ".devN" version is the next release, not cut yet;
+# delayq/releases.toml records each release's commit.
+__version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     # lookup from its own module: delayq.proxy.lookup is both that submodule and the function

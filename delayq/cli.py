@@ -11,6 +11,7 @@ import sys
 from rich.console import Console
 from rich.text import Text
 
+from delayq import __version__
 from delayq.errors import DelayqError
 
 # Every module in delayq.commands registers its own sub-commands; these come first in --help.
@@ -26,6 +27,7 @@ class CommandError(DelayqError):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="delayq", description="Arbitrary-time delayed delivery for Apache Kafka.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     import delayq.commands
 

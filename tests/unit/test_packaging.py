@@ -8,8 +8,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
 def setuptools_config() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return pyproject()["tool"]["setuptools"]
 
 
 def packages_in_the_tree(config: dict) -> set[str]:
@@ -42,3 +46,14 @@ def test_package_data_names_files_that_exist():
         folder = ROOT / config["package-dir"].get(package, package.replace(".", "/"))
         for pattern in patterns:
             assert list(folder.glob(pattern)), f"package-data {package}: {pattern} matches nothing in {folder}"
+
+
+def test_the_version_has_one_home_which_the_wheel_reads():
+    project = pyproject()["project"]
+    assert "version" not in project, "the version lives in delayq/__init__.py only"
+    assert "version" in project["dynamic"]
+    assert setuptools_config()["dynamic"]["version"] == {"attr": "delayq.__version__"}
+
+
+def test_the_release_record_ships_with_the_package():
+    assert "releases.toml" in setuptools_config()["package-data"]["delayq"]  # delayq.releases reads it installed
