@@ -15,6 +15,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from delayq import __version__
+
 
 class Role(enum.StrEnum):
     """What a node is doing for its cluster."""
@@ -39,6 +41,9 @@ class NodeRecord:
     shards: tuple[int, ...] = ()  # the shards it holds (ingests into a store of their own)
     ready: tuple[int, ...] = ()  # of those, the ones it has caught up on since it took them: it may master them
     masters: tuple[int, ...] = ()  # the shards it is master of
+    # The delayq version of the node that wrote the record (so a rolling upgrade shows who runs what):
+    # this code's by default; None when read from a node of 0.1.0 or older, whose records lack the field.
+    version: str | None = __version__
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -62,8 +67,9 @@ class NodeRecord:
         if not all(isinstance(values.get(k), (int, type(None))) and not isinstance(values.get(k), bool)
                    for k in ("lag", "pending", "updated_at_ms")):
             return None
-        if not all(isinstance(values.get(k), (str, type(None))) for k in ("http", "host")):
+        if not all(isinstance(values.get(k), (str, type(None))) for k in ("http", "host", "version")):
             return None
+        values.setdefault("version", None)  # an older node's record: not this code's version
         if not isinstance(values.get("epoch", 0), int):
             return None
         for name in ("shards", "ready", "masters"):

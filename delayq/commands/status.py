@@ -43,10 +43,10 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(str(shard["shard"]), shard["master"] or "[red]none[/]", str(shard["epoch"]),
                           ", ".join(shard["replicas"]) or "[red]nobody[/]", str(cursor.get("delivered", "-")))
         console.print(table)
-    table = Table("node", "role", "shards", "masters", "lag", "pending", "http")
+    table = Table("node", "version", "role", "shards", "masters", "lag", "pending", "http")
     for node in status["nodes"]:
-        table.add_row(node["node_id"], node["role"], _listed(node["shards"]), _listed(node["masters"]),
-                      str(node["lag"]), str(node["pending"]), node["http"])
+        table.add_row(node["node_id"], _version(node["version"]), node["role"], _listed(node["shards"]),
+                      _listed(node["masters"]), str(node["lag"]), str(node["pending"]), node["http"])
     console.print(table)
     if len(shards) == 1 and status["cursor"]:
         console.print(f"cursor: {json.dumps(status['cursor'], sort_keys=True)}")
@@ -62,3 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _listed(numbers: list[int]) -> str:
     return ",".join(map(str, numbers)) or "-"
+
+
+def _version(version: str | None) -> str:
+    # Nodes say their version from 0.2.0 on; a record without one was written by 0.1.0 or before.
+    return escape(version) if version is not None else "0.1.0 or older"

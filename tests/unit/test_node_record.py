@@ -1,0 +1,39 @@
+"""A node's registration (election/records.py, NodeRecord) as JSON: what this version writes and what older nodes wrote."""
+
+from __future__ import annotations
+
+import json
+
+import delayq
+from delayq.election import NodeRecord, Role
+
+# A registration exactly as a node of 0.1.0 wrote it (commit 8f62a6c): no version field.
+RECORD_OF_0_1_0 = {"node_id": "node-old", "role": "standby", "http": "http://old:8081", "host": "old", "lag": 0,
+                   "pending": 4, "epoch": 2, "updated_at_ms": 1_764_048_000_000, "shards": [0, 1], "ready": [0, 1],
+                   "masters": []}
+
+
+def test_a_record_carries_the_version_of_the_code_that_wrote_it_through_json():
+    record = NodeRecord("node-a", Role.MASTER, http="http://a:8081", lag=0, pending=3, epoch=5, shards=(0,),
+                        ready=(0,), masters=(0,))
+    assert record.version == delayq.__version__
+    assert json.loads(record.to_json())["version"] == delayq.__version__
+    assert NodeRecord.from_json(record.to_json()) == record
+    assert record.as_dict()["version"] == delayq.__version__
+
+
+def test_another_nodes_version_is_read_as_it_wrote_it():
+    written = NodeRecord("node-b", Role.STANDBY, version="0.3.1")
+    assert NodeRecord.from_json(written.to_json()) == written
+
+
+def test_a_record_of_0_1_0_without_a_version_parses_with_version_none():
+    record = NodeRecord.from_json(json.dumps(RECORD_OF_0_1_0).encode())
+    assert record is not None
+    assert record.version is None
+    assert (record.node_id, record.role, record.pending, record.shards) == ("node-old", Role.STANDBY, 4, (0, 1))
+    assert record.as_dict()["version"] is None
+
+
+def test_a_version_that_is_not_a_string_makes_the_record_unreadable_not_a_crash():
+    assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "version": 2}).encode()) is None
