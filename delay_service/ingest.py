@@ -349,11 +349,11 @@ class Ingest:
             log.warning("cannot read the buffer's end offsets: %s", err.args[0].str())
         self.failing = f"cannot read the buffer's end offsets: {err.args[0].str()}"
 
-    def refresh_lag(self, asked: AskedEnds | None = None) -> int | None:
-        """Take the buffer's end offsets (``asked`` earlier, or read now) as the shards' lag and readiness."""
+    def refresh_lag(self, asked: AskedEnds) -> int | None:
+        """Take the buffer's end offsets ``asked`` for (answered by now) as the shards' lag and readiness."""
         previous = self._end_offsets
         try:
-            self._end_offsets = (asked or self.end_offsets.ask(LAG_CALL_S, partitions=list(self.partitions))).result()
+            self._end_offsets = asked.result()
         except KafkaException as err:
             self._ends_failed(err)
             return self.lag

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from delayq.delay_service import ensure_topics
+from delayq.dev import Ports
 from delayq.settings import Settings
 
 
@@ -31,7 +32,7 @@ def free_stack_ports(brokers: int = 1) -> tuple[int, int]:
     Raises:
         RuntimeError: no such ports were found.
     """
-    span = 2 if brokers == 1 else brokers + 3
+    span = Ports(kafka=0, zk=0, brokers=brokers).last_kafka_port + 1  # the brokers' ports, then the controllers'
     low, high = _ephemeral_ports()
     ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > span + 1]
     draw = random.SystemRandom()

@@ -219,6 +219,14 @@ def assert_exactly_once_in_time(run: Replicated, traffic: Traffic, bound_ms: int
     return {"stall_beyond_probe_ms": stall, "worst_lateness_outside_ms": outside}
 
 
+def judged_under(run: Replicated, label: str, faults, bound_ms: int, epochs_per_fault: int = 1) -> None:
+    """Traffic under ``faults()`` (see :func:`under_traffic`), judged (:func:`assert_exactly_once_in_time`); the
+    figures printed under ``label`` (``pytest -s`` shows them)."""
+    traffic = under_traffic(run, faults)
+    figures = assert_exactly_once_in_time(run, traffic, bound_ms, epochs_per_fault)
+    print(f"{label}: {figures}")
+
+
 def test_one_broker_of_three_killed_while_masters_deliver_costs_seconds_and_no_message(stack, names, tmp_path):
     run = replicated_cluster(stack, names, tmp_path)
     try:
@@ -232,9 +240,7 @@ def test_one_broker_of_three_killed_while_masters_deliver_costs_seconds_and_no_m
             stack.start(victim, say=lambda _text: None)
             return [began]
 
-        traffic = under_traffic(run, fault)
-        figures = assert_exactly_once_in_time(run, traffic, KILLED_BOUND_MS)
-        print(f"broker_kill {victim}: {figures}")
+        judged_under(run, f"broker_kill {victim}", fault, KILLED_BOUND_MS)
     finally:
         run.cluster.close()
 
@@ -251,9 +257,7 @@ def test_a_rolling_restart_of_all_three_brokers_under_load_costs_seconds_and_no_
                 assert wait_until(lambda: fully_replicated(stack), timeout_s=120), f"ISRs never full after {name}"
             return began
 
-        traffic = under_traffic(run, rolling_restart)
-        figures = assert_exactly_once_in_time(run, traffic, GRACEFUL_BOUND_MS)
-        print(f"rolling_restart: {figures}")
+        judged_under(run, "rolling_restart", rolling_restart, GRACEFUL_BOUND_MS)
     finally:
         run.cluster.close()
 
@@ -282,11 +286,9 @@ def test_two_brokers_down_below_min_insync_replicas_wait_lose_nothing_and_resume
             stack.start(down[1], say=lambda _text: None)
             return [began]
 
-        traffic = under_traffic(run, fault)
         # Two terms may end: the commit stuck when the ISR fell below min ISR, and the next term's start while
         # writes still wait (measured: 2 for one shard; issue 29 asks for 1).
-        figures = assert_exactly_once_in_time(run, traffic, KILLED_BOUND_MS, epochs_per_fault=2)
-        print(f"two_brokers_down: {figures}")
+        judged_under(run, "two_brokers_down", fault, KILLED_BOUND_MS, epochs_per_fault=2)
         assert any("in-sync replicas" in reason for reason in said), said[-5:]  # every node's /readyz says why
         assert any(f"{buffer} partitions" in line and "in-sync replicas" in line for line in status), status[-3:]
     finally:

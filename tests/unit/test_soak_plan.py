@@ -220,14 +220,20 @@ def test_a_pause_interrupted_by_an_exception_still_continues_the_service():
     assert stack.signals == [("kafka", signal.SIGSTOP), ("kafka", signal.SIGCONT)]
 
 
-def test_release_continues_a_service_mid_pause_once_and_no_pause_starts_after_it():
-    stack = FakeStack()
-    chaos = chaos_on(stack)
-    pausing = threading.Thread(target=chaos._inject, args=(PlannedFault("zookeeper_pause", 0, 30, 0),))
+def pause_begun(chaos, stack, fault: PlannedFault) -> threading.Thread:
+    """``fault`` (a pause) injected on a thread of its own, returned once its first signal was sent (or after 5 s)."""
+    pausing = threading.Thread(target=chaos._inject, args=(fault,))
     pausing.start()
     deadline = time.monotonic() + 5
     while not stack.signals and time.monotonic() < deadline:
         time.sleep(0.01)
+    return pausing
+
+
+def test_release_continues_a_service_mid_pause_once_and_no_pause_starts_after_it():
+    stack = FakeStack()
+    chaos = chaos_on(stack)
+    pausing = pause_begun(chaos, stack, PlannedFault("zookeeper_pause", 0, 30, 0))
 
     chaos.release()  # the soak's teardown: Ctrl-C or an error while ZooKeeper is stopped
     assert stack.signals == [("zookeeper", signal.SIGSTOP), ("zookeeper", signal.SIGCONT)]
@@ -400,11 +406,7 @@ def test_two_brokers_down_kills_two_then_restarts_one_and_the_other_and_is_out_m
 def test_a_broker_pause_stops_the_broker_past_its_session_then_continues_it_and_release_continues_it_too():
     stack = FakeCluster()
     chaos = broker_chaos(stack)
-    pausing = threading.Thread(target=chaos._inject, args=(PlannedFault("broker_pause", 0, 30, 0.9),))
-    pausing.start()
-    deadline = time.monotonic() + 5
-    while not stack.signals and time.monotonic() < deadline:
-        time.sleep(0.01)
+    pausing = pause_begun(chaos, stack, PlannedFault("broker_pause", 0, 30, 0.9))
 
     chaos.release()  # Ctrl-C or an error while the broker is stopped
     assert stack.signals == [("kafka-3", signal.SIGSTOP), ("kafka-3", signal.SIGCONT)]
