@@ -322,8 +322,12 @@ class Ingest:
             ops = cast("list[StoreOp]", [new(kinds[op[0]], op[1:]) for op in part.ops])
             store = feed.store
             if part.offsets:
-                store.apply(ops, part.offsets, ingested_at_ms=ingested_at)
+                applied = store.apply(ops, part.offsets, ingested_at_ms=ingested_at)
                 self._unflushed.add(shard)
+                if applied.copies:
+                    feed.metrics.write_copies.inc(applied.copies)
+                    log.info("shard %d: %d producer writes appended to the buffer again by their client library "
+                             "(same id, value, headers and timestamp) applied once", shard, applied.copies)
             feed.metrics.pending.set(store.pending_count())
             feed.metrics.malformed_waiting.set(store.malformed_count)
             if part.settled:

@@ -71,6 +71,7 @@ class ShardMetrics:
     elections: Counter
     held_partitions: Gauge
     partition_marks: Counter
+    write_copies: Counter
     rebuilds: _Labelled  # still wants .labels(reason)
 
 
@@ -104,6 +105,9 @@ class NodeMetrics:
         self.partition_marks = Counter("delayq_partition_marks", "partition marks the shard's master committed to "
                                        "buffer partitions an open transaction held back (see delayq.wire.mark_id)",
                                        ["shard"], registry=r)
+        self.write_copies = Counter("delayq_write_copies", "producer writes (puts, cancels) a client library appended "
+                                    "to the buffer again, same id, value, headers and timestamp: applied once "
+                                    "(see delayq.wire.COPY_WINDOW_MS)", ["shard"], registry=r)
         self.rebuilds = Counter("delayq_store_rebuilds", "times a shard's store was wiped and rebuilt",
                                 ["reason", "shard"], registry=r)
         self.shards_held = Gauge("delayq_shards_held", "shards this node holds (ingests into a store of their own)",
@@ -116,13 +120,14 @@ class NodeMetrics:
             shard, self.delivered.labels(label), _Labelled(self.dead_lettered, label),
             self.malformed_waiting.labels(label), self.pending.labels(label), self.buffer_lag.labels(label),
             self.lateness, self.is_master.labels(label), self.epoch.labels(label), self.elections.labels(label),
-            self.held_partitions.labels(label), self.partition_marks.labels(label), _Labelled(self.rebuilds, label))
+            self.held_partitions.labels(label), self.partition_marks.labels(label), self.write_copies.labels(label),
+            _Labelled(self.rebuilds, label))
 
     def forget_shard(self, shard: int) -> None:
         """Drop the series of a shard this node no longer holds (its counters start again at 0 if it comes back)."""
         label = str(shard)
         for metric in (self.delivered, self.malformed_waiting, self.pending, self.buffer_lag, self.is_master,
-                       self.epoch, self.elections, self.held_partitions, self.partition_marks):
+                       self.epoch, self.elections, self.held_partitions, self.partition_marks, self.write_copies):
             try:
                 metric.remove(label)
             except KeyError:

@@ -46,16 +46,18 @@ from delayq import wire
 from delayq.clock import now_ms
 from delayq.errors import DelayqError
 from delayq.settings import KAFKA_LOGGER
-from delayq.wire import MalformedRecord, parse_buffer_record
+from delayq.store import producer_write
+from delayq.wire import OP_CANCEL, MalformedRecord, parse_buffer_record, write_digest
 
 from . import stored
 
 log = logging.getLogger("delayq.ingest.reader")
 
 # Op tags in a frame. A put: (PUT, id, deliver_at_ms, stored value, version, the version it
-# replaces only (restores=, or follows= unless aged: see parse_batch) or None);
-# a cancel or done: (REMOVE, id, version closed or None); a malformed record: (MALFORMED,
-# partition, offset, its stored form, the id if it is a valid id on its own partition, else None).
+# replaces only (restores=, or follows= unless aged: see parse_batch) or None, its identity
+# as a producer write (store.producer_write) or None for a master's); a cancel or done:
+# (REMOVE, id, version closed or None, a cancel's identity or None); a malformed record:
+# (MALFORMED, partition, offset, its stored form, the id if it is a valid id on its own partition, else None).
 PUT, REMOVE, MALFORMED = 0, 1, 2
 # The pipe's size: a frame of 2,000 puts with 200-byte payloads (Ingest's batch) is about 700 KiB.
 PIPE_BYTES = 1 << 20
@@ -193,6 +195,9 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
     then compaction cannot have dropped V for it, so V not pending means a cancel or a
     reschedule came between (docs/DESIGN.md, "Repeating messages"). An older one may be
     all that compaction left of its series, and is applied as a plain put.
+
+    A producer's write (a put that is no master's, or a cancel) carries its identity, so the
+    store applies a copy that a client library appended again as no write (wire.COPY_WINDOW_MS).
     """
     # Per shard: [ops, offsets, settled, earliest put]
     found: dict[int, list] = {}
@@ -214,9 +219,9 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
             shard = found[shard_of(partition, shards)] = [[], {}, [], None]
         ops = shard[0]
         shard[1][partition] = offset + 1
+        key, value, timestamp_ms = message.key(), message.value(), message.timestamp()[1]
         try:
-            record = parse_buffer_record(message.key(), message.value(), headers, message.timestamp()[1],
-                                         partition=partition, partitions=partitions)
+            record = parse_buffer_record(key, value, headers, timestamp_ms, partition=partition, partitions=partitions)
         except MalformedRecord as bad:
             ops.append(_malformed(message, partition, offset, headers, bad))
             counts[b"malformed"] += 1
@@ -229,15 +234,25 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
                 shard[2].append(record.delay_id)
                 if aged_before is None or env.created_at_ms >= aged_before:
                     only_over = record.follows
-            ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset, only_over))
+            written = (_written(partition, offset, timestamp_ms, key, value, headers)
+                       if record.restores is None and record.follows is None else None)
+            ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset, only_over,
+                        written))
             if record.restores is not None:
                 shard[2].append(record.delay_id)
             if shard[3] is None or env.deliver_at_ms < shard[3]:
                 shard[3] = env.deliver_at_ms
         else:
-            ops.append((REMOVE, record.delay_id, record.closes_version))
+            written = _written(partition, offset, timestamp_ms, key, value, headers) if record.op == OP_CANCEL else None
+            ops.append((REMOVE, record.delay_id, record.closes_version, written))
             shard[2].append(record.delay_id)
     return Batch({k: ShardBatch(*fields) for k, fields in found.items()}, counts, records)
+
+
+def _written(partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None,
+             headers: wire.Headers | None) -> bytes:
+    """A producer write's identity, by which the store knows a copy of it."""
+    return producer_write(partition, offset, timestamp_ms, write_digest(key, value, headers))
 
 
 def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers | None,

@@ -33,6 +33,8 @@ import dataclasses
 import datetime
 import enum
 import functools
+import hashlib
+import marshal
 import os
 import re
 import time
@@ -806,3 +808,27 @@ def _digits(raw: bytes, what: str) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise MalformedRecord(Reason.BAD_FRAME, f"the frame's {what} is {raw[:40]!r}; expected ASCII digits")
     return int(raw)
+
+
+# -- one write appended twice ------------------------------------------------
+
+# A client library can append one write twice: librdkafka's idempotent producer, when a
+# partition's leader changes under a batch in flight, may bump its epoch and send again a
+# batch the broker had appended already (confluentinc/librdkafka#4953, and its INTRODUCTION.md:
+# an epoch bump "may cause duplicate messages"). The copy has its original's key, value,
+# headers and timestamp (the producer's creation time). A node applies a producer write (a put
+# that is no master's, or a cancel) once: a write with the identity of one of its id read
+# before on the partition, and a timestamp at most COPY_WINDOW_MS older than the newest record
+# time read there, is no write. librdkafka fails a message 5 minutes after produce()
+# (message.timeout.ms), the Java client after 2 (delivery.timeout.ms): 10 minutes covers either,
+# with 5 minutes to spare for a producer's clock behind the others'. One value for the cluster:
+# nodes that judged copies by different windows would disagree on what is pending.
+COPY_WINDOW_MS = 600_000
+
+
+def write_digest(key: bytes, value: bytes | None, headers: Headers | None) -> bytes:
+    """8 bytes that tell two writes of one id and one timestamp apart: a digest of key, value and headers.
+
+    With the timestamp, the identity by which a copy of a write is known (COPY_WINDOW_MS).
+    """
+    return hashlib.blake2b(marshal.dumps((key, value, headers or None)), digest_size=8).digest()

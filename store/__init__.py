@@ -4,6 +4,7 @@ Public surface::
 
     from delayq.store import TimeIndex, StoreOptions, Put, Remove, Malformed, MalformedEntry, StoredEntry, ApplyResult
     from delayq.store import StoreError, StoreFormatError
+    from delayq.store import producer_write  # a producer's put or cancel, to apply a copy of it once
 """
 
 from .options import StoreOptions
@@ -18,6 +19,7 @@ from .time_index import (
     StoreFormatError,
     StoreOp,
     TimeIndex,
+    producer_write,
 )
 
 __all__ = [
@@ -32,4 +34,5 @@ __all__ = [
     "StoreOptions",
     "StoredEntry",
     "TimeIndex",
+    "producer_write",
 ]

@@ -40,9 +40,12 @@ _DELETION_WINDOW = 1000
 _DELETIONS_TRIGGER = 500
 _DELETION_RATIO = 0.5
 
-# Offsets and meta hold a handful of keys rewritten on every batch: a small memtable
-# is plenty, and it keeps the WAL from being pinned by a column family that never fills.
+# Offsets hold a handful of keys rewritten on every batch: a small memtable is plenty,
+# and it keeps the WAL from being pinned by a column family that never fills.
 _SMALL_CF_WRITE_BUFFER = 1 << 20
+# Meta holds, besides its handful of keys, the producer writes of the last minutes (about 40
+# bytes each, sys/written/): a memtable of a couple of hundred thousand.
+_META_CF_WRITE_BUFFER = 8 << 20
 
 # Time-index blocks are read front to back by due(), so larger blocks mean fewer
 # block fetches per scan and better compression of neighbouring payloads; the id
@@ -163,12 +166,13 @@ class StoreOptions:
         ids_opts.set_memtable_prefix_bloom_ratio(0.02)
         ids_opts.set_memtable_whole_key_filtering(True)
 
-        small = {}
-        for name in (OFFSETS_CF, META_CF):
-            opts = self._cf_options(cache, block_size=None, bloom=False)
-            opts.set_write_buffer_size(_SMALL_CF_WRITE_BUFFER)
-            small[name] = opts
-        return {TIME_CF: time_opts, IDS_CF: ids_opts, **small}
+        offsets_opts = self._cf_options(cache, block_size=None, bloom=False)
+        offsets_opts.set_write_buffer_size(_SMALL_CF_WRITE_BUFFER)
+        # A producer write is looked up once, nearly always a miss (a copy is rare): a bloom
+        # filter answers those without reading a block.
+        meta_opts = self._cf_options(cache, block_size=None, bloom=True)
+        meta_opts.set_write_buffer_size(_META_CF_WRITE_BUFFER)
+        return {TIME_CF: time_opts, IDS_CF: ids_opts, OFFSETS_CF: offsets_opts, META_CF: meta_opts}
 
     def _cf_options(self, cache: rocksdict.Cache, *, block_size: int | None, bloom: bool) -> rocksdict.Options:
         table = rocksdict.BlockBasedOptions()

@@ -10,7 +10,13 @@ Layout, one column family each:
 - ``offsets``: buffer partition (4 bytes big-endian) -> next offset to read (8 bytes).
 - ``meta``: ``sys/...`` for the store's own bookkeeping (format, pending count, last
   ingest time, ``sys/shadowed/<id>`` marks, ``sys/malformed/<partition><offset>``
-  records waiting to be dead-lettered) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
+  records waiting to be dead-lettered, ``sys/newest/<partition>`` the newest record
+  time read there, ``sys/written/<time><digest>`` -> partition and offset, the
+  producer writes of the last ``COPY_WINDOW_MS`` or so, so that a write a client
+  library appended twice is applied once: :func:`producer_write`) and ``user/<name>``
+  for :meth:`TimeIndex.set_meta`. (In meta, not a column family of their own: a store
+  with a family an older delayq does not name would not open there, and a node rolled
+  back to it would have to rebuild.)
 
 The store is a view of the buffer topic: every change arrives through :meth:`TimeIndex.apply`
 together with the buffer offsets that produced it, in one WriteBatch.
@@ -36,6 +42,7 @@ from typing import NamedTuple, Protocol, cast, final
 import rocksdict
 
 from delayq.errors import DelayqError
+from delayq.wire import COPY_WINDOW_MS
 
 from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, StoreOptions
 
@@ -51,6 +58,8 @@ _META_PENDING = b"sys/pending"
 _META_LAST_INGEST = b"sys/last_ingest_ms"
 _META_SHADOWED = b"sys/shadowed/"
 _META_MALFORMED = b"sys/malformed/"
+_META_NEWEST = b"sys/newest/"
+_META_WRITTEN = b"sys/written/"
 _USER_META = b"user/"
 
 
@@ -85,12 +94,46 @@ def _check_id(value: object, argument: str = "delay_id") -> str:
 # apply() tells them apart by ``type(op) is``: they are final.
 
 
+# A producer write's identity, as ops carry it: where it was read (partition, offset), then
+# what it is (record timestamp, the 8-byte digest of wire.write_digest). The last 16 bytes
+# key it in meta (after sys/written/), the first 12 are the value.
+_written = struct.Struct(">IQQ8s")
+# A record's place in the buffer, partition and offset: a malformed record's key, a producer write's value.
+_place = struct.Struct(">IQ")
+_WRITTEN_PLACE = _place.size
+
+
+def producer_write(partition: int, offset: int, timestamp_ms: int, digest: bytes) -> bytes:
+    """The ``written`` field of a :class:`Put` or :class:`Remove` that a producer wrote (not a master).
+
+    A put without ``restores=``/``follows=`` or a cancel: a client library may append it
+    twice (wire.COPY_WINDOW_MS), and the store applies the second copy as no write.
+
+    Raises:
+        ValueError: a field out of range, or a digest that is not 8 bytes.
+    """
+    if not isinstance(digest, bytes) or len(digest) != 8:
+        raise ValueError(f"digest must be 8 bytes (wire.write_digest), got {digest!r:.40}")
+    if not 0 <= partition <= _MAX_PARTITION:
+        raise ValueError(f"partition {partition!r} is outside [0, 2**31)")
+    _check_ms(offset, "offset")
+    _check_ms(max(timestamp_ms, 0), "timestamp_ms")
+    # A producer may give any timestamp, even before 1970 (-1: none): the key orders it as 0.
+    return _written.pack(partition, offset, max(timestamp_ms, 0), digest)
+
+
+def _check_written(written: object) -> None:
+    if written is not None and (not isinstance(written, bytes) or len(written) != _written.size):
+        raise ValueError(f"written must be None or producer_write(...)'s {_written.size} bytes, got {written!r:.40}")
+
+
 class _PutFields(NamedTuple):
     delay_id: str
     deliver_at_ms: int
     payload: bytes
     version: int = 0
     restores: int | None = None
+    written: bytes | None = None
 
 
 @final
@@ -101,6 +144,10 @@ class Put(_PutFields):
     ``restores`` marks a master's copy of the put at that offset (see :class:`Remove`):
     it replaces only that version; if another is stored, or none, it changes nothing
     but the id's shadow mark (the copy is now the id's newest buffer record).
+    ``written`` (:func:`producer_write`) marks a producer's put: one with the identity of a
+    producer write of its id applied within ``COPY_WINDOW_MS`` before is a copy that a
+    client library appended again; it changes nothing but the id's shadow mark, like a
+    stale ``restores`` copy, even if the put it copies is still stored (a copy is no new version).
 
     Raises:
         TypeError: a field has the wrong type.
@@ -110,7 +157,7 @@ class Put(_PutFields):
     __slots__ = ()
 
     def __new__(cls, delay_id: str, deliver_at_ms: int, payload: bytes, version: int = 0,
-                restores: int | None = None) -> Put:
+                restores: int | None = None, written: bytes | None = None) -> Put:
         _check_id(delay_id)
         _check_ms(deliver_at_ms, "deliver_at_ms")
         _check_ms(version, "version")
@@ -118,12 +165,14 @@ class Put(_PutFields):
             _check_ms(restores, "restores")
         if not isinstance(payload, bytes):
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-        return tuple.__new__(cls, (delay_id, deliver_at_ms, payload, version, restores))
+        _check_written(written)
+        return tuple.__new__(cls, (delay_id, deliver_at_ms, payload, version, restores, written))
 
 
 class _RemoveFields(NamedTuple):
     delay_id: str
     version: int | None = None
+    written: bytes | None = None
 
 
 @final
@@ -135,18 +184,22 @@ class Remove(_RemoveFields):
     The id is then *shadowed* (:meth:`TimeIndex.shadowed`): its newest put lies before a
     `done` of its id in the buffer, where compaction would drop it, so the master writes
     it again (a :class:`Put` with ``restores``).
+    ``written`` (:func:`producer_write`) marks a producer's cancel: a copy of one applied
+    within ``COPY_WINDOW_MS`` before removes nothing (a put since then stays, shadowed).
 
     Raises:
-        TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str, or ``version`` not None or an offset.
+        TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str, ``version`` not None or an offset,
+            or ``written`` not :func:`producer_write`'s.
     """
 
     __slots__ = ()
 
-    def __new__(cls, delay_id: str, version: int | None = None) -> Remove:
+    def __new__(cls, delay_id: str, version: int | None = None, written: bytes | None = None) -> Remove:
         _check_id(delay_id)
         if version is not None:
             _check_ms(version, "version")
-        return tuple.__new__(cls, (delay_id, version))
+        _check_written(written)
+        return tuple.__new__(cls, (delay_id, version, written))
 
 
 class _MalformedFields(NamedTuple):
@@ -211,6 +264,8 @@ class ApplyResult:
     reschedule); ``unchanged`` counts a put identical to what is stored (a re-read
     record) and a remove of an id that is not stored (e.g. a `done` after a `cancel`);
     ``kept`` counts removes of an older version than the one stored (the newer stays).
+    ``copies`` counts producer writes applied as a copy of an earlier one (no write; also
+    counted as ``kept`` or ``unchanged``).
     """
 
     added: int
@@ -218,6 +273,7 @@ class ApplyResult:
     removed: int
     unchanged: int
     kept: int = 0
+    copies: int = 0
 
 
 # The deliver_at_ms of a time key, as a 1-tuple (twice as fast as int.from_bytes(key[:8])).
@@ -241,11 +297,19 @@ _COPY = b"c"
 _UNMARKED = b"-"  # in memory only, compared by identity
 
 
-_malformed_place = struct.Struct(">IQ")
+
+
+@dataclass
+class _ProducerWrites:
+    """What one apply learns of producer writes (:meth:`TimeIndex._producer_writes`)."""
+
+    copies: dict[int, int]  # index of an op that is a copy -> the offset of the write it copies
+    records: list[tuple[bytes, bytes]]  # (identity, place) of each write seen for the first time
+    newest: dict[int, int]  # partition -> newest record time, after the ops
 
 
 def _malformed_key(partition: int, offset: int) -> bytes:
-    return _META_MALFORMED + _malformed_place.pack(partition, offset)
+    return _META_MALFORMED + _place.pack(partition, offset)
 
 
 def _holds_all(skip: Container[str], ids: Iterable[str]) -> bool:
@@ -401,8 +465,14 @@ class TimeIndex:
         self._offsets = {int.from_bytes(k, "big"): int.from_bytes(v, "big") for k, v in self._offsets_cf.items()}
         self._shadowed: dict[str, bytes | None] = {
             key[len(_META_SHADOWED):].decode("ascii"): _shadow_mark(value)
-            for key, value in self._meta.items(from_key=_META_SHADOWED) if key.startswith(_META_SHADOWED)}
-        self._malformed = sum(1 for _ in self._malformed_keys())
+            for key, value in self._meta_items(_META_SHADOWED)}
+        self._malformed = sum(1 for _ in self._meta_items(_META_MALFORMED))
+        # partition -> the newest record time read there (the record time copies are judged by).
+        self._newest: dict[int, int] = {
+            int.from_bytes(key[len(_META_NEWEST):], "big"): int.from_bytes(value, "big")
+            for key, value in self._meta_items(_META_NEWEST)}
+        # Writes recorded below this time are gone (a range delete, once per apply that moves it on).
+        self._writes_pruned_to = 0
 
     # -- writing -------------------------------------------------------------
 
@@ -436,7 +506,9 @@ class TimeIndex:
             _check_ms(ingested_at_ms, "ingested_at_ms")
         with self._write_lock:
             self._check_open()
-            batch, result, pending, lowest_put, moved_away, shadow = self._plan(ops)
+            writes = self._producer_writes(ops)
+            batch, result, pending, lowest_put, moved_away, shadow = self._plan(ops, writes.copies)
+            pruned_to = self._record_writes(batch, writes)
             meta_cf = self._handles[META_CF]
             malformed = 0
             for op in ops:
@@ -464,6 +536,8 @@ class TimeIndex:
                                      f"applied: {err}") from err
                 self._pending = pending
                 self._offsets = merged
+                self._newest = writes.newest
+                self._writes_pruned_to = pruned_to
                 self._malformed += malformed
                 for delay_id, mark in shadow.items():
                     if mark is _UNMARKED:
@@ -525,12 +599,13 @@ class TimeIndex:
             for delay_id in moved_away:
                 self._skipped.pop(delay_id, None)
 
-    def _plan(self, ops: list[StoreOp]) -> tuple[rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str],
-                                                 dict[str, bytes]]:
+    def _plan(self, ops: list[StoreOp], copies: Mapping[int, int]) -> tuple[
+            rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str], dict[str, bytes]]:
         """The WriteBatch that takes the store from its state to the state after ``ops``.
 
         The ops are replayed on an in-memory view of the ids they touch, so later ops see
-        earlier ones; only the net difference per id is written.
+        earlier ones; only the net difference per id is written. ``copies``: the ops that are
+        copies of a producer write (index -> the offset of the write they copy).
         """
         touched = list(dict.fromkeys(op.delay_id for op in ops if op.delay_id is not None))
         id_keys = [delay_id.encode("ascii") for delay_id in touched]
@@ -558,13 +633,29 @@ class TimeIndex:
         # the one that shadowed it settles it again, unless it shadows it anew.
         shadow: dict[str, bytes] = {}
         added = moved = removed = unchanged = kept = 0
-        for op in ops:
+        for index, op in enumerate(ops):
             if type(op) is Malformed:
                 if op.delay_id is not None and now[op.delay_id] is not None:
                     # The id's newest record is one no node applies: write the stored put again.
                     shadow[op.delay_id] = _REPUT
                 continue
             current = now[op.delay_id]
+            if index in copies:
+                # A write applied already, appended again by the client library: no write, but
+                # the id's newest record. Pending: write the stored put again (after it). A put's
+                # copy, nothing pending: close the copy with a done. A cancel's: nothing to do.
+                if current is not None:
+                    shadow[op.delay_id] = _REPUT
+                elif type(op) is Put:
+                    shadow[op.delay_id] = _COPY + op.payload
+                else:
+                    shadow[op.delay_id] = _UNMARKED
+                # Counted as what it leaves: the version it copies still stored, or nothing, is unchanged.
+                if (current is None) if type(op) is Remove else (current is not None and current[1] == copies[index]):
+                    unchanged += 1
+                else:
+                    kept += 1
+                continue
             if type(op) is Put and op.restores is not None and (current is None or current[1] != op.restores):
                 # A stale copy: nothing of it is stored, but it is now the id's newest record.
                 # Pending: write the stored put again; not pending: close the copy with a done.
@@ -626,7 +717,58 @@ class TimeIndex:
                 batch.put(id_key, _id_value.pack(new_at, new_version), ids_cf)
             if lowest_put is None or key < lowest_put:
                 lowest_put = key
-        return batch, ApplyResult(added, moved, removed, unchanged, kept), pending, lowest_put, moved_away, shadow
+        result = ApplyResult(added, moved, removed, unchanged, kept, len(copies))
+        return batch, result, pending, lowest_put, moved_away, shadow
+
+    def _producer_writes(self, ops: list[StoreOp]) -> _ProducerWrites:
+        """Which of ``ops`` are copies of a producer write applied before, and what to record of the others.
+
+        A write is a copy when a write of its identity (id, value, headers, timestamp: the
+        digest) was read at another place, and its timestamp is at most ``COPY_WINDOW_MS``
+        older than the newest record time read on its partition: every node decides it
+        from the buffer alone, the same way live and in a rebuild.
+        """
+        writes = _ProducerWrites({}, [], self._newest)
+        indexed = [(index, op.written) for index, op in enumerate(ops)
+                   if type(op) is not Malformed and op.written is not None]
+        if not indexed:
+            return writes
+        newest = writes.newest = dict(self._newest)
+        found = self._multi_get(META_CF, [_META_WRITTEN + written[_WRITTEN_PLACE:] for _, written in indexed])
+        in_batch: dict[bytes, bytes] = {}
+        for (index, written), stored_place in zip(indexed, found, strict=True):
+            partition, _, timestamp_ms, _ = _written.unpack(written)
+            if timestamp_ms > newest.get(partition, 0):
+                newest[partition] = timestamp_ms
+            identity, place = written[_WRITTEN_PLACE:], written[:_WRITTEN_PLACE]
+            first = in_batch.get(identity, stored_place)
+            if first is not None and first != place and timestamp_ms >= newest[partition] - COPY_WINDOW_MS:
+                writes.copies[index] = _place.unpack(first)[1]
+            else:
+                in_batch[identity] = place
+                writes.records.append((identity, place))
+        return writes
+
+    def _record_writes(self, batch: rocksdict.WriteBatch, writes: _ProducerWrites) -> int:
+        """Add the producer writes and the newest record times to ``batch``; drop writes too old for a copy.
+
+        Returns:
+            The time below which no producer write is kept once ``batch`` is written.
+        """
+        meta_cf = self._handles[META_CF]
+        for identity, place in writes.records:
+            batch.put(_META_WRITTEN + identity, place, meta_cf)
+        for partition, timestamp_ms in writes.newest.items():
+            if self._newest.get(partition) != timestamp_ms:
+                batch.put(_META_NEWEST + partition.to_bytes(4, "big"), _u64(timestamp_ms), meta_cf)
+        # A copy's timestamp is within the window of its own partition's newest; kept twice as long
+        # below the newest of any partition, a write is gone only where a copy could not be
+        # recognised anyway, unless a partition's record time lags the others' by a whole window.
+        prune_to = max(writes.newest.values(), default=0) - 2 * COPY_WINDOW_MS
+        if prune_to - self._writes_pruned_to < COPY_WINDOW_MS // 10:
+            return self._writes_pruned_to
+        batch.delete_range(_META_WRITTEN, _META_WRITTEN + _u64(prune_to), meta_cf)
+        return prune_to
 
     def _multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
@@ -803,11 +945,12 @@ class TimeIndex:
         self._check_open()
         return dict(self._shadowed)
 
-    def _malformed_keys(self) -> Iterator[bytes]:
-        for key in self._meta.keys(from_key=_META_MALFORMED):
-            if not key.startswith(_META_MALFORMED):
+    def _meta_items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The meta entries whose key starts with ``prefix``, in key order (and none after them)."""
+        for key, value in self._meta.items(from_key=prefix):
+            if not key.startswith(prefix):
                 return
-            yield key
+            yield key, value
 
     @property
     def malformed_count(self) -> int:
@@ -819,10 +962,10 @@ class TimeIndex:
         """Up to ``limit`` malformed records waiting to be dead-lettered, by partition, then offset."""
         self._check_open()
         found: list[MalformedEntry] = []
-        for key, value in self._meta.items(from_key=_META_MALFORMED):
-            if not key.startswith(_META_MALFORMED) or len(found) >= limit:
+        for key, value in self._meta_items(_META_MALFORMED):
+            if len(found) >= limit:
                 break
-            partition, offset = _malformed_place.unpack_from(key, len(_META_MALFORMED))
+            partition, offset = _place.unpack_from(key, len(_META_MALFORMED))
             found.append(MalformedEntry(partition, offset, value))
         return found
 
@@ -837,8 +980,8 @@ class TimeIndex:
             batch = rocksdict.WriteBatch(raw_mode=True)
             meta_cf = self._handles[META_CF]
             dropped = kept = 0
-            for key in self._malformed_keys():
-                partition, offset = _malformed_place.unpack_from(key, len(_META_MALFORMED))
+            for key, _ in self._meta_items(_META_MALFORMED):
+                partition, offset = _place.unpack_from(key, len(_META_MALFORMED))
                 if offset < handled.get(partition, 0):
                     batch.delete(key, meta_cf)
                     dropped += 1

@@ -94,5 +94,22 @@ class Feeder:
     def raw(self, key: bytes | None, value: bytes | None, headers: list) -> None:
         self.producer.produce(self.settings.buffer_topic, key=key, value=value, headers=headers)
 
+    def write_at(self, key: bytes, value: bytes | None, headers: list, timestamp_ms: int) -> int:
+        """Append one buffer record with the given timestamp, at once; its offset.
+
+        Written twice, the same record is what a client library appends when it sends a
+        batch again after an epoch bump: one write at two offsets.
+        """
+        offsets: list[int] = []
+
+        def delivered(err, message) -> None:
+            assert err is None, f"writing to the buffer failed: {err}"
+            offsets.append(message.offset())
+
+        self.producer.produce(self.settings.buffer_topic, key=key, value=value, headers=headers,
+                              timestamp=timestamp_ms, on_delivery=delivered)
+        self.flush()
+        return offsets[0]
+
     def flush(self) -> None:
         assert self.producer.flush(30) == 0

@@ -90,6 +90,58 @@ def test_reschedule_moves_the_due_time_and_delivers_once(cluster, feeder, settin
     assert records[0].timestamp()[1] >= later
 
 
+def test_a_write_its_client_library_appends_twice_is_applied_once(cluster, feeder, settings, names):
+    """librdkafka may send a batch again under a new epoch after a leader change: one write at two offsets."""
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+
+    def put_record(value: bytes, due: int, delay_id: str | None = None) -> tuple[bytes, bytes, list]:
+        message = env.Envelope(delay_id or new_delay_id(), target, due, value, None, None, [("trace", value)],
+                               now_ms(), "consistent_random")
+        return message.delay_id.encode(), message.buffer_value(), message.buffer_headers()
+
+    def twice(record: tuple[bytes, bytes | None, list], *, between=lambda: None) -> tuple[int, int]:
+        created = now_ms()
+        first = feeder.write_at(*record, created)
+        between()
+        return first, feeder.write_at(*record, created)
+
+    # Copied while pending: one version, delivered once, its done naming the first offset.
+    pending = put_record(b"copied while pending", now_ms() + 2000)
+    pending_offsets = twice(pending)
+    # Copied after its delivery: nothing to deliver again; the master closes the copy with a done.
+    delivered = put_record(b"copied after delivery", now_ms() + 300)
+    delivered_first = feeder.write_at(*delivered, created := now_ms())
+    # Copied after its cancel: never delivered.
+    cancelled = put_record(b"copied after cancel", now_ms() + 2500)
+    twice(cancelled, between=lambda: feeder.cancel(cancelled[0].decode()) or feeder.flush())
+    # A cancel copied after the reschedule that followed it: the reschedule stands.
+    rescheduled_id = new_delay_id()
+    feeder.write_at(*put_record(b"first version", now_ms() + 2500, rescheduled_id), now_ms())
+    cancel = (rescheduled_id.encode(), None, env.control_headers(env.OP_CANCEL, rescheduled_id))
+    rescheduled = put_record(b"rescheduled after a cancel", now_ms() + 3000, rescheduled_id)
+    twice(cancel, between=lambda: feeder.write_at(*rescheduled, now_ms()))
+
+    records = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=1, timeout_s=10)
+    assert [r.value() for r in records] == [b"copied after delivery"]
+    delivered_copy = feeder.write_at(*delivered, created)
+    records = read_topic(settings.bootstrap_servers, target, expect=3, idle_s=3, timeout_s=20)
+
+    assert sorted(r.value() for r in records) == [b"copied after delivery", b"copied while pending",
+                                                  b"rescheduled after a cancel"], "each write applied once"
+    versions = {header(r, env.ID).decode(): int(header(r, env.VERSION)) for r in records}
+    # The first write's version, or the master's restores= copy of it (the copy was the id's newest record).
+    assert versions[pending[0].decode()] != pending_offsets[1], "a copy is no new version"
+    assert versions[delivered[0].decode()] == delivered_first
+    assert node.metric("delayq_write_copies_total") == 4
+    dones = {(r.key(), int(header(r, env.VERSION))) for r in read_topic(settings.bootstrap_servers,
+                                                                         settings.buffer_topic, idle_s=1)
+             if r.value() is None and header(r, env.OP) == env.OP_DONE}
+    assert (delivered[0], delivered_copy) in dones, "the copy after delivery is closed, so compaction keeps no put"
+    assert node.metric("delayq_pending") == 0
+
+
 def test_http_endpoints_report_health_metrics_and_messages(cluster, feeder, settings, names):
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])

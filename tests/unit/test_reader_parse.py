@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, Message
 from delayq import wire
 from delayq.delay_service import stored
 from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, ShardBatch, _frame, _unframe, parse_batch
+from delayq.store import producer_write
 
 P = wire_cases.PARTITIONS
 ID = wire_cases.ID
@@ -40,8 +41,9 @@ def test_a_put_becomes_a_put_op_with_its_stored_form_offset_as_version_and_earli
     batch = whole.shards[0]
 
     assert [op[:3] for op in batch.ops] == [(PUT, ID, 1_800_000_000_500), (PUT, ID, 1_800_000_000_100)]
-    _tag, _id, _due, packed, version, restores = batch.ops[0]
+    _tag, _id, _due, packed, version, restores, written = batch.ops[0]
     assert (version, restores) == (7, None)
+    assert written == producer_write(OWN, 7, 1_700_000_000_000, wire.write_digest(ID.encode(), put_value(1_800_000_000_500), None))
     pending = stored.unpack(packed)
     assert (pending.buffer_partition, pending.version) == (OWN, 7)
     assert (pending.message.topic, pending.message.key, pending.message.value) == ("orders", b"k", b"payload")
@@ -61,11 +63,24 @@ def test_cancel_done_and_a_masters_copy_settle_their_ids():
     ], P)
     batch = whole.shards[0]
 
-    assert batch.ops[0] == (REMOVE, ID, None)
-    assert batch.ops[1] == (REMOVE, ID, 7)
-    assert batch.ops[2][0] == PUT and batch.ops[2][5] == 7
+    cancel_written = producer_write(OWN, 10, 1_700_000_000_000,
+                                    wire.write_digest(ID.encode(), None, wire.control_headers(wire.OP_CANCEL, ID)))
+    assert batch.ops[0] == (REMOVE, ID, None, cancel_written)
+    assert batch.ops[1] == (REMOVE, ID, 7, None), "a done is the master's write, never a producer's copy"
+    assert batch.ops[2][0] == PUT and batch.ops[2][5] == 7 and batch.ops[2][6] is None
     assert batch.settled == [ID, ID, ID]
     assert (whole.counts[b"cancel"], whole.counts[b"done"], whole.counts[b"put"]) == (1, 1, 1)
+
+
+def test_one_write_read_at_two_offsets_has_one_identity_and_another_value_headers_or_time_another():
+    value = put_value(1_800_000_000_000)
+    batch = parse_one_shard([record(1, value, [("h", b"1")]), record(5, value, [("h", b"1")]),
+                             record(6, value, [("h", b"2")]), record(7, put_value(1_800_000_000_001), [("h", b"1")]),
+                             record(8, value, [("h", b"1")], timestamp=1_700_000_000_001)])
+    identities = [op[6][12:] for op in batch.ops]
+
+    assert identities[0] == identities[1]
+    assert len(set(identities)) == 4
 
 
 def test_malformed_records_become_malformed_ops_with_the_reason_and_own_id_only_when_valid():

@@ -21,7 +21,9 @@ from delayq.store import (
     StoreError,
     StoreOptions,
     TimeIndex,
+    producer_write,
 )
+from delayq.wire import COPY_WINDOW_MS
 
 T0 = 1_800_000_000_000
 
@@ -286,6 +288,112 @@ def test_a_copy_of_a_message_no_longer_pending_asks_for_a_done_of_the_copy_and_k
         assert index.shadowed() == {"a": b"copy of v9"}
         index.apply([Remove("a", version=15)], {})
         assert index.shadowed() == {} and index.pending_count() == 0
+
+
+# -- a producer write appended twice (wire.COPY_WINDOW_MS) ------------------------
+
+
+def put_written(delay_id: str, offset: int, payload: bytes = b"p", *, at: int = T0, created: int = T0 - 60_000,
+                digest: bytes = b"digest-1", partition: int = 0) -> Put:
+    """A producer's put read at ``offset``: the same ``created``/``digest`` at two offsets is one write twice."""
+    return Put(delay_id, at, payload, version=offset, written=producer_write(partition, offset, created, digest))
+
+
+def cancel_written(delay_id: str, offset: int, *, created: int = T0 - 50_000, digest: bytes = b"cancel-1",
+                   partition: int = 0) -> Remove:
+    return Remove(delay_id, written=producer_write(partition, offset, created, digest))
+
+
+def test_a_copy_of_the_pending_put_keeps_its_version_and_asks_for_the_put_again(store):
+    store.apply([put_written("a", 10)], {})
+    result = store.apply([put_written("a", 12)], {})
+
+    assert (result.copies, result.unchanged, result.moved) == (1, 1, 0)
+    assert store.get("a").version == 10, "a copy is no new version: the master's done of 10 must close it"
+    assert store.shadowed() == {"a": None}, "the copy is the id's newest record: compaction would keep only it"
+    store.apply([Remove("a", version=10)], {})
+    assert store.get("a") is None and store.shadowed() == {}
+
+
+def test_a_copy_after_the_put_was_delivered_schedules_nothing_and_asks_for_a_done_of_the_copy(store):
+    store.apply([put_written("a", 10), Remove("a", version=10)], {})
+    result = store.apply([put_written("a", 14, b"payload of 14")], {})
+
+    assert (result.copies, result.added, result.kept) == (1, 0, 1)
+    assert store.get("a") is None and store.pending_count() == 0
+    assert store.shadowed() == {"a": b"payload of 14"}
+
+
+def test_a_copy_after_a_cancel_schedules_nothing(store):
+    store.apply([put_written("a", 10), cancel_written("a", 11)], {})
+    store.apply([put_written("a", 12)], {})
+
+    assert store.get("a") is None and store.due(2**63 - 1, 10) == []
+
+
+def test_a_copy_of_an_older_put_keeps_the_reschedule_after_it(store):
+    store.apply([put_written("a", 10), put_written("a", 11, b"later", created=T0 - 40_000, digest=b"digest-2")], {})
+    result = store.apply([put_written("a", 12), put_written("a", 13, b"later", created=T0 - 40_000,
+                                                             digest=b"digest-2")], {})
+
+    assert result.copies == 2
+    assert store.get("a").version == 11 and store.get("a").payload == b"later"
+    assert store.shadowed() == {"a": None}
+
+
+def test_a_copy_of_a_cancel_leaves_the_put_written_after_the_cancel(store):
+    store.apply([put_written("a", 10), cancel_written("a", 11), put_written("a", 12, b"again", digest=b"digest-2")],
+                {})
+    result = store.apply([cancel_written("a", 13)], {})
+
+    assert (result.copies, result.removed, result.kept) == (1, 0, 1)
+    assert store.get("a").version == 12 and store.shadowed() == {"a": None}
+
+
+def test_a_copy_in_the_same_batch_as_its_original_is_a_copy(store):
+    result = store.apply([put_written("a", 10), cancel_written("a", 11), put_written("a", 12)], {})
+
+    assert (result.copies, result.added, result.removed) == (1, 1, 1)
+    assert store.get("a") is None
+
+
+def test_writes_of_another_time_digest_or_id_are_writes_and_a_record_read_again_is_no_copy(store):
+    store.apply([put_written("a", 10)], {})
+    assert store.apply([put_written("a", 10)], {}).copies == 0, "the same record read again"
+    assert store.apply([put_written("a", 11, created=T0 - 59_999)], {}).moved == 1
+    assert store.apply([put_written("a", 12, created=T0 - 59_999, digest=b"digest-2")], {}).moved == 1
+    assert store.apply([put_written("b", 13, created=T0 - 59_999, digest=b"digest-3")], {}).added == 1
+    assert store.apply([Put("a", T0, b"master's", version=14, restores=12)], {}).copies == 0
+
+
+def test_a_copy_is_known_after_reopen_and_by_the_record_time_of_its_own_partition(tmp_path):
+    with TimeIndex(tmp_path / "s") as index:
+        index.apply([put_written("a", 10), put_written("b", 3, partition=1, digest=b"digest-b")], {})
+    with TimeIndex(tmp_path / "s") as index:
+        assert index.apply([put_written("a", 11)], {}).copies == 1
+        # Partition 0 reads a record created a whole window later: a copy of "a" is now too old.
+        later = T0 - 60_000 + COPY_WINDOW_MS + 1
+        index.apply([put_written("c", 12, created=later, digest=b"digest-c")], {})
+        assert index.apply([put_written("a", 13)], {}).copies == 0
+        # Partition 1's record time has not moved: its copy is still one.
+        assert index.apply([put_written("b", 4, partition=1, digest=b"digest-b")], {}).copies == 1
+
+
+def test_writes_older_than_two_windows_below_the_newest_record_time_are_dropped(store):
+    store.apply([put_written("a", 10, created=T0)], {})
+    store.apply([put_written("b", 11, created=T0 + 2 * COPY_WINDOW_MS + COPY_WINDOW_MS // 10 + 1, digest=b"digest-b")],
+                {})
+    written = [key for key, _ in store._meta_items(b"sys/written/")]
+    assert len(written) == 1, "the write of a was dropped, the write of b kept"
+
+
+def test_producer_write_refuses_a_digest_of_the_wrong_size_and_ops_a_written_of_the_wrong_form():
+    with pytest.raises(ValueError, match="digest must be 8 bytes"):
+        producer_write(0, 1, T0, b"short")
+    with pytest.raises(ValueError, match="written must be None"):
+        Put("a", T0, b"p", written=b"x")
+    with pytest.raises(ValueError, match="written must be None"):
+        Remove("a", written=b"x" * 27)
 
 
 def test_a_put_of_the_same_time_and_payload_with_a_new_version_records_the_version(store):
