@@ -58,10 +58,14 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from delayq.bench.soak import SoakOptions, run_soak
+    from delayq.cli import CommandError
 
-    options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
-                          reconcile=args.reconcile, shards=args.shards, replicas=args.replicas,
-                          brokers=args.brokers)
+    try:
+        options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
+                              reconcile=args.reconcile, shards=args.shards, replicas=args.replicas,
+                              brokers=args.brokers)
+    except (ValueError, TypeError) as err:  # options that do not fit together (a duration too short, ...)
+        raise CommandError(str(err)) from None
     if args.state_dir is not None:
         options.state_dir = args.state_dir
     return run_soak(options, as_json=args.json)

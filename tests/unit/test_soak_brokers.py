@@ -143,3 +143,12 @@ def test_the_replica_after_the_leader_becomes_the_preferred_one_and_the_leader_t
     assert led_elsewhere((2, 1), 2) == (1, 2)
     assert led_elsewhere((1, 2, 3), -1) == (2, 3, 1)
     assert led_elsewhere((4,), 4) == (4,)
+
+
+def test_a_soak_too_short_for_the_fault_kinds_of_its_brokers_is_one_line_and_exit_code_2(capsys):
+    from delayq.cli import main
+
+    assert main(["soak", "--brokers", "3", "--duration", "2m", "--no-reconcile"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "--duration 120s is too short to fit every fault kind of 3 brokers: give 3m or more" in err
