@@ -43,7 +43,7 @@ def reconcile(settings: Settings, options: ReconcileOptions, *, spark: SparkSess
     Returns:
         The report; its files are in ``options.out`` and ``report.exit_code`` is 0 when no
         message is missing, duplicated, early or unexpected, no cancel or reschedule was ignored,
-        and no producer's writes were reordered or written twice.
+        and no producer's writes were reordered (a write appended twice is counted, not failed).
 
     Raises:
         ReconcileError: Kafka did not answer, the buffer topic does not exist, or Spark could not start.

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .options import MAVEN_CENTRAL, ReconcileOptions, parse_duration, parse_instant
-from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text
+from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text, count_label
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None) -> None:
@@ -113,10 +113,10 @@ def print_summary(report, console: Console) -> None:
     table.add_column("ids", justify="right")
     alarming = set(ANOMALY_KINDS)
     for name in ("expected", "delivered", "missing", "undeliverable", "duplicates", "unexpected", "early",
-                 "cancel_ignored", "reordered", "twice_written", "in_grace", "cancelled", "cancelled_too_late",
-                 "rescheduled_too_late", "already_due_when_written", "dead_lettered", "malformed_buffer_records"):
+                 "cancel_ignored", "reordered", "in_grace", "cancelled", "cancelled_too_late", "rescheduled_too_late",
+                 "already_due_when_written", "twice_written", "dead_lettered", "malformed_buffer_records"):
         value = str(totals.get(name, 0))
-        table.add_row(name.replace("_", " "), f"[bold red]{value}[/]" if name in alarming and totals[name] else value)
+        table.add_row(count_label(name), f"[bold red]{value}[/]" if name in alarming and totals[name] else value)
         if name in ("cancelled_too_late", "rescheduled_too_late"):  # split by what shows it was too late
             for evidence, label in EVIDENCE_NAMES.items():
                 table.add_row(f"  {label}", str(totals.get(f"{name}_{evidence}", 0)))

@@ -29,10 +29,13 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   ``follows=``). Two producer writes of one id whose offset order and record
   timestamp (creation time) order disagree, the one at the lower offset created more
   than ``reorder_tolerance_ms`` after the other, make the id **reordered**: a
-  producer's retry appended a write after one created after it. A producer put with
-  the value, headers and timestamp of an earlier one is that write appended again: the id is
-  **twice_written**, and the copy is no version (a record naming its offset names the
-  first copy's; two deliveries across the copies are a duplicate).
+  producer's retry appended a write after one created after it. A producer write with
+  the value, headers and timestamp of an earlier one of its id is that write appended
+  again by the client library (librdkafka resends a batch after an epoch bump), and nodes
+  apply it once: the copy is no write. It takes no part in the reorder check and
+  supersedes nothing; a put copy is no version (a record naming its offset names the
+  first copy's, so two deliveries across the copies are a duplicate), a cancel copy
+  cancels nothing. Such an id is counted **twice_written** (no anomaly).
 * A version is *superseded* by the first put or cancel after it. A superseding write
   of a version delivered anyway was too late only with evidence the master did not
   produce: it was created (record timestamp) at or after the version's due time, or
@@ -79,9 +82,9 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   this run".
 
 The work is one shuffle by id: a window over each id's records in timestamp order finds
-the writes out of order or twice, one in offset order gives every record its id's latest
-put and every put the write that superseded it; then two hash aggregations, by (id,
-version) and by id, with fixed-width buffers only, and no further shuffle.
+the writes appended twice or out of order, one in offset order gives every record its
+id's latest put and every put the write that superseded it; then two hash aggregations,
+by (id, version) and by id, with fixed-width buffers only, and no further shuffle.
 """
 
 
@@ -98,13 +101,14 @@ from .options import ReconcileOptions
 from .records import (
     BUFFER_SCHEMA,
     CANCEL,
+    CANCEL_COPY,
     DEAD_LETTER,
     DEAD_LETTER_SCHEMA,
     DELIVERY,
     DONE,
     MALFORMED_CODES,
     PUT,
-    REWRITTEN,
+    PUT_COPY,
     classify_buffer,
     classify_dead_letters,
 )
@@ -219,7 +223,7 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
 
     from pyspark.sql import functions as F
 
-    # Value and headers hashed in the JVM (with the timestamp, they tell a put written twice) and
+    # Value and headers hashed in the JVM (with the timestamp, they tell a write appended twice) and
     # passed through the parser untouched.
     parsed = (raw.select("key", "value", "headers", "partition", "offset", F.unix_millis("timestamp").alias("ts"),
                          F.xxhash64("value", "headers").alias("written"))
@@ -280,10 +284,10 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
                 reorder_tolerance_ms: int = 0) -> DataFrame:
     """Both sides grouped by (delay id, version): one row per put, with its done and deliveries.
 
-    A first window over each id's records, in order of record timestamp, finds what its
-    producers wrote out of order or twice (:func:`_producer_writes`). A second one, over
-    the same rows, gives every record its id's latest put (offset and due time) and every
-    put the first put or cancel after it: its offset (``superseded_at``), timestamp
+    A first window over each id's records, in order of record timestamp, finds its
+    producers' writes appended twice or out of order (:func:`_producer_writes`). A second
+    one, over the same rows, gives every record its id's latest put (offset and due time)
+    and every put the first put or cancel after it: its offset (``superseded_at``), timestamp
     (``superseded_ms``) and whether it was a reschedule or a cancel (``superseded_by``);
     it orders puts and cancels first, by offset, so that is the next row. That places each
     record in a version:
@@ -293,9 +297,10 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
       version keyed by its due time (``-2 - due``, below every offset);
     * a cancel, or a done without a version: the latest put (``-1`` when none is left);
     * a dead letter of an undeliverable message: the version its ``delayq-version`` names;
-    * a put written twice: the second copy, and whatever names its offset, belong to the
-      first copy's version (the second window orders each copy just before the records
-      that name its offset, so each of those finds it as the last copy before it).
+    * a put appended twice: the copy, and whatever names its offset, belong to the first
+      copy's version (the second window orders each copy just before the records that
+      name its offset, so each of those finds it as the last copy before it);
+    * a cancel appended twice: the copy is no write; it is kept to be counted only.
 
     A master's copy of a put (``restores=N``, written when a ``done`` of an older version
     came to follow the pending put) is the put nodes store in N's place when N is still
@@ -344,13 +349,13 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     kind, offset, due = F.col("kind"), F.col("offset"), F.col("due")
     put_offset = F.when(kind == PUT, offset)
     # Puts and cancels first, in offset order, so the row after a put is the write that superseded it.
-    # The others follow, each at the offset of the put it names (a copy written twice at its own offset,
-    # then what names that copy), so a record naming a copy finds it as the last copy before it.
+    # The others, copies included (no writes), follow, each at the offset of the put it names (a put copy at
+    # its own offset, then what names that copy), so a record naming a copy finds it as the last copy before it.
     # (Columns, not expressions: both windows must order by the same attributes, or Spark sorts twice.)
     rows = (rows.withColumn("not_a_write", kind > CANCEL)
-            .withColumn("place", F.when((kind <= CANCEL) | (kind == REWRITTEN), offset)
+            .withColumn("place", F.when((kind <= CANCEL) | (kind == PUT_COPY), offset)
                         .otherwise(F.coalesce(F.col("version"), offset)))
-            .withColumn("names_a_put", kind != REWRITTEN))
+            .withColumn("names_a_put", kind != PUT_COPY))
     ordered = Window.partitionBy("id").orderBy("not_a_write", F.col("place").asc_nulls_last(), "names_a_put")
     whole = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     before = ordered.rowsBetween(Window.unboundedPreceding, -1)
@@ -367,9 +372,9 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
                             F.last(F.when(kind == CANCEL, offset), ignorenulls=True).over(before).alias("last_cancel"))
                 .where(F.col("restores").isNull() | live)
                 .drop("last_put", "last_cancel"))  # still in window order: the next window sorts nothing
-    # The version a record names: a second copy's names the first copy.
-    last_copy = F.last(F.when(kind == REWRITTEN, offset), ignorenulls=True).over(before)
-    last_copy_of = F.last(F.when(kind == REWRITTEN, F.col("first_copy")), ignorenulls=True).over(before)
+    # The version a record names: a put copy's names the first copy.
+    last_copy = F.last(F.when(kind == PUT_COPY, offset), ignorenulls=True).over(before)
+    last_copy_of = F.last(F.when(kind == PUT_COPY, F.col("first_copy")), ignorenulls=True).over(before)
     placed = rows.select(
         "*",
         F.max(put_offset).over(whole).alias("latest"),
@@ -380,7 +385,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         # A repeating message's occurrence whose next occurrence the master put after it (follows=).
         F.when(kind == PUT, F.lead(F.when(kind <= CANCEL, F.col("follows"))).over(ordered) == offset
                ).alias("continued"),
-        F.when((kind != REWRITTEN) & (last_copy == F.col("version")), last_copy_of)
+        F.when((kind != PUT_COPY) & (last_copy == F.col("version")), last_copy_of)
         .otherwise(F.col("version")).alias("named"),
     )
     latest, delivery, version = F.col("latest"), kind == DELIVERY, F.col("named")
@@ -388,7 +393,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     cancel_after = (kind == CANCEL) & after_latest
     done_of_latest = (kind == DONE) & (latest.isNull() | (version == latest) | (version.isNull() & after_latest))
     key = (F.when(kind == PUT, offset)
-           .when(kind == REWRITTEN, F.col("first_copy"))
+           .when(kind == PUT_COPY, F.col("first_copy"))
            .when(delivery, F.coalesce(version, F.when(due == F.col("latest_due"), latest), F.lit(NO_PUT - 1) - due,
                                       F.lit(NO_PUT)))
            .when(((kind == DONE) | (kind == DEAD_LETTER)) & version.isNotNull(), version)
@@ -397,6 +402,7 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     # The done that closed this version: one naming it (unversioned: after the latest put).
     closing = (kind == DONE) & (version.isNotNull() | after_latest)
     reordered = F.col("reordered")
+    copy = (kind == PUT_COPY) | (kind == CANCEL_COPY)
 
     def of_deliveries(column: str) -> Column:
         return F.when(delivery, F.col(column))
@@ -424,7 +430,8 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
         F.min_by(F.when(cancel_after, F.col("ts")), F.when(cancel_after, offset)).alias("cancel_ms"),
         F.min(F.when(done_of_latest, offset)).alias("done_offset"),
         F.max((kind <= DONE).cast("int")).alias("in_buffer"),
-        F.min(F.when(kind == REWRITTEN, offset)).alias("copy_offset"),
+        F.min(F.when(copy, offset)).alias("copy_offset"),
+        F.min_by(F.col("first_copy"), F.when(copy, offset)).alias("copied_offset"),
         F.min(F.when(reordered, offset)).alias("reorder_low_offset"),
         of_reordered("ts").alias("reorder_low_ms"),
         of_reordered("appended_later").alias("reorder_high_offset"),
@@ -448,34 +455,35 @@ def _producer_writes(rows: DataFrame, reorder_tolerance_ms: int) -> DataFrame:
     """Mark what producers wrote twice or out of order, from a window over each id in timestamp order.
 
     A producer write is a put that is no master's (no ``restores=`` or ``follows=``) or
-    a cancel. Two of them out of order (``reordered``): one appended at a lower offset
-    than another, though created (record timestamp) more than ``reorder_tolerance_ms``
-    after it; each such record gets the highest offset of a write created that much
-    before it (``appended_later``) and that write's timestamp. A producer put
-    with the value, headers and timestamp of an earlier one is that write appended again
-    (a retry): it becomes :data:`.records.REWRITTEN`, with ``first_copy`` the offset of
-    the first. One sort serves both windows: (timestamp, what was written, offset).
+    a cancel. One with the value, headers and timestamp of an earlier one is that write
+    appended again (a client library's resend), which nodes apply once: it becomes
+    :data:`.records.PUT_COPY` or :data:`.records.CANCEL_COPY`, with ``first_copy`` the
+    offset of the first, and is no write. Two writes out of order (``reordered``): one
+    appended at a lower offset than another, though created (record timestamp) more than
+    ``reorder_tolerance_ms`` after it; each such record gets the highest offset of a write
+    created that much before it (``appended_later``) and that write's timestamp. A copy
+    takes no part there: a resend lands after writes created after it, as it must. One
+    sort serves both windows: (timestamp, what was written, offset).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    kind, offset, ts = F.col("kind"), F.col("offset"), F.col("ts")
-    producers_put = (kind == PUT) & F.col("restores").isNull()
-    write_offset = F.when(producers_put | (kind == CANCEL), offset)
-    # Ordered by (timestamp, what was written, offset), a put written twice follows its first copy.
+    kind, offset, ts, again = F.col("kind"), F.col("offset"), F.col("ts"), F.col("again")
+    producer_write = ((kind == PUT) & F.col("restores").isNull()) | (kind == CANCEL)
+    # Ordered by (timestamp, what was written, offset), a write appended twice follows its first copy.
     by_time = Window.partitionBy("id").orderBy("ts", "written", "offset")
-    put_written = F.when(producers_put, F.col("written"))
-    again = F.coalesce((F.lag(put_written).over(by_time) == put_written) & (F.lag("ts").over(by_time) == ts),
-                       F.lit(False))
-    rows = rows.select("*", again.alias("again"))
-    first = F.last(F.when(producers_put & ~F.col("again"), offset), ignorenulls=True).over(
-        by_time.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    written = F.when(producer_write, F.col("written"))
+    rows = rows.select("*", F.coalesce((F.lag(written).over(by_time) == written)
+                                       & (F.lag("ts").over(by_time) == ts), F.lit(False)).alias("again"))
+    write_offset = F.when(producer_write & ~again, offset)
+    first = F.last(write_offset, ignorenulls=True).over(by_time.rowsBetween(Window.unboundedPreceding,
+                                                                             Window.currentRow))
     # Writes created more than the tolerance before this one: a range of timestamps, in the same order.
     created_before = (Window.partitionBy("id").orderBy("ts")
                       .rangeBetween(Window.unboundedPreceding, -(reorder_tolerance_ms + 1)))
     rows = rows.select(
         "*",
-        F.when(F.col("again"), first).alias("first_copy"),
+        F.when(again, first).alias("first_copy"),
     ).select(
         "*",
         F.max(write_offset).over(created_before).alias("appended_later"),
@@ -484,7 +492,8 @@ def _producer_writes(rows: DataFrame, reorder_tolerance_ms: int) -> DataFrame:
     # What was written is no longer needed: the rows are sorted again by offset, lighter without it.
     return rows.select(
         *(F.col(name) for name in rows.columns if name not in ("kind", "again", "appended_later", "written")),
-        F.when(F.col("again"), F.lit(REWRITTEN)).otherwise(kind).alias("kind"),
+        F.when(again, F.when(kind == PUT, F.lit(PUT_COPY)).otherwise(F.lit(CANCEL_COPY))).otherwise(kind)
+        .alias("kind"),
         F.when(write_offset.isNotNull(), F.col("appended_later")).alias("appended_later"),
         F.coalesce(F.col("appended_later") > write_offset, F.lit(False)).alias("reordered"),
     )
@@ -596,7 +605,7 @@ def per_id(versions: DataFrame, topics: list[str], *, ack_grace_ms: int) -> Data
         F.max("dead_letter_due").alias("dead_letter_due"),
         F.max("dead_letter_topic").alias("dead_letter_topic"),
         F.min("copy_offset").alias("twice_written_copy_offset"),
-        F.min_by("version", "copy_offset").alias("twice_written_offset"),
+        F.min_by("copied_offset", "copy_offset").alias("twice_written_offset"),
         F.min("reorder_low_offset").alias("reorder_low_offset"),
         F.min_by("reorder_low_ms", "reorder_low_offset").alias("reorder_low_ms"),
         F.min_by("reorder_high_offset", "reorder_low_offset").alias("reorder_high_offset"),

@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 
 # Kinds of record in the union of both sides (small ints: cheap to compare and aggregate).
 PUT, CANCEL, DONE, DELIVERY, DEAD_LETTER = 0, 1, 2, 3, 4
-# A producer's put identical to an earlier one of its id (value, headers, timestamp): the same write
-# appended twice (a retry), not a version of its own. The job gives it this kind; the parser never does.
-REWRITTEN = 5
+# A producer's put or cancel identical to an earlier one of its id (value, headers, timestamp): the same
+# write appended twice (a client library's resend), which nodes apply once. A put copy is no version of its
+# own, a cancel copy cancels nothing. The job gives them these kinds; the parser never does.
+PUT_COPY, CANCEL_COPY = 5, 6
 
 # Dead-letter reason codes of messages the master could not deliver (the rest are malformed records).
 UNDELIVERABLE = frozenset(code.value for code in wire.UNDELIVERABLE)
@@ -39,7 +40,7 @@ MALFORMED_CODES = tuple(r.value for r in wire.Reason if r.value not in UNDELIVER
 UNKNOWN_CODE = "unknown"
 
 # What buffer_rows() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
-# ``written``: a hash of the record's value and headers, which with its timestamp tells a put written twice.
+# ``written``: a hash of the record's value and headers, which with its timestamp tells a write appended twice.
 BUFFER_INPUT = ("key", "value", "headers", "partition", "offset", "ts", "written")
 BUFFER_SCHEMA = ("key BINARY, partition INT, offset BIGINT, ts BIGINT, kind INT, code STRING, due BIGINT, "
                  "put_topic STRING, restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT, "

@@ -18,11 +18,11 @@ from typing import Any
 # Why a cancel or reschedule that lost to a delivery was too late (the job's TOO_LATE_EVIDENCE).
 TOO_LATE_EVIDENCE = ("after_due", "after_delivery", "by_cutoff")
 COUNT_FIELDS = ("expected", "delivered", "delivered_records", "duplicates", "duplicate_records", "missing",
-                "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "reordered", "twice_written",
+                "undeliverable", "unexpected", "unknown", "early", "cancel_ignored", "reordered",
                 "cancelled", "cancelled_too_late", "rescheduled_too_late",
                 *(f"{total}_{evidence}" for total in ("cancelled_too_late", "rescheduled_too_late")
                   for evidence in TOO_LATE_EVIDENCE),
-                "in_grace", "already_due_when_written")
+                "in_grace", "already_due_when_written", "twice_written")
 # Lateness histogram bucket edges in ms; the first bucket is everything below -1 s, the last from 1 min up.
 LATENESS_EDGES_MS = (-1000, -100, -10, 0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 60_000)
 HOUR_MS = 3_600_000

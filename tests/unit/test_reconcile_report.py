@@ -111,8 +111,7 @@ def test_anomalies_are_listed_capped_in_json_and_complete_in_parquet(tmp_path):
     document = json.loads((chosen.out / "report.json").read_text())
     assert document["anomalies"]["duplicates"] == ["dup-0", "dup-1", "dup-2"]
     assert document["anomalies_truncated"] == {"duplicates": True, "missing": False, "unexpected": False,
-                                               "early": False, "cancel_ignored": False, "reordered": False,
-                                               "twice_written": False}
+                                               "early": False, "cancel_ignored": False, "reordered": False}
     assert document["anomalies"]["missing"] == ["lost-1"]
     duplicates = pq.read_table(chosen.out / "anomalies" / "duplicates.parquet").to_pylist()
     assert [r["id"] for r in duplicates] == [f"dup-{i}" for i in range(5)]
@@ -130,7 +129,8 @@ def test_each_anomaly_kind_alone_makes_the_exit_code_1(tmp_path, kind):
 
 
 def test_informational_counts_do_not_alert(tmp_path):
-    quiet = findings([], cancelled=3, cancelled_too_late=2, rescheduled_too_late=4, in_grace=5, unknown=0)
+    quiet = findings([], cancelled=3, cancelled_too_late=2, rescheduled_too_late=4, in_grace=5, unknown=0,
+                     twice_written=2)
     assert build_report(quiet, Settings(), options(tmp_path)).exit_code == 0
 
 
@@ -156,30 +156,45 @@ def test_ignored_cancels_and_reschedules_are_listed_apart_and_named_in_the_page(
     assert "Cancel ignored: 2" in page and "cancelled, cancel ignored" in page and "scheduled, reschedule ignored" in page
 
 
-def test_reordered_and_twice_written_ids_are_listed_with_their_records_and_fail_the_run(tmp_path):
+def test_reordered_ids_are_listed_with_their_records_and_fail_the_run(tmp_path):
     rows = [anomaly("r-1", flag="is_reordered", first=SINCE + HOUR + 4, reorder_low_offset=6514,
-                    reorder_low_ms=SINCE + 1400, reorder_high_offset=6588, reorder_high_ms=SINCE),
-            anomaly("t-1", flag="is_twice_written", copies=2, first=SINCE + HOUR + 4, is_duplicate=True,
-                    twice_written_offset=5, twice_written_copy_offset=7)]
+                    reorder_low_ms=SINCE + 1400, reorder_high_offset=6588, reorder_high_ms=SINCE)]
     chosen = options(tmp_path)
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
 
-    report = write_outputs(build_report(findings(rows, reordered=1, twice_written=1, duplicates=1), Settings(),
-                                        chosen), table, chosen.out)
+    report = write_outputs(build_report(findings(rows, reordered=1), Settings(), chosen), table, chosen.out)
 
     assert (report.ok, report.exit_code) == (False, 1)
     assert report.anomalies["reordered"] == ["r-1"]
-    assert report.anomalies["twice_written"] == report.anomalies["duplicates"] == ["t-1"]
     reordered = pq.read_table(chosen.out / "anomalies" / "reordered.parquet").to_pylist()
     assert [(r["id"], r["reorder_low_offset"], r["reorder_high_offset"]) for r in reordered] == [("r-1", 6514, 6588)]
-    twice = pq.read_table(chosen.out / "anomalies" / "twice_written.parquet").to_pylist()
-    assert [(r["id"], r["twice_written_offset"], r["twice_written_copy_offset"]) for r in twice] == [("t-1", 5, 7)]
     page = (chosen.out / "report.html").read_text()
-    assert "ALERT: 1 duplicated, 1 reordered, 1 written twice (exit code 1)" in page
-    assert "Reordered: 1" in page and "Twice written: 1" in page
+    assert "ALERT: 1 reordered (exit code 1)" in page and "Reordered: 1" in page
     assert ("offset 6514, created 2027-01-15 08:00:01.400, appended before offset 6588, created "
             "2027-01-15 08:00:00.000") in page
-    assert "offset 5 written again at offset 7" in page
+
+
+def test_writes_appended_twice_are_counted_not_failed_and_a_duplicate_across_copies_names_them(tmp_path):
+    rows = [anomaly("t-1", flag="is_duplicate", copies=2, first=SINCE + HOUR + 4, is_twice_written=True,
+                    twice_written_offset=5, twice_written_copy_offset=7),
+            anomaly("d-1", flag="is_duplicate", copies=2, first=SINCE + HOUR + 6)]
+    chosen = options(tmp_path)
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+
+    counted = build_report(findings([], twice_written=3), Settings(), chosen)
+    report = write_outputs(build_report(findings(rows, twice_written=3, duplicates=2), Settings(), chosen), table,
+                           chosen.out)
+
+    assert (counted.ok, counted.exit_code) == (True, 0)
+    assert "twice_written" not in counted.anomalies and counted.totals["twice_written"] == 3
+    assert not (chosen.out / "anomalies" / "twice_written.parquet").exists()
+    assert report.anomalies["duplicates"] == ["t-1", "d-1"]
+    document = load_report(chosen.out)
+    assert (document["totals"]["twice_written"], document["by_topic"]["<orders>"]["twice_written"]) == (3, 3)
+    page = (chosen.out / "report.html").read_text()
+    assert "ALERT: 2 duplicated (exit code 1)" in page
+    assert "<b>3</b>written twice, applied once</div>" in page
+    assert "<td class=t>offset 5 written again at offset 7</td>" in page  # t-1's row; d-1's is empty
 
 
 def test_too_late_cancels_and_reschedules_are_reported_by_evidence_and_do_not_fail_the_run(tmp_path):
@@ -238,7 +253,7 @@ def test_terminal_summary_shows_every_kind_and_names_the_alert(tmp_path):
 
     text = console.export_text()
     assert "cancel ignored" in text and "rescheduled too late" in text and "cancelled too late" in text
-    assert "reordered" in text and "twice written" in text
+    assert "reordered" in text and "written twice, applied once" in text
     assert "ALERT: 1 early, 2 cancel or reschedule ignored" in text
 
 

@@ -206,15 +206,44 @@ def histories() -> list[History]:
         # ... and a reschedule: the older version (created first) appended after the newer one.
         h("reordered-reschedule").put(0, T0 + 1000, at=T0 - 10_000).put(1, T0, at=T0 - 20_000)
         .deliver(T0 + 3, T0, 1).done(2, 1, 2),
-        # One put written twice (same value, headers, timestamp; a retry), delivered once.
+        # One put written twice (same value, headers, timestamp: a client library's resend), delivered once.
         h("twice-written").put(0, T0, at=T0 - 60_000).put(1, T0, at=T0 - 60_000).deliver(T0 + 4, T0, 0)
         .done(2, 0, 2),
         # ... delivered twice, once per copy: one version delivered twice.
         h("twice-written-delivered-twice").put(0, T0, at=T0 - 60_000).put(1, T0, at=T0 - 60_000)
         .deliver(T0 + 4, T0, 0).done(2, 0, 2).deliver(T0 + 9, T0, 1).done(3, 1, 3),
-        # ... its second copy appended after a cancel: no new version, the cancel stands (and it is reordered).
+        # ... its copy appended after a cancel: no new version, the cancel stands.
         h("twice-written-around-cancel").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 - 50_000)
         .put(2, T0, at=T0 - 60_000),
+        # ... and delivered as the copy's version anyway, below the done's cutoff: the cancel was ignored ...
+        h("twice-written-around-cancel-delivered").put(0, T0, at=T0 - 900_000).cancel(1, at=T0 - 600_000)
+        .put(2, T0, at=T0 - 900_000).deliver(T0 + 5, T0, 2).done(3, 2, 3),
+        # ... unless the cancel was written after the due time: too late.
+        h("twice-written-around-late-cancel").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 + 1)
+        .put(2, T0, at=T0 - 60_000).deliver(T0 + 5, T0, 0).done(3, 0, 1),
+        # A cancel written twice, its copy after a new put (the id lives again): the copy cancels nothing.
+        h("cancel-twice-written").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 - 50_000).put(2, T0 + 1000, at=T0 - 40_000)
+        .cancel(3, at=T0 - 50_000).deliver(T0 + 1004, T0 + 1000, 2).done(4, 2, 4),
+        # A copy shadows its id (it is the id's newest record), so the master repairs the buffer: a pending put
+        # written again (restores=), the restored put delivered ...
+        h("twice-written-repaired").put(0, T0, at=T0 - 60_000).put(1, T0, at=T0 - 60_000)
+        .put(2, T0, restores=0, at=T0 - 60_000).deliver(T0 + 4, T0, 2).done(3, 2, 3),
+        # ... the put a cancel's copy came after written again ...
+        h("cancel-twice-written-repaired").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 - 50_000)
+        .put(2, T0 + 1000, at=T0 - 40_000).cancel(3, at=T0 - 50_000).put(4, T0 + 1000, restores=2, at=T0 - 40_000)
+        .deliver(T0 + 1004, T0 + 1000, 4).done(5, 4, 5),
+        # ... or, with nothing pending, the copy closed by a done naming it: a put's or a cancel's.
+        h("twice-written-closed").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 - 50_000).put(2, T0, at=T0 - 60_000)
+        .done(3, 2, 3),
+        h("cancel-twice-written-closed").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 - 50_000)
+        .cancel(2, at=T0 - 50_000).done(3, 2, 3),
+        # A producer epoch bump resends two batches: puts A and B, then A and B again; B delivered once,
+        # the delivery naming B itself or its copy.
+        h("resent-pair").put(0, T0, at=T0 - 60_000).put(1, T0 + 1000, at=T0 - 50_000).put(2, T0, at=T0 - 60_000)
+        .put(3, T0 + 1000, at=T0 - 50_000).deliver(T0 + 1004, T0 + 1000, 1).done(4, 1, 4),
+        h("resent-pair-copy-delivered").put(0, T0, at=T0 - 60_000).put(1, T0 + 1000, at=T0 - 50_000)
+        .put(2, T0, at=T0 - 60_000).put(3, T0 + 1000, at=T0 - 50_000).deliver(T0 + 1004, T0 + 1000, 3)
+        .done(4, 3, 4),
         # Cancels that lost the race to a delivery, by what shows it: written after the due time ...
         h("cancel-written-after-due").put(0, T0, at=T0 - 60_000).cancel(1, at=T0 + 2).deliver(T0 + 5, T0, 0)
         .done(2, 0, 1),
@@ -275,8 +304,7 @@ def verdicts() -> dict[str, dict]:
         spark.conf.set("spark.sql.shuffle.partitions", partitions)
 
 
-ANOMALIES = ("is_missing", "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored", "is_reordered",
-             "is_twice_written")
+ANOMALIES = ("is_missing", "is_duplicate", "is_unexpected", "is_early", "is_cancel_ignored", "is_reordered")
 
 
 def anomalies(verdict: dict) -> set[str]:
@@ -449,19 +477,63 @@ def test_a_masters_put_carrying_an_older_timestamp_at_a_later_offset_is_not_reor
     assert anomalies(raced) == set() and raced["reorder_low_offset"] is None
 
 
-def test_a_put_written_twice_is_one_version_and_twice_written(verdicts):
+def test_a_put_written_twice_is_one_version_applied_once_and_counted(verdicts):
     once = verdicts["twice-written"]
-    assert anomalies(once) == {"is_twice_written"}
+    assert anomalies(once) == set() and once["is_twice_written"]
     assert (once["version"], once["twice_written_offset"], once["twice_written_copy_offset"]) == (0, 0, 1)
     assert (once["is_delivered"], once["delivered_count"], once["versions_delivered"]) == (True, 1, 1)
     twice = verdicts["twice-written-delivered-twice"]  # once per copy: one version, delivered twice
-    assert anomalies(twice) == {"is_twice_written", "is_duplicate"}
+    assert anomalies(twice) == {"is_duplicate"} and twice["is_twice_written"]
     assert (twice["version"], twice["delivered_count"], twice["versions_delivered"], twice["duplicate_records"]) == \
         (0, 2, 1, 1)
-    around = verdicts["twice-written-around-cancel"]  # the second copy, after a cancel, revives nothing
-    assert anomalies(around) == {"is_twice_written", "is_reordered"}
+
+
+def test_a_put_copy_after_a_cancel_revives_nothing_and_a_delivery_anyway_is_judged_by_the_cancel(verdicts):
+    around = verdicts["twice-written-around-cancel"]  # the copy carries the put's older timestamp: not reordered
+    assert anomalies(around) == set() and around["is_twice_written"]
     assert (around["state"], around["version"], around["is_expected"]) == ("cancelled", 0, False)
-    assert (around["reorder_low_offset"], around["reorder_high_offset"]) == (1, 2)
+    ignored = verdicts["twice-written-around-cancel-delivered"]  # the delivery names the copy: the put's version
+    assert anomalies(ignored) == {"is_cancel_ignored"} and ignored["is_twice_written"]
+    assert (ignored["state"], ignored["version"], ignored["ignored"], ignored["cancel_offset"]) == \
+        ("cancelled", 0, "cancel", 1)
+    late = verdicts["twice-written-around-late-cancel"]
+    assert anomalies(late) == set() and late["is_twice_written"]
+    assert (late["state"], late["cancel_too_late"], late["cancel_late_by"], late["is_delivered"]) == \
+        ("scheduled", True, "after_due", True)
+
+
+def test_a_cancel_written_twice_is_one_cancel_its_copy_cancels_nothing_and_is_not_reordered(verdicts):
+    verdict = verdicts["cancel-twice-written"]
+    assert anomalies(verdict) == set() and verdict["is_twice_written"]
+    assert (verdict["state"], verdict["version"], verdict["due_ms"], verdict["is_delivered"]) == \
+        ("scheduled", 2, T0 + 1000, True)
+    assert (verdict["cancel_offset"], verdict["reorder_low_offset"]) == (None, None)
+    assert (verdict["twice_written_offset"], verdict["twice_written_copy_offset"]) == (1, 3)
+
+
+def test_the_masters_repair_of_an_id_a_copy_shadows_is_read_as_nodes_apply_it(verdicts):
+    repaired = verdicts["twice-written-repaired"]
+    assert anomalies(repaired) == set() and repaired["is_twice_written"]
+    assert (repaired["version"], repaired["is_delivered"], repaired["delivered_count"]) == (2, True, 1)
+    revived = verdicts["cancel-twice-written-repaired"]
+    assert anomalies(revived) == set() and revived["is_twice_written"]
+    assert (revived["state"], revived["version"], revived["due_ms"], revived["is_delivered"]) == \
+        ("scheduled", 4, T0 + 1000, True)
+    for name in ("twice-written-closed", "cancel-twice-written-closed"):
+        closed = verdicts[name]
+        assert anomalies(closed) == set() and closed["is_twice_written"], name
+        assert (closed["state"], closed["version"], closed["is_expected"]) == ("cancelled", 0, False), name
+
+
+@pytest.mark.parametrize("name", ["resent-pair", "resent-pair-copy-delivered"])
+def test_two_puts_resent_after_both_are_not_reordered_and_the_later_one_is_delivered_once(verdicts, name):
+    verdict = verdicts[name]
+    assert anomalies(verdict) == set() and verdict["is_twice_written"]
+    assert (verdict["version"], verdict["due_ms"], verdict["lateness_ms"], verdict["reorder_low_offset"]) == \
+        (1, T0 + 1000, 4, None)
+    assert (verdict["delivered_count"], verdict["versions_delivered"], verdict["rescheduled_too_late"]) == \
+        (1, 1, False)
+    assert (verdict["twice_written_offset"], verdict["twice_written_copy_offset"]) == (0, 2)
 
 
 @pytest.mark.parametrize("name,evidence", [
@@ -496,31 +568,33 @@ def test_an_older_version_delivered_after_its_reschedule_is_too_late_by_evidence
     assert verdicts["reschedule-by-cutoff"]["too_late_gap_ms"] == 2000
 
 
-def test_reordered_and_twice_written_fail_the_run_and_the_too_late_buckets_are_summed_by_evidence():
+def reported(cases: list[History], options: ReconcileOptions = OPTIONS):
+    """The report on ``cases``, built from the job's own summary groups and anomalous ids."""
     from delayq import Settings
     from delayq.spark.job import Findings, anomalous, summary_groups
     from delayq.spark.report import build_report
     from delayq.spark.summary import Summary
 
-    def report(cases: list[History], options: ReconcileOptions):
-        frame = judged(cases, options)
-        summary = Summary.of(r.asDict() for r in summary_groups(frame).collect())
-        findings = Findings(
-            totals={**summary.overall.counts, "dead_lettered": 0, "buffer_records": 0, "malformed_buffer_records": 0},
-            lateness=summary.overall.lateness_ms(), by_topic={}, per_hour=[], histogram=[], worst_late=[],
-            anomalies=anomalous(frame).toArrow(), target_topics=[TOPIC], missing_topics=[], timings_s={},
-            spark_version="", too_late_by_cutoff=summary.overall.too_late_gap_ms())
-        return build_report(findings, Settings(), options)
+    frame = judged(cases, options)
+    summary = Summary.of(r.asDict() for r in summary_groups(frame).collect())
+    findings = Findings(
+        totals={**summary.overall.counts, "dead_lettered": 0, "buffer_records": 0, "malformed_buffer_records": 0},
+        lateness=summary.overall.lateness_ms(), by_topic={}, per_hour=[], histogram=[], worst_late=[],
+        anomalies=anomalous(frame).toArrow(), target_topics=[TOPIC], missing_topics=[], timings_s={},
+        spark_version="", too_late_by_cutoff=summary.overall.too_late_gap_ms())
+    return build_report(findings, Settings(), options)
 
+
+def test_reordered_fails_the_run_and_the_too_late_buckets_are_summed_by_evidence():
     wanted = ("reordered-cancel", "twice-written-delivered-twice", "cancel-written-after-due", "cancel-by-cutoff",
               "reschedule-after-done")
     cases = [h for h in histories() if h.name in wanted]
     ids = {h.name: h.id for h in cases}
     # The cancel was created 1,400 ms after the put appended after it: reordered beyond 1,399 ms of tolerance.
-    found = report(cases, ReconcileOptions(**{**OPTIONS.__dict__, "reorder_tolerance_ms": 1399}))
+    found = reported(cases, ReconcileOptions(**{**OPTIONS.__dict__, "reorder_tolerance_ms": 1399}))
     assert found.exit_code == 1
     assert found.anomalies["reordered"] == [ids["reordered-cancel"]]
-    assert found.anomalies["twice_written"] == found.anomalies["duplicates"] == [ids["twice-written-delivered-twice"]]
+    assert found.anomalies["duplicates"] == [ids["twice-written-delivered-twice"]]
     totals = found.totals
     assert (totals["reordered"], totals["twice_written"], totals["duplicates"]) == (1, 1, 1)
     assert (totals["cancelled_too_late"], totals["cancelled_too_late_after_due"],
@@ -528,9 +602,18 @@ def test_reordered_and_twice_written_fail_the_run_and_the_too_late_buckets_are_s
     assert (totals["rescheduled_too_late"], totals["rescheduled_too_late_after_delivery"]) == (1, 1)
     assert found.too_late_by_cutoff == {"count": 1, "p50": 2000, "max": 2000}
     # Within the tolerance, the same pair is no anomaly.
-    alone = report([h for h in histories() if h.name == "reordered-cancel"],
-                   ReconcileOptions(**{**OPTIONS.__dict__, "reorder_tolerance_ms": 1400}))
+    alone = reported([h for h in histories() if h.name == "reordered-cancel"],
+                     ReconcileOptions(**{**OPTIONS.__dict__, "reorder_tolerance_ms": 1400}))
     assert (alone.exit_code, alone.totals["reordered"]) == (0, 0)
+
+
+def test_writes_appended_twice_and_applied_once_are_counted_and_pass_the_run():
+    wanted = ("twice-written", "twice-written-around-cancel", "cancel-twice-written", "resent-pair",
+              "resent-pair-copy-delivered")
+    found = reported([h for h in histories() if h.name in wanted])
+    assert (found.exit_code, found.ok) == (0, True)
+    assert found.totals["twice_written"] == 5  # ids, each with a put or a cancel appended twice
+    assert "twice_written" not in found.anomalies and all(ids == [] for ids in found.anomalies.values())
 
 
 def test_every_stage_of_the_judgement_stays_small_enough_for_the_jvm_to_compile():
