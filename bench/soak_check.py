@@ -36,12 +36,14 @@ as evidence, not matched: a master may deliver a version from a copy it re-put
 (``restores=`` in the frame), whose offset is not the one the producer was given.
 
 And the buffer itself, where the producer's writes of an id must stand in the order
-their acknowledgements came back (and in which they were sent), each once:
-``reordered`` (of two writes of an id, the one acknowledged or sent first has the later
-buffer offset) and ``twice_written`` (one put of the producer's at two offsets: same id,
-value and timestamp; the buffer is read once the nodes have stopped, :class:`BufferScan`).
-A producer that retries without idempotence does both: a retried batch lands again,
-after writes sent behind it.
+their acknowledgements came back (and in which they were sent): ``reordered`` (of two
+writes of an id, the one acknowledged or sent first has the later buffer offset). A put
+of the producer's at two offsets (same id, value and timestamp; the buffer is read once
+the nodes have stopped, :class:`BufferScan`) is no anomaly: the client library appended
+it twice (librdkafka resends a batch after an epoch bump), and the nodes apply it once.
+It is reported with its offsets (:attr:`Findings.written_twice`, counted per id in
+``twice_written``); what a copy applied as a write would cause (a duplicate, a cancel
+ignored, a lost reschedule) the rules above catch.
 
 Ack times are taken when the producer's delivery callback ran, a little after the
 broker acknowledged: a write judged "acked before the due time" surely was.
@@ -64,7 +66,7 @@ from delayq.wire import MalformedRecord, parse_buffer_record
 # A version counts as owed (for the stall figure) from this long after it fell due.
 STALL_GRACE_MS = 1000
 ANOMALY_KINDS = ("duplicated", "missing", "early", "cancel_ignored", "stale_version", "lost_reschedule",
-                 "reordered", "twice_written", "unexpected")
+                 "reordered", "unexpected")
 
 
 class Fate(Enum):
@@ -350,7 +352,12 @@ class KindFigures:
 
 @dataclass
 class Findings:
-    """The judgement of one history."""
+    """The judgement of one history.
+
+    ``written_twice``: the soak's puts the buffer holds at more than one offset, each with
+    what happened and its evidence (offsets, the message's writes, the faults then): no
+    anomaly, and ``counts["twice_written"]`` says how many ids have one.
+    """
 
     counts: dict[str, int]
     anomalies: list[Anomaly]
@@ -359,6 +366,7 @@ class Findings:
     stall: Stall | None
     stall_beyond_outages: Stall | None
     by_fault_kind: dict[str, KindFigures] = field(default_factory=dict)
+    written_twice: list[dict[str, Any]] = field(default_factory=list)
 
     def by_kind(self, kind: str) -> list[Anomaly]:
         return [a for a in self.anomalies if a.kind == kind]
@@ -393,7 +401,7 @@ def judge(history: History) -> Findings:
         by_version[(message.delay_id, due)].append(delivery)
 
     counts = dict.fromkeys(("messages", "versions", "cancelled", "rescheduled", "series", "must", "may", "must_not",
-                            "delivered", "delivered_records", *ANOMALY_KINDS), 0)
+                            "delivered", "delivered_records", "twice_written", *ANOMALY_KINDS), 0)
     counts["messages"] = len(history.messages)
     counts["delivered_records"] = len(history.deliveries)
     inside: list[int] = []
@@ -421,15 +429,16 @@ def judge(history: History) -> Findings:
         reordered = _reordered(history, message)
         if reordered is not None:
             anomalies.append(reordered)
-    anomalies.extend(_twice_written(history, repeated) for repeated in history.repeated_puts
-                     if repeated.delay_id in history.messages)
+    written_twice = [_twice_written(history, repeated) for repeated in history.repeated_puts
+                     if repeated.delay_id in history.messages]
+    counts["twice_written"] = len({copied["id"] for copied in written_twice})
     for anomaly in anomalies:
         counts[anomaly.kind] += 1
     stalls = _stalls(history)
     figures = {kind: _kind_figures(history, kind, by_kind.get(kind, []), stalls)
                for kind in dict.fromkeys(f.kind for f in history.faults)}
     return Findings(counts, anomalies, Lateness.of(inside), Lateness.of(outside), stalls.longest(),
-                    stalls.longest(beyond_outages=True), figures)
+                    stalls.longest(beyond_outages=True), figures, written_twice)
 
 
 def _kind_figures(history: History, kind: str, lateness: list[int], stalls: _Stalls) -> KindFigures:
@@ -680,20 +689,23 @@ def _reordered(history: History, message: Message) -> Anomaly | None:
     })
 
 
-def _twice_written(history: History, repeated: RepeatedPut) -> Anomaly:
+def _twice_written(history: History, repeated: RepeatedPut) -> dict[str, Any]:
+    """A put of the soak's that the buffer holds more than once, in words and with its evidence."""
     message = history.messages[repeated.delay_id]
     written = [(name, w) for name, w in _writes(message)
                if name != "cancel" and any(v.put is w and v.due_ms == repeated.due_ms for v in message.versions)]
-    what = written[0][0] if written else "put"
+    name = written[0][0] if written else "put"
     offsets = ", ".join(str(o) for o in repeated.offsets)
-    rule = (f"the {what} due {repeated.due_ms} ms (timestamp {repeated.timestamp_ms} ms), produced once, is in the "
+    what = (f"the {name} due {repeated.due_ms} ms (timestamp {repeated.timestamp_ms} ms), produced once, is in the "
             f"buffer {len(repeated.offsets)} times: partition {repeated.partition}, offsets {offsets}")
-    return Anomaly("twice_written", repeated.delay_id, rule, {
+    return {
+        "id": repeated.delay_id,
+        "what": what,
         "topic": message.topic,
         **repeated.evidence(),
         "writes": [_write_evidence(name, w) for name, w in _writes(message)],
         "faults": _fault_kinds(history, [w for _, w in written]),
-    })
+    }
 
 
 def _fault_kinds(history: History, writes: list[Write]) -> list[str]:
@@ -753,8 +765,7 @@ def missing_by_buffer_partition(findings: Findings, started_ms: int) -> dict[str
 # The soak's anomaly kinds and the reconciliation report's names for them. The report has no kind of
 # its own for a stale version (its cancel_ignored counts them) or a lost reschedule (its missing does).
 RECONCILE_NAMES = {"duplicated": "duplicates", "missing": "missing", "early": "early",
-                   "cancel_ignored": "cancel_ignored", "reordered": "reordered", "twice_written": "twice_written",
-                   "unexpected": "unexpected"}
+                   "cancel_ignored": "cancel_ignored", "reordered": "reordered", "unexpected": "unexpected"}
 
 
 @dataclass
@@ -787,7 +798,9 @@ def compare_with_reconcile(findings: Findings, report: Mapping[str, Any] | None,
     ``stale_version`` here, ``cancel_ignored`` to the job, and ``early`` or ``duplicates``
     to a job that only keeps the latest put; a lost reschedule is the job's ``missing``);
     each side's kinds are listed for the id. Every kind of the report counts, ``reordered``
-    and ``twice_written`` as the others.
+    as the others. Beside the kinds, the totals carry the report's counts of what is no
+    anomaly (``twice_written``: ids with a write appended twice, puts and cancels alike,
+    where the soak counts its puts only).
     """
     if report is None:
         return Comparison(False, exit_code, {}, {}, {}, error or "no report.json")
@@ -802,7 +815,7 @@ def compare_with_reconcile(findings: Findings, report: Mapping[str, Any] | None,
     report_totals = report.get("totals", {})
     totals = {soak_kind: report_totals.get(name) for soak_kind, name in RECONCILE_NAMES.items()}
     totals.update({name: report_totals.get(name) for name in ("expected", "delivered", "cancelled",
-                                                              "cancelled_too_late")})
+                                                              "cancelled_too_late", "twice_written")})
     return Comparison(True, exit_code, totals, soak_only, reconcile_only, error)
 
 
@@ -811,11 +824,11 @@ def failures(findings: Findings, *, crashes: int, stall_limit_s: float, comparis
     """Why the soak fails, one line each; empty when it passes.
 
     ``buffer_error``: why the buffer could not be read after the run (:attr:`BufferScan.error`):
-    twice-written puts were then not judged.
+    the puts it holds twice were then not counted.
     """
     reasons = [f"{findings.counts[kind]} {kind.replace('_', ' ')}" for kind in ANOMALY_KINDS if findings.counts[kind]]
     if buffer_error is not None:
-        reasons.append(f"the buffer was not read to its end, twice-written puts not judged: {buffer_error}")
+        reasons.append(f"the buffer was not read to its end, puts written twice not counted: {buffer_error}")
     if crashes:
         reasons.append(f"{crashes} node crash(es) no fault caused")
     worst = findings.stall_beyond_outages

@@ -305,7 +305,7 @@ def put(due: int, restores: int | None = None) -> bytes:
     return wire.put_value(due, "target", b"k1", b"soak message 1", restores=restores)
 
 
-def test_a_put_the_buffer_holds_at_two_offsets_is_found_and_judged_twice_written():
+def test_a_put_the_buffer_holds_at_two_offsets_is_found_and_reported_written_twice_not_an_anomaly():
     scan = BufferScan()
     scan.add(3, 10, ID_A.encode(), put(SCAN_DUE), 1_000)
     scan.add(3, 11, ID_A.encode(), None, 0)  # a cancel or a done: no put
@@ -325,21 +325,42 @@ def test_a_put_the_buffer_holds_at_two_offsets_is_found_and_judged_twice_written
     h = History({ID_A: m}, [delivered(ID_A, SCAN_DUE + 5_000, SCAN_DUE + 5_001)], repeated_puts=scan.repeated,
                 judged_until_ms=SCAN_DUE + 10_000)
 
-    anomaly = judge(h).by_kind("twice_written")[0]
+    findings = judge(h)
 
-    assert kinds(h) == {"twice_written": 1, "reordered": 1}  # the retry (13) landed after the reschedule (12)
-    assert anomaly.delay_id == ID_A
-    assert anomaly.rule == (f"the put due {SCAN_DUE} ms (timestamp 1000 ms), produced once, is in the buffer 2 "
-                            "times: partition 3, offsets 10, 13")
-    assert anomaly.evidence["buffer_offsets"] == [10, 13]
+    assert kinds(h) == {"reordered": 1}  # the retry (13) landed after the reschedule (12)
+    assert findings.counts["twice_written"] == 1
+    [copied] = findings.written_twice
+    assert copied["id"] == ID_A
+    assert copied["what"] == (f"the put due {SCAN_DUE} ms (timestamp 1000 ms), produced once, is in the buffer 2 "
+                              "times: partition 3, offsets 10, 13")
+    assert (copied["buffer_partition"], copied["buffer_offsets"]) == (3, [10, 13])
 
 
-def test_a_put_twice_in_the_buffer_under_an_id_the_soak_never_produced_is_not_the_soaks_to_judge():
+def test_a_put_the_buffer_holds_twice_and_delivered_once_passes_the_soak():
+    scan = BufferScan()
+    for offset in (4, 9):
+        scan.add(0, offset, ID_A.encode(), put(SCAN_DUE), 1_000)
+    m = Message(ID_A, "target", [Version(SCAN_DUE, acked(1_000, offset=4))])
+    h = History({ID_A: m}, [delivered(ID_A, SCAN_DUE, SCAN_DUE + 3)], repeated_puts=scan.repeated,
+                judged_until_ms=SCAN_DUE + 10_000)
+
+    findings = judge(h)
+
+    assert failures(findings, crashes=0, stall_limit_s=15, comparison=None) == []
+    assert findings.counts["twice_written"] == 1 and findings.written_twice[0]["buffer_offsets"] == [4, 9]
+    # Each copy delivered, as a node that took the copy for a new write would: a duplicate, which fails.
+    again = History({ID_A: m}, [delivered(ID_A, SCAN_DUE, SCAN_DUE + 3), delivered(ID_A, SCAN_DUE, SCAN_DUE + 9)],
+                    repeated_puts=scan.repeated, judged_until_ms=SCAN_DUE + 10_000)
+    assert failures(judge(again), crashes=0, stall_limit_s=15, comparison=None) == ["1 duplicated"]
+
+
+def test_a_put_twice_in_the_buffer_under_an_id_the_soak_never_produced_is_not_the_soaks_to_count():
     scan = BufferScan()
     for offset in (1, 2):
         scan.add(0, offset, ID_B.encode(), put(SCAN_DUE), 1_000)
 
-    assert kinds(History({}, [], repeated_puts=scan.repeated)) == {}
+    findings = judge(History({}, [], repeated_puts=scan.repeated))
+    assert (findings.counts["twice_written"], findings.written_twice) == (0, [])
 
 
 def test_a_malformed_record_is_no_put():
@@ -355,7 +376,7 @@ def test_a_buffer_not_read_to_its_end_fails_the_soak():
     findings = judge(history([message("a", DUE)], [delivered("a", DUE, DUE + 1)]))
 
     assert failures(findings, crashes=0, stall_limit_s=15, comparison=None, buffer_error="Local: Timed out") == [
-        "the buffer was not read to its end, twice-written puts not judged: Local: Timed out"]
+        "the buffer was not read to its end, puts written twice not counted: Local: Timed out"]
 
 
 # -- lateness and stalls -------------------------------------------------------
@@ -491,7 +512,7 @@ def test_ids_flagged_by_one_side_only_are_a_disagreement():
         "1 missing", "the reconciliation disagrees on 2 id(s)"]
 
 
-def test_the_reconciliations_reordered_and_twice_written_ids_are_compared_id_by_id():
+def test_the_reconciliations_reordered_ids_are_compared_id_by_id_and_its_written_twice_count_shown():
     reordered = message("a", DUE)
     reordered.cancel = Write(sent_ms=500, acked_ms=900, partition=0, offset=3)  # before the put's ack, after it
     reordered.versions[0].put.acked_ms = 1_000
@@ -501,15 +522,15 @@ def test_the_reconciliations_reordered_and_twice_written_ids_are_compared_id_by_
     twice = Message(ID_A, "target", [Version(SCAN_DUE, acked(1_000, offset=5))])
     h = History({"a": reordered, ID_A: twice}, [delivered(ID_A, SCAN_DUE, SCAN_DUE + 3)], repeated_puts=scan.repeated)
     findings = judge(h)
-    report = {"anomalies": {"duplicates": [], "reordered": ["a"], "twice_written": [ID_A]},
+    report = {"anomalies": {"duplicates": [], "reordered": ["a"]},
               "totals": {"duplicates": 0, "reordered": 1, "twice_written": 1}}
 
     comparison = compare_with_reconcile(findings, report, 1)
 
-    assert findings.flagged_ids() == {"a": {"reordered"}, ID_A: {"twice_written"}}
+    assert findings.flagged_ids() == {"a": {"reordered"}}
     assert comparison.agrees
     assert (comparison.totals["reordered"], comparison.totals["twice_written"]) == (1, 1)
-    assert not compare_with_reconcile(findings, {"anomalies": {"reordered": ["a"]}}, 1).agrees
+    assert not compare_with_reconcile(findings, {"anomalies": {"reordered": []}}, 1).agrees
 
 
 def test_a_reconciliation_that_did_not_run_fails_the_soak():
