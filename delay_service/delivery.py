@@ -183,6 +183,20 @@ class Undeliverable:
     text: str
 
 
+def _expired(message: wire.Envelope, now: int) -> bool:
+    """Whether ``message`` (picked at ``now``) may no longer be delivered: its ``expires=`` time has passed."""
+    return message.expires_at_ms is not None and now > message.expires_at_ms
+
+
+def _expiry(item: Outgoing, now: int) -> Undeliverable:
+    """The dead letter of an expired message (``_expired``)."""
+    m = item.pending.message
+    assert m.expires_at_ms is not None  # _expired said so
+    return Undeliverable(item, wire.Reason.EXPIRED,
+                         f"picked {now - m.deliver_at_ms} ms after its due time {m.deliver_at_ms}, past its expiry "
+                         f"{m.expires_at_ms} (expires=, {m.expires_at_ms - m.deliver_at_ms} ms after the due time)")
+
+
 @dataclass(slots=True)
 class Outgoing:
     entry: StoredEntry
@@ -698,7 +712,10 @@ class Delivery:
                 return 0
             outgoing, dead = self._route(entries or [], now)
         if released:
-            outgoing = released + outgoing
+            fresh = [item for item in released if not _expired(item.pending.message, now)]
+            if len(fresh) < len(released):
+                dead.extend(_expiry(item, now) for item in released if _expired(item.pending.message, now))
+            outgoing = fresh + outgoing
         self._commit(term, outgoing, dead)
         return len(outgoing)
 
@@ -765,6 +782,9 @@ class Delivery:
                 self._unreadable.add(entry.delay_id)
                 continue
             message = pending.message
+            if message.expires_at_ms is not None and _expired(message, now):
+                dead.append(_expiry(Outgoing(entry, pending, message.partition or 0), now))
+                continue
             topic = message.topic
             if topic in refusals:
                 forbidden = refusals[topic]

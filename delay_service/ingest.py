@@ -144,6 +144,9 @@ class Ingest:
         # Why the buffer's end offsets cannot be read, since when (monotonic s); None while they can.
         self.failing: str | None = None
         self.failing_since: float | None = None
+        # Buffer partitions whose reading stopped at a record of a newer feature level: partition ->
+        # (offset, level). Nothing there from that record on is applied until the node is upgraded.
+        self.held_for_upgrade: dict[int, tuple[int, int]] = {}
         self._positions: dict[int, int] = {}
         self._end_offsets: dict[int, int] = {}
         self._unflushed: set[int] = set()  # shards with batches applied since their store was last flushed
@@ -302,11 +305,14 @@ class Ingest:
                 return 0
             if frame is None:
                 return 0
-            positions, batch = frame
+            batch = frame.batch
             if batch is not None:
                 self._apply(batch)
+            if frame.held != self.held_for_upgrade:
+                self.held_for_upgrade = frame.held
+                self.metrics.awaiting_upgrade.set(len(frame.held))
             with self._progress:
-                self._positions.update(positions)
+                self._positions.update(frame.positions)
                 self._progress.notify_all()
             return batch.records if batch is not None else 0
 

@@ -110,6 +110,9 @@ class NodeMetrics:
                                     "(see delayq.wire.COPY_WINDOW_MS)", ["shard"], registry=r)
         self.rebuilds = Counter("delayq_store_rebuilds", "times a shard's store was wiped and rebuilt",
                                 ["reason", "shard"], registry=r)
+        self.awaiting_upgrade = Gauge("delayq_partitions_awaiting_upgrade", "buffer partitions this node stopped "
+                                      "reading at a record of a feature level above its own (delayq.features): "
+                                      "what follows there waits until the node is upgraded", registry=r)
         self.shards_held = Gauge("delayq_shards_held", "shards this node holds (ingests into a store of their own)",
                                  registry=r)
 

@@ -23,17 +23,19 @@ from confluent_kafka import KafkaException
 from kazoo.exceptions import KazooException
 from prometheus_client import CollectorRegistry
 
-from delayq import wire
+from delayq import __version__, wire
 from delayq.clock import now_ms
 from delayq.election import (
     Cursor,
     DuplicateNodeId,
+    Features,
     Leadership,
     Membership,
     NodeRecord,
     Role,
     ShardLayout,
     Term,
+    check_node_speaks,
     connect_for,
     ensure_cluster_root,
 )
@@ -177,6 +179,12 @@ class Node:
                                      "listens there") from None
         self.http.start()
         self.zk = connect_for(s)
+        # A node that does not speak the cluster's finalized feature level exits here, with one line, before it
+        # writes to ZooKeeper or opens a store: what it would write or keep could be of an older level.
+        finalized = Features(self.zk, s.zk_root).read()
+        if finalized.problem is not None:
+            log.warning("%s; the node starts all the same", finalized.problem)
+        check_node_speaks(finalized, s.cluster)
         # A node with wrong or missing credentials exits here, with one line, before it touches the cluster.
         ensure_cluster_root(self.zk, s.zk_root, s.zk_credentials, protect_existing=False)
         self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
@@ -566,6 +574,14 @@ class Node:
             since = loop.failing_since
             if since is not None and time.monotonic() - since > FAILING_NOT_READY_S:
                 return False, f"{loop.failing} (for {time.monotonic() - since:.0f}s)"
+        newer = self.ingest.held_for_upgrade
+        if newer:
+            # Not a loop that fails: the buffer holds what this version cannot read; waiting is right.
+            return False, ("buffer partitions hold records of a feature level this node cannot read (delayq "
+                           f"{__version__} reads up to level {wire.WIRE_LEVEL}): " + ", ".join(
+                               f"partition {p} at offset {offset} (level {level})"
+                               for p, (offset, level) in sorted(newer.items()))
+                           + "; what follows there waits, nothing is dead-lettered: upgrade this node")
         behind = {seat.shard: seat.feed.lag for seat in list(self.seats.values()) if not seat.feed.caught_up}
         if behind:
             return False, "ingest is behind the buffer on shards " + ", ".join(

@@ -13,7 +13,11 @@ core, and hands the node each consumed batch as store ops, ready to apply:
   record settles a master's write and the earliest due time of a put; op counts, and
   the consumer positions after it;
 - a positions-only frame when the positions moved without a record (past transaction
-  markers, which a cover waits for), and an empty one once the consumer is assigned.
+  markers, which a cover waits for), and an empty one once the consumer is assigned;
+- with each, the partitions it holds: a record of a feature level above this code's
+  (:class:`delayq.wire.NewerLevelRecord`) is neither applied nor dead-lettered; the reader
+  stops reading its partition there (paused, its position reported as that record's offset,
+  so the master's cover holds the partition) until the node is upgraded.
 
 Frames are ``marshal`` data over a pipe (:class:`multiprocessing.connection.Connection`
 on a file descriptor the node passed): both ends are the same delayq, started together.
@@ -36,7 +40,8 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
@@ -47,7 +52,7 @@ from delayq.clock import now_ms
 from delayq.errors import DelayqError
 from delayq.settings import KAFKA_LOGGER
 from delayq.store import producer_write
-from delayq.wire import OP_CANCEL, MalformedRecord, parse_buffer_record, write_digest
+from delayq.wire import OP_CANCEL, MalformedRecord, NewerLevelRecord, parse_buffer_record, write_digest
 
 from . import stored
 
@@ -107,11 +112,25 @@ class ShardBatch:
 
 @dataclass(frozen=True)
 class Batch:
-    """One consumed batch, parsed: what :meth:`Ingest.poll_once` applies, shard by shard."""
+    """One consumed batch, parsed: what :meth:`Ingest.poll_once` applies, shard by shard.
+
+    ``held``: the partitions found holding a record of a newer feature level in this batch,
+    partition -> (its offset, its level); nothing of them from there on is in the ops.
+    """
 
     shards: dict[int, ShardBatch]
     counts: dict[bytes, int]
     records: int
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What the node receives: the consumer's positions, a parsed batch (or None), the partitions held."""
+
+    positions: dict[int, int]
+    batch: Batch | None
+    held: dict[int, tuple[int, int]]  # partition -> (offset, level) of the newer-level record it stops at
 
 
 class BufferReader:
@@ -143,8 +162,8 @@ class BufferReader:
             self.stop()
             raise ReaderGone(f"the buffer reader could not start: {err}") from None
 
-    def receive(self, timeout_s: float) -> tuple[dict[int, int], Batch | None] | None:
-        """The next frame (positions, and a batch or None), or None if none came within ``timeout_s``.
+    def receive(self, timeout_s: float) -> Frame | None:
+        """The next frame, or None if none came within ``timeout_s``.
 
         Raises:
             ReaderGone: the reader exited or its pipe broke.
@@ -187,7 +206,8 @@ def _widen(fd: int) -> None:
 # -- the reader process ----------------------------------------------------
 
 
-def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag_ms: int | None = None) -> Batch:
+def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag_ms: int | None = None,
+                held: Mapping[int, tuple[int, int]] | None = None) -> Batch:
     """Parse consumed buffer records into store ops, in order, shard by shard (the reader's hot path).
 
     A master's put of a series' next occurrence (``follows=V``) replaces only version V
@@ -198,6 +218,9 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
 
     A producer's write (a put that is no master's, or a cancel) carries its identity, so the
     store applies a copy that a client library appended again as no write (wire.COPY_WINDOW_MS).
+
+    A record of a newer feature level holds its partition: it and what follows it there are
+    left out (``held``: the partitions held already; the batch's ``held``, those it found).
     """
     # Per shard: [ops, offsets, settled, earliest put]
     found: dict[int, list] = {}
@@ -205,14 +228,17 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
     counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
     pack, shard_of = stored.pack, wire.shard_of
     records = 0
+    newly_held: dict[int, tuple[int, int]] = {}
     for message in messages:
         error = message.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("buffer consumer: %s", error.str())
             continue
-        records += 1
         partition, offset = message.partition(), message.offset()
+        if partition in newly_held or (held and partition in held):
+            continue
+        records += 1
         headers = message.headers()
         shard = found.get(shard_of(partition, shards))
         if shard is None:
@@ -225,6 +251,13 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
         except MalformedRecord as bad:
             ops.append(_malformed(message, partition, offset, headers, bad))
             counts[b"malformed"] += 1
+            continue
+        except NewerLevelRecord as newer:
+            log.warning("buffer record %s/%d/%d: %s; reading of partition %d stops there, nothing is dead-lettered",
+                        message.topic(), partition, offset, newer, partition)
+            newly_held[partition] = (offset, newer.level)
+            shard[1][partition] = offset
+            records -= 1
             continue
         counts[record.op] += 1
         env = record.envelope
@@ -246,7 +279,7 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
             written = _written(partition, offset, timestamp_ms, key, value, headers) if record.op == OP_CANCEL else None
             ops.append((REMOVE, record.delay_id, record.closes_version, written))
             shard[2].append(record.delay_id)
-    return Batch({k: ShardBatch(*fields) for k, fields in found.items()}, counts, records)
+    return Batch({k: ShardBatch(*fields) for k, fields in found.items()}, counts, records, newly_held)
 
 
 def _written(partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None,
@@ -269,26 +302,29 @@ def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers 
     return (MALFORMED, partition, offset, stored.pack_malformed(record), own_id)
 
 
-def _frame(positions: list[tuple[int, int]], batch: Batch | None) -> bytes:
+def _frame(positions: list[tuple[int, int]], batch: Batch | None,
+           held: Mapping[int, tuple[int, int]] | None = None) -> bytes:
     fields = None if batch is None else (
         {k: (b.ops, b.offsets, b.settled, b.earliest_put) for k, b in batch.shards.items()}, batch.counts,
-        batch.records)
-    return marshal.dumps((positions, fields))
+        batch.records, batch.held)
+    return marshal.dumps((positions, fields, dict(held or {})))
 
 
-def _unframe(data: bytes) -> tuple[dict[int, int], Batch | None]:
-    """A frame back as positions and batch.
+def _unframe(data: bytes) -> Frame:
+    """A frame back as positions, batch and held partitions.
 
     Raises:
         ReaderGone: it is the frame of a reader that cannot go on.
     """
-    positions, batch = marshal.loads(data)
-    if positions == _FAILED:
-        raise ReaderGone(batch)
+    loaded = marshal.loads(data)
+    if loaded[0] == _FAILED:
+        raise ReaderGone(loaded[1])
+    positions, batch, held = loaded
     if batch is None:
-        return dict(positions), None
-    shards, counts, records = batch
-    return dict(positions), Batch({shard: ShardBatch(*fields) for shard, fields in shards.items()}, counts, records)
+        return Frame(dict(positions), None, held)
+    shards, counts, records, batch_held = batch
+    return Frame(dict(positions), Batch({shard: ShardBatch(*fields) for shard, fields in shards.items()}, counts,
+                                        records, batch_held), held)
 
 
 def read(config: ReaderConfig, connection: Connection) -> None:
@@ -302,6 +338,9 @@ def read(config: ReaderConfig, connection: Connection) -> None:
         return
     place = [TopicPartition(config.topic, p) for p in config.partitions]
     sent: list[tuple[int, int]] | None = None
+    # Partitions stopped at a record of a newer feature level: (offset, level). Until the node is
+    # upgraded (a new reader starts from the store's offsets, which stop there too).
+    held: dict[int, tuple[int, int]] = {}
     try:
         connection.send_bytes(_frame([], None))  # started: the node's first receive() returns
         while os.getppid() == parent:
@@ -313,13 +352,20 @@ def read(config: ReaderConfig, connection: Connection) -> None:
                 messages = consumer.consume(1, config.poll_s)
                 if messages:
                     messages += consumer.consume(config.batch_size - 1, 0)
-            # position() moves past transaction markers; the last message's offset + 1 would not.
-            positions = [(tp.partition, tp.offset) for tp in consumer.position(place) if tp.offset >= 0]
+            batch = None
             if messages:
-                connection.send_bytes(_frame(positions, parse_batch(messages, config.partition_count, config.shards,
-                                                                        config.compaction_lag_ms)))
+                batch = parse_batch(messages, config.partition_count, config.shards, config.compaction_lag_ms, held)
+                if batch.held:
+                    held.update(batch.held)
+                    consumer.pause([TopicPartition(config.topic, p) for p in batch.held])
+            # position() moves past transaction markers; the last message's offset + 1 would not.
+            # A held partition is read up to its newer-level record, whatever was fetched after it.
+            positions = [(tp.partition, held[tp.partition][0] if tp.partition in held else tp.offset)
+                         for tp in consumer.position(place) if tp.offset >= 0 or tp.partition in held]
+            if batch is not None:
+                connection.send_bytes(_frame(positions, batch, held))
             elif positions != sent:
-                connection.send_bytes(_frame(positions, None))
+                connection.send_bytes(_frame(positions, None, held))
             else:
                 continue
             sent = positions

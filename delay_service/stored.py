@@ -24,8 +24,13 @@ from dataclasses import dataclass
 
 from delayq.wire import Envelope, Series
 
-# Form 4 added a repeating message's schedule and occurrence and a retry's attempt.
+# Form 4 added a repeating message's schedule and occurrence and a retry's attempt. Form 5 adds
+# the expiry (feature level 2) and is written only for a message that has one: every other
+# value stays in form 4, which a node of 0.1.0 reads, so the store format is unchanged and a
+# node rolled back before the cluster is finalized at level 2 (when no message can expire)
+# reads its store as it was.
 STORED_FORM = 4
+EXPIRING_FORM = 5
 # marshal's type code of a small tuple (at most 255 items), without and with its ref flag.
 _SMALL_TUPLE = (b")", b"\xa9")
 
@@ -47,9 +52,12 @@ class PendingMessage:
 def pack(buffer_partition: int, version: int, message: Envelope) -> bytes:
     """The stored value of ``message``, read from ``buffer_partition`` at offset ``version``."""
     m = message
-    return marshal.dumps((STORED_FORM, buffer_partition, version, m.delay_id, m.topic, m.deliver_at_ms, m.value,
-                          m.key, m.partition, m.headers, m.created_at_ms, m.partitioner,
-                          None if m.series is None else m.series.as_tuple(), m.occurrence, m.attempt))
+    fields = (buffer_partition, version, m.delay_id, m.topic, m.deliver_at_ms, m.value, m.key, m.partition,
+              m.headers, m.created_at_ms, m.partitioner, None if m.series is None else m.series.as_tuple(),
+              m.occurrence, m.attempt)
+    if m.expires_at_ms is None:
+        return marshal.dumps((STORED_FORM, *fields))
+    return marshal.dumps((EXPIRING_FORM, *fields, m.expires_at_ms))
 
 
 def unpack(value: bytes) -> PendingMessage:
@@ -59,10 +67,16 @@ def unpack(value: bytes) -> PendingMessage:
         MalformedStoredEntry: ``value`` is not a stored value of this form; never any other exception.
     """
     fields = _load_tuple(value, "stored entry")
-    if type(fields) is not tuple or len(fields) != 15 or fields[0] != STORED_FORM:
+    expires_at_ms = None
+    if type(fields) is tuple and len(fields) == 16 and fields[0] == EXPIRING_FORM:
+        expires_at_ms = fields[15]
+        if type(expires_at_ms) is not int:
+            raise MalformedStoredEntry("stored value has an expiry of the wrong type: rebuild the store")
+        fields = fields[:15]
+    elif type(fields) is not tuple or len(fields) != 15 or fields[0] != STORED_FORM:
         form = fields[0] if type(fields) is tuple and fields else None
-        raise MalformedStoredEntry(f"stored value has form {form!r:.40}, this delayq reads form {STORED_FORM}: "
-                                   "rebuild the store")
+        raise MalformedStoredEntry(f"stored value has form {form!r:.40}, this delayq reads forms {STORED_FORM} and "
+                                   f"{EXPIRING_FORM}: rebuild the store")
     (_, buffer_partition, version, delay_id, topic, deliver_at_ms, payload, key, partition, headers,
      created_at_ms, partitioner, schedule, occurrence, attempt) = fields
     # The master's hot path (once per delivered message): the checks inline, cheapest first.
@@ -77,7 +91,7 @@ def unpack(value: bytes) -> PendingMessage:
             or (attempt is not None and type(attempt) is not int)):
         raise MalformedStoredEntry("stored value has fields of the wrong types: rebuild the store")
     message = Envelope(delay_id, topic, deliver_at_ms, payload, key, partition, headers, created_at_ms, partitioner,
-                       None if schedule is None else _series(schedule), occurrence, attempt)
+                       None if schedule is None else _series(schedule), occurrence, attempt, expires_at_ms)
     return PendingMessage(buffer_partition, version, message)
 
 

@@ -18,8 +18,12 @@ buffer records imports them from here; nothing else defines them. A buffer recor
 The options: ``partition=N`` (the user named a partition), ``partitioner=NAME`` (the
 producing client's, when not librdkafka's default; one of PARTITIONERS), ``value=null``
 (the user's value was null; a null record value would be a tombstone to compaction and
-vanish before it falls due) and ``restores=N`` (a master's copy of the put at offset N).
-Anything else makes the record malformed, with a :class:`Reason` code.
+vanish before it falls due) and ``restores=N`` (a master's copy of the put at offset N);
+a repeating message's and a retry's options; from feature level 2, ``expires=T`` (epoch
+ms: dead-letter the message, reason ``expired``, rather than deliver it after T) and
+``level=N`` (the feature level the frame needs; see delayq/features.py). A frame of a
+level above this code's is no malformed record but one this node cannot read yet
+(:class:`NewerLevelRecord`). Anything else makes the record malformed, with a :class:`Reason` code.
 
 Why the envelope rides in the value and not in headers: librdkafka's Python binding
 charges a produce() with headers about as much again as one without, and each
@@ -40,6 +44,7 @@ import re
 import time
 import uuid
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 OP = "delayq-op"
@@ -98,6 +103,17 @@ OCCURRENCE_OPTION = "occurrence"  # this put's number in its series (default 1)
 FOLLOWS_OPTION = "follows"        # a master's put of the next occurrence, after the put at this offset
 FOLLOWS_CUTOFF_OPTION = "cutoff"  # with follows: the cutoff the last occurrence was picked under (as a done's)
 ATTEMPT_OPTION = "attempt"        # a retry's attempt number (delayq.retry_later), delivered as delayq-attempt
+# Feature level 2 (delayq/features.py): a frame that uses an option above level 1 says the level it
+# needs, so a node of an older level holds it until it is upgraded instead of dead-lettering it.
+LEVEL_OPTION = "level"            # the feature level the frame needs (2 or more; absent: 1)
+EXPIRES_OPTION = "expires"        # epoch ms: dead-lettered (reason expired) if not delivered by then
+# The options above level 1, each with the level that introduced it.
+OPTION_LEVELS = {EXPIRES_OPTION: 2}
+# The highest feature level of frames this code reads and writes.
+WIRE_LEVEL = max(OPTION_LEVELS.values())
+_LEVEL_NAME = LEVEL_OPTION.encode()
+_EXPIRES_NAME = EXPIRES_OPTION.encode()
+_LEVEL_PREFIX = _LEVEL_NAME + b"="
 _SCHEDULE_OPTIONS = frozenset(name.encode() for name in (
     EVERY_OPTION, MULTIPLIER_OPTION, CRON_OPTION, TZ_OPTION, TIMES_OPTION, UNTIL_OPTION, OCCURRENCE_OPTION,
     FOLLOWS_OPTION, FOLLOWS_CUTOFF_OPTION, ATTEMPT_OPTION))
@@ -133,6 +149,7 @@ class Reason(enum.StrEnum):
     BAD_PARTITION = "bad-partition"      # the target partition does not exist
     REJECTED = "rejected"                # Kafka refused the record (too large, ...)
     FORBIDDEN_TOPIC = "forbidden-topic"  # the target is not in target_topics, or is delayq's or Kafka's own
+    EXPIRED = "expired"                  # picked after its expires= time (feature level 2)
     # Written by delayq.retry_later, not by a node: a record whose retries are used up.
     RETRIES_EXHAUSTED = "retries-exhausted"
 
@@ -146,12 +163,25 @@ class Reason(enum.StrEnum):
 
 # The codes of messages the master could not deliver (valid puts); every other code but retries-exhausted
 # is a malformed buffer record's.
-UNDELIVERABLE = frozenset({Reason.MISSING_TOPIC, Reason.BAD_PARTITION, Reason.REJECTED, Reason.FORBIDDEN_TOPIC})
+UNDELIVERABLE = frozenset({Reason.MISSING_TOPIC, Reason.BAD_PARTITION, Reason.REJECTED, Reason.FORBIDDEN_TOPIC,
+                           Reason.EXPIRED})
 
 
 def reason_text(code: Reason, text: str) -> str:
     """A dead-letter reason header's value: the stable code, then the human text."""
     return f"{code.value}: {text}"
+
+
+class NewerLevelRecord(Exception):
+    """A buffer record of a feature level above this code's: not malformed, not readable here yet.
+
+    A node holds it (and the rest of its partition) until it is upgraded; nothing dead-letters it.
+    """
+
+    def __init__(self, level: int, supported: int):
+        self.level = level
+        super().__init__(f"a frame of feature level {level}; this delayq reads up to level {supported}: "
+                         f"upgrade it (delayq/features.py says which release speaks which level)")
 
 
 class MalformedRecord(ValueError):
@@ -405,6 +435,8 @@ class Envelope:
     occurrence: int | None = None
     # A retry's attempt number (delayq.retry_later), delivered as header delayq-attempt.
     attempt: int | None = None
+    # Epoch ms after which the master dead-letters it (reason expired) rather than deliver it (level 2).
+    expires_at_ms: int | None = None
 
     def buffer_headers(self) -> ProduceHeaders:
         """The headers of this message's ``put`` record on the buffer topic: the user's."""
@@ -419,7 +451,8 @@ class Envelope:
         picked under ``cutoff``.
         """
         return put_value(self.deliver_at_ms, self.topic, self.key, self.value, self.partition, self.partitioner,
-                         restores, schedule_options(self.series, self.occurrence, self.attempt, follows, cutoff))
+                         restores, schedule_options(self.series, self.occurrence, self.attempt, follows, cutoff)
+                         + expiry_options(self.expires_at_ms))
 
     def delivery_headers(self, epoch: int, version: int) -> ProduceHeaders:
         """Headers of the delivered record: the user's, then which message, when, by whom (DESIGN.md).
@@ -537,6 +570,13 @@ def schedule_options(series: Series | None, occurrence: int | None, attempt: int
     return options
 
 
+def expiry_options(expires_at_ms: int | None) -> str:
+    """The frame options of a message that expires (with the level they need), or empty."""
+    if expires_at_ms is None:
+        return ""
+    return f" {LEVEL_OPTION}={OPTION_LEVELS[EXPIRES_OPTION]} {EXPIRES_OPTION}={expires_at_ms}"
+
+
 def put_value(deliver_at_ms: int, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, partitioner: str | None = None, restores: int | None = None,
               more_options: str = "") -> bytes:
@@ -616,7 +656,11 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
         user_headers = []
     # The hot path of every node's ingest: plain locals, one split.
     end = value.find(b"\n", 0, MAX_FRAME_LINE)
-    fields = value[:end].split(b" ") if end > 0 else ()
+    line = value[:end] if end > 0 else b""
+    fields = line.split(b" ") if end > 0 else ()
+    if _LEVEL_PREFIX in line:
+        # First: a newer level may give any part of the frame a meaning this code does not know.
+        _check_level(fields)
     if len(fields) < 4 or fields[0] != OP_PUT:
         raise MalformedRecord(Reason.BAD_FRAME, f"a put's value must start with {FRAME_SYNTAX}; "
                               f"it starts {value[:40]!r}")
@@ -641,6 +685,7 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
     restores: int | None = None
     schedule: dict[bytes, bytes] | None = None
     null_value = False
+    level = expires = None
     for option in fields[4:]:
         if option in _PARTITIONER_OPTIONS and partitioner is None:  # the usual option, without splitting it
             partitioner = _PARTITIONER_OPTIONS[option]
@@ -663,6 +708,10 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                 schedule = {}
             repeated = name in schedule
             schedule[name] = text
+        elif name == _EXPIRES_NAME and sep:
+            repeated, expires = expires is not None, _digits(text, "expires time")
+        elif name == _LEVEL_NAME and sep:
+            repeated, level = level is not None, _digits(text, "level")
         else:
             raise MalformedRecord(Reason.UNKNOWN_OPTION,
                                   f"unknown frame option {option[:40]!r}; expected {PARTITION_OPTION}=N, "
@@ -679,7 +728,38 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
     record = BufferRecord(OP_PUT, delay_id, envelope, None, restores)
     if schedule is not None:
         _read_schedule(schedule, record, envelope)
+    if level is not None or expires is not None:
+        _read_expiry(envelope, level, expires)
     return record
+
+
+def _check_level(fields: Sequence[bytes]) -> None:
+    """Raise :class:`NewerLevelRecord` if the frame says a level above this code's (its own errors later)."""
+    for option in fields[4:]:
+        if option.startswith(_LEVEL_PREFIX) and option[len(_LEVEL_PREFIX):].isdigit():
+            level = int(option[len(_LEVEL_PREFIX):])
+            if level > WIRE_LEVEL:
+                raise NewerLevelRecord(level, WIRE_LEVEL)
+
+
+def _read_expiry(envelope: Envelope, level: int | None, expires: int | None) -> None:
+    """Check the level a frame says against the options it uses, and set the envelope's expiry."""
+    if level is not None and level < 2:
+        raise MalformedRecord(Reason.BAD_FRAME, f"the frame says {LEVEL_OPTION}={level}; a frame says its level "
+                              f"only from 2 (one without {LEVEL_OPTION}= is of level 1)")
+    if expires is None:
+        return
+    needed = OPTION_LEVELS[EXPIRES_OPTION]
+    if level is None or level < needed:
+        raise MalformedRecord(Reason.BAD_FRAME, f"frame option {EXPIRES_OPTION} is of feature level {needed}: the "
+                              f"frame must say {LEVEL_OPTION}={needed} or higher")
+    if expires < envelope.deliver_at_ms:
+        raise MalformedRecord(Reason.BAD_FRAME, f"the frame's {EXPIRES_OPTION}={expires} is before its deliver-at "
+                              f"time {envelope.deliver_at_ms}")
+    if envelope.series is not None:
+        raise MalformedRecord(Reason.BAD_FRAME, f"frame option {EXPIRES_OPTION} is for a message delivered once; a "
+                              "repeating message cannot have it")
+    envelope.expires_at_ms = expires
 
 
 def _read_schedule(options: dict[bytes, bytes], record: BufferRecord, envelope: Envelope) -> None:

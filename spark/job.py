@@ -107,6 +107,7 @@ from .records import (
     DELIVERY,
     DONE,
     MALFORMED_CODES,
+    NEWER_LEVEL_CODE,
     PUT,
     PUT_COPY,
     classify_buffer,
@@ -757,6 +758,17 @@ def anomalous(judged: DataFrame) -> DataFrame:
     return judged.where(reduce(or_, (F.col(flag) for flag in ANOMALY_FLAGS.values()))).orderBy("due_ms", "id")
 
 
+def _refuse_newer_levels(count: int) -> None:
+    """Raise ReconcileError when the buffer holds ``count`` > 0 records of a feature level this code cannot read.
+
+    Judged without them, every message they carry would look missing or unexpected.
+    """
+    if count:
+        raise ReconcileError(f"the buffer holds {count} record(s) of a feature level above {env.WIRE_LEVEL}, which "
+                             f"this delayq cannot read: run the reconciliation of the delayq version the nodes run "
+                             "(`delayq upgrade status` shows the cluster's level)")
+
+
 def _topics_on_broker(settings: Settings, topics: list[str]) -> dict[str, int]:
     """The partition count of each of ``topics`` that exists on the broker."""
     from confluent_kafka.admin import AdminClient
@@ -831,8 +843,10 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     code = F.col("code")
     seen = buffer.agg(F.count(F.lit(1)).alias("records"), F.count(code).alias("malformed"),
                       F.collect_set("put_topic").alias("topics"), F.count("restores").alias("copies"),
+                      F.count(F.when(code == NEWER_LEVEL_CODE, 1)).alias(NEWER_LEVEL_CODE),
                       *(F.count(F.when(code == reason, 1)).alias(reason) for reason in MALFORMED_CODES)).first()
     assert seen is not None  # a global aggregate has one row
+    _refuse_newer_levels(seen[NEWER_LEVEL_CODE])
     put_topics = sorted(seen["topics"])
     letters = None
     if settings.dead_letter_topic in found:

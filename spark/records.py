@@ -38,6 +38,9 @@ UNDELIVERABLE = frozenset(code.value for code in wire.UNDELIVERABLE)
 MALFORMED_CODES = tuple(r.value for r in wire.Reason if r.value not in UNDELIVERABLE)
 # A dead letter whose reason header starts with no known code.
 UNKNOWN_CODE = "unknown"
+# The code of a buffer record of a feature level above this code's (wire.NewerLevelRecord): not
+# malformed, but nothing this delayq can judge; the job refuses to judge a buffer holding one.
+NEWER_LEVEL_CODE = "newer-level"
 
 # What buffer_rows() selects from Spark's Kafka source, in this order, and what classify_buffer returns.
 # ``written``: a hash of the record's value and headers, which with its timestamp tells a write appended twice.
@@ -101,6 +104,9 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
                 record = parse(keys[i], values[i], headers, stamps[i], partition=where[i], partitions=partitions)
             except malformed as err:
                 code[i] = err.code.value
+                continue
+            except wire.NewerLevelRecord:
+                code[i] = NEWER_LEVEL_CODE
                 continue
             op = record.op
             if op == op_put:

@@ -142,6 +142,51 @@ def test_a_write_its_client_library_appends_twice_is_applied_once(cluster, feede
     assert node.metric("delayq_pending") == 0
 
 
+def test_a_message_picked_after_its_expiry_is_dead_lettered_expired_and_one_in_time_is_delivered(
+        cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    cluster.start("node-a")
+    # Fell due 10 s ago (a cluster outage, say) and may be at most 5 s late: too late now.
+    stale = feeder.put(target, b"stale reminder", now_ms() - 10_000, expires_at_ms=now_ms() - 5_000)
+    fresh = feeder.put(target, b"fresh reminder", now_ms() + 500, expires_at_ms=now_ms() + 60_000)
+    feeder.flush()
+
+    delivered = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=2, timeout_s=15)
+    assert [(header(r, env.ID).decode(), r.value()) for r in delivered] == [(fresh, b"fresh reminder")]
+    [letter] = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=1, timeout_s=15, idle_s=2)
+    assert letter.key() == stale.encode() and letter.value().endswith(b"stale reminder")
+    reason = header(letter, env.DEAD_LETTER_REASON).decode()
+    assert env.Reason.of(reason) is env.Reason.EXPIRED and "after its due time" in reason, reason
+
+
+def test_a_record_of_a_newer_feature_level_holds_its_partition_and_is_never_dead_lettered(
+        cluster, feeder, settings, names):
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target])
+    node = cluster.start("node-a")
+    newer = new_delay_id()
+    held_partition = env.buffer_partition(newer, settings.buffer_partitions)
+
+    def id_on(same: bool) -> str:
+        while (env.buffer_partition(found := new_delay_id(), settings.buffer_partitions) == held_partition) != same:
+            pass
+        return found
+
+    feeder.raw(newer.encode(), f"put {now_ms()} {target} - level=9 warp=1\n".encode() + b"x", [])
+    behind = feeder.put(target, b"behind it", now_ms() + 300, delay_id=id_on(True))
+    feeder.put(target, b"beside it", now_ms() + 300, delay_id=id_on(False))
+    feeder.flush()
+
+    delivered = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=3, timeout_s=15)
+    assert [r.value() for r in delivered] == [b"beside it"], "its partition waits, the others flow"
+    status, body = node.get_json("/readyz")
+    assert status == 503 and f"partition {held_partition} at offset" in body["reason"] and "level 9" in body["reason"]
+    assert node.metric("delayq_partitions_awaiting_upgrade") == 1
+    assert node.get_json(f"/v1/messages/{behind}")[0] == 404, "nothing after the newer record is applied"
+    assert read_topic(settings.bootstrap_servers, settings.dead_letter_topic, idle_s=1) == []
+
+
 def test_http_endpoints_report_health_metrics_and_messages(cluster, feeder, settings, names):
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])

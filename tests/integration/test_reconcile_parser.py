@@ -24,7 +24,7 @@ from kafka_testing import create_topics
 from delayq import Settings, wire
 from delayq.spark import ReconcileOptions, spark_session
 from delayq.spark.job import _KAFKA_SCHEMA, buffer_rows, read_topics
-from delayq.spark.records import CANCEL, DONE, PUT
+from delayq.spark.records import CANCEL, DONE, NEWER_LEVEL_CODE, PUT
 
 PARTITIONS = 3
 DUE = 1_800_000_000_000  # 2027-01-15T08:00:00Z, in ms
@@ -75,6 +75,10 @@ def cases() -> list[Case]:
         Case("cancel, no delayq-id", _id(), None, ((wire.OP, b"cancel"),), kind=wire.OP_CANCEL),
         Case("done", a, None, tuple(done), kind=wire.OP_DONE),
         Case("done of an older master", _id(), None, ((wire.OP, b"done"),), kind=wire.OP_DONE),
+        Case("put that expires (level 2)", _id(), _put(f"- level=2 expires={DUE + 60_000}\nx"), kind=wire.OP_PUT),
+        # Of a feature level above this code's: not malformed, nothing this delayq can read or judge.
+        Case("put of a newer level", _id(), _put("- level=9 warp=1\nx"), code=NEWER_LEVEL_CODE),
+        Case("expires= without level=", _id(), _put(f"- expires={DUE + 60_000}\nx"), code="bad-frame"),
         # Where the SQL parser said "put" and the nodes "malformed".
         Case("put 123 t - bogus=1", _id(), b"put 123 t - bogus=1\nx", code="bad-due-time"),
         Case("unknown option", _id(), _put("- bogus=1\nx"), code="unknown-option"),
@@ -116,6 +120,8 @@ def node_verdict(case: Case) -> tuple[int | None, str | None]:
                                           partition=case.partition, partitions=PARTITIONS)
     except wire.MalformedRecord as err:
         return None, err.code.value
+    except wire.NewerLevelRecord:
+        return None, NEWER_LEVEL_CODE
     return KINDS[record.op], None
 
 

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, Message
 
 from delayq import wire
 from delayq.delay_service import stored
-from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, ShardBatch, _frame, _unframe, parse_batch
+from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, Frame, ShardBatch, _frame, _unframe, parse_batch
 from delayq.store import producer_write
 
 P = wire_cases.PARTITIONS
@@ -123,8 +123,26 @@ def test_every_case_of_the_wire_table_parses_as_the_node_reads_it():
 def test_a_frame_carries_the_batch_and_positions_through_marshal_unchanged():
     batch = parse_batch([record(1, put_value(1_800_000_000_000)),
                          record(2, None, wire.control_headers(wire.OP_CANCEL, ID))], P)
-    assert _unframe(_frame([(OWN, 3)], batch)) == ({OWN: 3}, batch)
-    assert _unframe(_frame([(0, 1)], None)) == ({0: 1}, None)
+    assert _unframe(_frame([(OWN, 3)], batch)) == Frame({OWN: 3}, batch, {})
+    assert _unframe(_frame([(0, 1)], None, {2: (7, 3)})) == Frame({0: 1}, None, {2: (7, 3)})
+
+
+def test_a_record_of_a_newer_level_holds_its_partition_there_and_nothing_of_it_is_dead_lettered():
+    newer = b"put 1800000000000 orders - level=9 warp=1\nx"
+    other = wire.new_delay_id()
+    while wire.buffer_partition(other, P) == OWN:
+        other = wire.new_delay_id()
+    elsewhere = record(4, put_value(1_800_000_000_000), key=other.encode(), partition=wire.buffer_partition(other, P))
+    batch = parse_batch([record(1, put_value(1_800_000_000_000)), record(2, newer),
+                         record(3, None, wire.control_headers(wire.OP_CANCEL, ID)), elsewhere], P)
+
+    assert batch.held == {OWN: (2, 9)}
+    ops = batch.shards[0].ops
+    assert [(op[0], op[1]) for op in ops] == [(PUT, ID), (PUT, other)], "the cancel after it waits with it"
+    assert batch.shards[0].offsets == {OWN: 2, wire.buffer_partition(other, P): 5}, "read again from the held record"
+    assert batch.counts[b"malformed"] == 0 and batch.records == 2
+    later = parse_batch([record(5, None, wire.control_headers(wire.OP_CANCEL, ID))], P, held=batch.held)
+    assert later.shards == {} and later.held == {}, "a held partition stays held"
 
 
 def test_a_batch_is_split_by_shard_each_with_its_own_ops_offsets_settled_and_earliest_due():
@@ -154,4 +172,4 @@ def test_a_batch_is_split_by_shard_each_with_its_own_ops_offsets_settled_and_ear
     assert zero.offsets == {wire.buffer_partition(ids[0], P): 5}
     assert two.offsets == {wire.buffer_partition(ids[2], P): 3}
     assert batch.records == 4 and batch.counts[b"put"] == 3
-    assert _unframe(_frame([], batch)) == ({}, batch)
+    assert _unframe(_frame([], batch)) == Frame({}, batch, {})

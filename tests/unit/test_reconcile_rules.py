@@ -630,3 +630,13 @@ def test_every_stage_of_the_judgement_stays_small_enough_for_the_jvm_to_compile(
     finally:
         spark.conf.set("spark.sql.adaptive.enabled", adaptive)
     assert sizes and max(sizes.values()) < 8000, sizes
+
+
+def test_a_buffer_holding_records_of_a_newer_feature_level_is_not_judged():
+    from delayq.spark.job import _refuse_newer_levels
+    from delayq.spark.session import ReconcileError
+
+    _refuse_newer_levels(0)
+    with pytest.raises(ReconcileError, match=r"holds 2 record\(s\) of a feature level above 2, which this delayq "
+                                             r"cannot read: run the reconciliation of the delayq version the nodes"):
+        _refuse_newer_levels(2)

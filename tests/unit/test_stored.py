@@ -33,3 +33,13 @@ def test_stored_form_round_trips_with_partition_and_version(changes):
 def test_anything_else_is_a_malformed_stored_entry(value):
     with pytest.raises(MalformedStoredEntry, match="rebuild the store"):
         unpack(value)
+
+
+def test_an_expiring_message_is_stored_in_form_5_and_every_other_stays_in_form_4_which_0_1_0_reads():
+    from delayq.delay_service.stored import EXPIRING_FORM
+
+    expiring = sample(expires_at_ms=1_800_000_060_000)
+    packed = pack(3, 17, expiring)
+    assert marshal.loads(packed)[0] == EXPIRING_FORM
+    assert unpack(packed) == PendingMessage(3, 17, expiring)
+    assert marshal.loads(pack(3, 17, sample()))[0] == STORED_FORM == 4

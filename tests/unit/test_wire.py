@@ -77,7 +77,7 @@ def test_a_record_read_without_its_partition_is_not_judged_by_the_partition_rule
 def test_every_reason_code_is_a_stable_lower_case_word_and_reads_back():
     assert [r.value for r in env.Reason] == [
         "wrong-partition", "bad-id", "bad-frame", "unknown-option", "bad-due-time", "reserved-header", "bad-control",
-        "missing-topic", "bad-partition", "rejected", "forbidden-topic", "retries-exhausted"]
+        "missing-topic", "bad-partition", "rejected", "forbidden-topic", "expired", "retries-exhausted"]
     for reason in env.Reason:
         assert env.Reason.of(env.reason_text(reason, "why")) is reason
     assert env.Reason.of(b"malformed: old text") is None and env.Reason.of(None) is None
@@ -133,3 +133,35 @@ def test_a_mark_is_a_done_that_closes_nothing_and_a_put_or_cancel_of_its_id_is_m
     assert put.value.code is cancel.value.code is env.Reason.BAD_ID
     with pytest.raises(ValueError, match="reserved"):
         check_delay_id(mark)
+
+
+# -- feature level 2: level= and expires= ---------------------------------------
+
+
+def test_an_expiring_message_round_trips_through_its_frame_which_says_the_level_it_needs():
+    original = sample(expires_at_ms=1_800_000_060_000)
+    value = original.buffer_value()
+
+    assert b" level=2 expires=1800000060000" in value.split(b"\n")[0]
+    parsed = parse_buffer_record(original.delay_id.encode(), value, original.headers, original.created_at_ms)
+    assert parsed.envelope == original
+    assert b"level=" not in sample().buffer_value().split(b"\n")[0], "a level-1 message says no level"
+
+
+@pytest.mark.parametrize("frame", [
+    b"put 1800000000000 orders - level=3",
+    b"put 1800000000000 orders - level=3 warp=9",              # an option this code does not know
+    b"put 1800000000000 orders - warp=9 level=3 warp=9",        # and what would be malformed at level 2
+    b"put 1800000000000 orders - level=12 expires=5",
+])
+def test_a_frame_of_a_newer_level_is_not_malformed_but_one_this_code_cannot_read_yet(frame):
+    with pytest.raises(env.NewerLevelRecord) as raised:
+        parse_buffer_record(new_delay_id().encode(), frame + b"\nx", None)
+
+    assert raised.value.level == int(frame.split(b"level=")[1].split(b" ")[0])
+    assert not isinstance(raised.value, MalformedRecord)
+    assert "upgrade" in str(raised.value)
+
+
+def test_the_wire_level_is_the_highest_level_of_an_option_this_code_knows():
+    assert env.WIRE_LEVEL == max(env.OPTION_LEVELS.values()) == 2
