@@ -5,13 +5,18 @@ Public surface::
     from delayq.election import connect, connect_for, ensure_cluster_root
     from delayq.election import Leadership, Term, Epoch, Cursor, Membership, Layout, FencedError
     from delayq.election import NodeRecord, CursorRecord, ShardLayout, Role, DuplicateNodeId
+    from delayq.election import Features, FeatureRecord, FinalizedLevel, ConcurrentFinalize, version_text
+    from delayq.election import plan_finalize, FinalizePlan, FinalizeAction, check_node_speaks, LevelNotSpoken
 """
 
 from .access import ensure_cluster_root
+from .levels import FinalizeAction, FinalizePlan, LevelNotSpoken, check_node_speaks, plan_finalize
 from .recipes import (
+    ConcurrentFinalize,
     Cursor,
     DuplicateNodeId,
     Epoch,
+    Features,
     FencedError,
     Layout,
     Leadership,
@@ -20,8 +25,9 @@ from .recipes import (
     connect,
     connect_for,
 )
-from .records import CursorRecord, NodeRecord, Role, ShardLayout
+from .records import CursorRecord, FeatureRecord, FinalizedLevel, NodeRecord, Role, ShardLayout, version_text
 
-__all__ = ["Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FencedError", "Layout", "Leadership",
-           "Membership", "NodeRecord", "Role", "ShardLayout", "Term", "connect", "connect_for",
-           "ensure_cluster_root"]
+__all__ = ["ConcurrentFinalize", "Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FeatureRecord", "Features",
+           "FencedError", "FinalizeAction", "FinalizePlan", "FinalizedLevel", "Layout", "Leadership",
+           "LevelNotSpoken", "Membership", "NodeRecord", "Role", "ShardLayout", "Term", "check_node_speaks",
+           "connect", "connect_for", "ensure_cluster_root", "plan_finalize", "version_text"]

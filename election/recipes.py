@@ -3,6 +3,7 @@
 Paths under ``/delayq/<cluster>/`` (docs/DESIGN.md):
 
 - ``layout``: :class:`Layout`, the shard count, written once;
+- ``features``: :class:`Features`, the cluster's finalized feature level, only ever raised;
 - ``shards/<k>/election``: :class:`Leadership`, the kazoo lock the holders of shard k contend for;
 - ``shards/<k>/epoch``: :class:`Epoch`, bumped by each new master of shard k;
 - ``shards/<k>/cursor``: :class:`Cursor`, shard k's master's progress, written with the znode version;
@@ -33,7 +34,7 @@ from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 from delayq.settings import Settings
 
 from .access import cluster_acl
-from .records import CursorRecord, NodeRecord, ShardLayout
+from .records import CursorRecord, FeatureRecord, FinalizedLevel, NodeRecord, ShardLayout
 
 log = logging.getLogger("delayq.election")
 
@@ -200,6 +201,71 @@ class Layout:
                 f"cluster at {self.path.rsplit('/', 1)[0]} has {recorded.shards} shards, recorded at its first init; "
                 f"DELAYQ_SHARDS={shards} cannot change that: set DELAYQ_SHARDS={recorded.shards}, or move to a "
                 "new cluster with more shards (docs/DESIGN.md, \"Shards\")")
+
+
+class ConcurrentFinalize(DelayqError):
+    """The feature level changed between this finalize's read and its write: another finalize won."""
+
+
+class Features:
+    """The cluster's finalized feature level (:class:`FeatureRecord`); absent on a cluster that ran 0.1.0.
+
+    Every write is a compare-and-set on what was read, so two finalizes never both win, and
+    nothing here lowers a level: the rules of what may be written are election/levels.py's.
+
+    Example:
+        >>> features = Features(client, "/delayq/orders")
+        >>> finalized = features.read()
+        >>> features.finalize(FeatureRecord.of(2), finalized)
+    """
+
+    def __init__(self, client: KazooClient, root: str):
+        self.client = client
+        self.path = f"{root}/features"
+
+    def read(self) -> FinalizedLevel:
+        """The znode as it is now: its record, none, or why it is not a record."""
+        try:
+            data, stat = self.client.get(self.path)
+        except NoNodeError:
+            return FinalizedLevel.of(self.path, None, None)
+        return FinalizedLevel.of(self.path, data, stat.version)
+
+    def record_new_cluster(self, record: FeatureRecord) -> bool:
+        """Record ``record`` unless a level is recorded already; whether this call recorded it.
+
+        For a cluster's first ``delayq init``: a new cluster starts at the newest level.
+        """
+        try:
+            self.client.create(self.path, record.to_json(), makepath=True)
+        except NodeExistsError:
+            return False
+        return True
+
+    def finalize(self, record: FeatureRecord, read: FinalizedLevel) -> None:
+        """Write ``record`` over what :meth:`read` returned as ``read``, if nothing was written since.
+
+        Raises:
+            ConcurrentFinalize: the znode changed since ``read`` (created, set or deleted).
+        """
+        try:
+            if read.znode_version is None:
+                self.client.create(self.path, record.to_json(), makepath=True)
+            else:
+                self.client.set(self.path, record.to_json(), version=read.znode_version)
+        except (NodeExistsError, BadVersionError, NoNodeError):
+            raise ConcurrentFinalize(f"the feature level at {self.path} changed while this finalize ran (another "
+                                     "`delayq upgrade finalize`?): run `delayq upgrade status`, then finalize again "
+                                     "if it is still needed") from None
+
+    def watch(self, on_change: Callable[[FinalizedLevel], None]) -> None:
+        """Call ``on_change`` now and whenever the znode changes, across reconnections (from kazoo's event thread:
+        do not block)."""
+
+        def changed(data: bytes | None, stat, _event=None) -> None:
+            on_change(FinalizedLevel.of(self.path, data, stat.version if stat is not None else None))
+
+        self.client.DataWatch(self.path, changed)
 
 
 class DuplicateNodeId(DelayqError):

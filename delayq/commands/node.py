@@ -27,10 +27,12 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     from delayq.delay_service import Node
+    from delayq.election import LevelNotSpoken
 
     try:
         return Node(settings).run()
     except DelayqError as err:
-        # A node that cannot start says why in one line and exits 1 (an orchestrator restarts it).
+        # A node that cannot start says why in one line and exits 1 (an orchestrator restarts it); one too old
+        # for the cluster's finalized feature level exits 2, as a refused command does: no restart helps it.
         logging.getLogger("delayq.node").error("node %s cannot start: %s", settings.node_id, err)
-        return 1
+        return 2 if isinstance(err, LevelNotSpoken) else 1

@@ -6,6 +6,7 @@ import json
 
 import delayq
 from delayq.election import NodeRecord, Role
+from delayq.features import SUPPORTED_LEVEL
 
 # A registration exactly as a node of 0.1.0 wrote it (commit 8f62a6c): no version field.
 RECORD_OF_0_1_0 = {"node_id": "node-old", "role": "standby", "http": "http://old:8081", "host": "old", "lag": 0,
@@ -37,3 +38,23 @@ def test_a_record_of_0_1_0_without_a_version_parses_with_version_none():
 
 def test_a_version_that_is_not_a_string_makes_the_record_unreadable_not_a_crash():
     assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "version": 2}).encode()) is None
+
+
+def test_a_record_says_the_highest_feature_level_of_the_code_that_wrote_it():
+    record = NodeRecord("node-a", Role.STANDBY)
+    assert record.feature_level == SUPPORTED_LEVEL == record.highest_level
+    assert json.loads(record.to_json())["feature_level"] == SUPPORTED_LEVEL
+    assert NodeRecord.from_json(record.to_json()) == record
+    assert NodeRecord.from_json(NodeRecord("node-b", Role.STANDBY, feature_level=7).to_json()).highest_level == 7
+
+
+def test_a_record_of_0_1_0_has_no_feature_level_which_means_level_1():
+    record = NodeRecord.from_json(json.dumps(RECORD_OF_0_1_0).encode())
+    assert record is not None
+    assert record.feature_level is None and record.highest_level == 1
+    assert record.as_dict()["feature_level"] is None
+
+
+def test_a_feature_level_that_is_not_a_level_makes_the_record_unreadable_not_a_crash():
+    for level in ("2", 2.0, True, 0, -1, [2]):
+        assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "feature_level": level}).encode()) is None, level
