@@ -1,13 +1,27 @@
-"""The cluster's shard layout: how many shards, recorded in ZooKeeper once and checked by every init and node."""
+"""The cluster's shard layout: how many shards, recorded in ZooKeeper once and checked by every init and node.
+
+``delayq init`` of a new cluster also records its feature level (delayq/features.py).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 
 from delayq.clock import now_ms
-from delayq.election import Layout, ShardLayout
+from delayq.election import FeatureRecord, Features, FinalizedLevel, Layout, ShardLayout
 from delayq.errors import ConfigurationError
+from delayq.features import SUPPORTED_LEVEL
 from delayq.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecords:
+    """What ``delayq init`` leaves in ZooKeeper: the shard layout and the cluster's feature level."""
+
+    layout: ShardLayout
+    features: FinalizedLevel
 
 
 def check_divides(settings: Settings, shards: int, partitions: int) -> None:
@@ -56,11 +70,18 @@ def _planned(settings: Settings, layout: Layout, recorded: ShardLayout | None, p
     return recorded
 
 
-def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayout:
-    """What ``delayq init`` records: the layout for the buffer topic as it is (or as init will create it).
+def ensure_shards(settings: Settings, *, check_only: bool = False) -> ClusterRecords:
+    """What ``delayq init`` records: the layout for the buffer topic as it is (or as init will create it), and a new
+    cluster's feature level.
+
+    A new cluster (no layout recorded yet) starts at the newest level this code speaks, as Kafka's
+    ``metadata.version`` does. A cluster with a layout and no level ran 0.1.0, and its nodes of
+    0.1.0 may still run (an upgrade in progress): nothing is recorded, ``delayq upgrade finalize``
+    raises its level once every node speaks it.
 
     With ``check_only``, nothing is written: the checks run against the buffer's partition
-    count if the topic exists, else against ``buffer_partitions`` (what init will create).
+    count if the topic exists, else against ``buffer_partitions`` (what init will create), and
+    the level is the one recorded now.
 
     Raises:
         ConfigurationError: see :func:`ensure_layout`.
@@ -73,16 +94,21 @@ def ensure_shards(settings: Settings, *, check_only: bool = False) -> ShardLayou
     partitions = buffer_partition_count(settings, admin_client(settings))
     zk = connect_for(settings, timeout_s=10)
     try:
+        layout = Layout(zk, settings.zk_root)
+        features = Features(zk, settings.zk_root)
         if check_only:
-            layout = Layout(zk, settings.zk_root)
             count = partitions if partitions is not None else settings.buffer_partitions
-            return _planned(settings, layout, layout.read(), count)
+            return ClusterRecords(_planned(settings, layout, layout.read(), count), features.read())
         if partitions is None:
             raise ConfigurationError(f"buffer topic {settings.buffer_topic} does not exist: create it with "
                                      "`delayq init`")
         # init also protects a cluster created before it had credentials (election/access.py).
         ensure_cluster_root(zk, settings.zk_root, settings.zk_credentials, protect_existing=True)
-        return ensure_layout(settings, zk, partitions)
+        new_cluster = layout.read() is None
+        recorded = ensure_layout(settings, zk, partitions)
+        if new_cluster:
+            features.record_new_cluster(FeatureRecord.of(SUPPORTED_LEVEL))
+        return ClusterRecords(recorded, features.read())
     finally:
         zk.stop()
         zk.close()

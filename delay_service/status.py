@@ -6,16 +6,18 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from delayq.election import Cursor, Epoch, Layout, Leadership, Membership, connect_for
+from delayq.election import Cursor, Epoch, Features, Layout, Leadership, Membership, connect_for
 from delayq.settings import Settings
 
 
 def cluster_status(settings: Settings) -> dict[str, Any]:
-    """JSON-ready: ``{"cluster", "shards_count", "master", "epoch", "cursor", "shards": [...], "nodes": [...]}``.
+    """JSON-ready: ``{"cluster", "shards_count", "master", "epoch", "cursor", "shards": [...], "nodes": [...],
+    "features"}``.
 
     ``shards``: ``{"shard", "master", "epoch", "replicas", "cursor"}`` per shard (replicas: the
     nodes holding it). ``master``, ``epoch`` and ``cursor`` are shard 0's: the cluster's
-    with one shard. Records: delayq.election.records.
+    with one shard. ``features``: the finalized feature level ``{"level", "record", "problem", "text"}``.
+    Records: delayq.election.records.
     """
     client = connect_for(settings, timeout_s=10)
     try:
@@ -43,6 +45,7 @@ def cluster_status(settings: Settings) -> dict[str, Any]:
             "cursor": shards[0]["cursor"],
             "shards": shards,
             "nodes": [member.as_dict() for member in members],
+            "features": Features(client, root).read().as_dict(),
         }
     finally:
         client.stop()

@@ -1,4 +1,5 @@
-"""``delayq init``: create the buffer and dead-letter topics, or check existing ones; record the shard count."""
+"""``delayq init``: create the buffer and dead-letter topics, or check existing ones; record the shard count (and a new
+cluster's feature level)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import argparse
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 
 
 def register(subparsers) -> None:
-    init = subparsers.add_parser("init", help="create or check the buffer and dead-letter topics; record the shards")
+    init = subparsers.add_parser("init", help="create or check the buffer and dead-letter topics; record the shards "
+                                              "(and a new cluster's feature level)")
     init.add_argument("--partitions", type=int, help="buffer partitions at creation (DELAYQ_BUFFER_PARTITIONS)")
     init.add_argument("--shards", type=int,
                       help="shards of the cluster (DELAYQ_SHARDS), recorded in ZooKeeper at the first init and never "
@@ -56,8 +59,16 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{check.topic} exists with the right configuration{facts}")
         for warning in check.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
-    layout = ensure_shards(settings)
+    records = ensure_shards(settings)
+    layout, features = records.layout, records.features
     console.print(f"cluster [bold]{settings.cluster}[/]: {layout.shards} shard{'s' if layout.shards > 1 else ''} of "
                   f"{layout.partitions // layout.shards} buffer partitions each (recorded in ZooKeeper at "
                   f"{settings.zk_root}/layout)")
+    if features.problem is not None:
+        console.print(f"[yellow]warning:[/] {escape(features.problem)}")
+    else:
+        # A cluster without a level ran 0.1.0: its nodes may still run, so init leaves raising it to finalize.
+        raise_later = "" if features.recorded else (": once every node runs this delayq, `delayq upgrade finalize` "
+                                                    "raises it (`delayq upgrade status` says whether it can)")
+        console.print(f"cluster [bold]{settings.cluster}[/]: {features.describe()}{raise_later}")
     return 1 if differs and args.strict else 0

@@ -13,13 +13,16 @@ console = Console()
 
 
 def register(subparsers) -> None:
-    status = subparsers.add_parser("status", help="shards (master, epoch, holders), nodes, pending, lag, cursors")
+    status = subparsers.add_parser("status", help="shards (master, epoch, holders), nodes, pending, lag, cursors, "
+                                                    "the feature level")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from delayq.delay_service import cluster_status, kafka_status
+    from delayq.election import version_text
+    from delayq.features import UNRECORDED_LEVEL
     from delayq.settings import Settings
 
     settings = Settings()
@@ -43,9 +46,13 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(str(shard["shard"]), shard["master"] or "[red]none[/]", str(shard["epoch"]),
                           ", ".join(shard["replicas"]) or "[red]nobody[/]", str(cursor.get("delivered", "-")))
         console.print(table)
-    table = Table("node", "version", "role", "shards", "masters", "lag", "pending", "http")
+    features = status["features"]
+    console.print(escape(features["text"]), style="red" if features["problem"] else None, highlight=False)
+    # level: the highest feature level each node speaks (a node of 0.1.0 does not say: it speaks level 1).
+    table = Table("node", "version", "level", "role", "shards", "masters", "lag", "pending", "http")
     for node in status["nodes"]:
-        table.add_row(node["node_id"], _version(node["version"]), node["role"], _listed(node["shards"]),
+        table.add_row(node["node_id"], escape(version_text(node["version"])),
+                      str(node["feature_level"] or UNRECORDED_LEVEL), node["role"], _listed(node["shards"]),
                       _listed(node["masters"]), str(node["lag"]), str(node["pending"]), node["http"])
     console.print(table)
     if len(shards) == 1 and status["cursor"]:
@@ -64,6 +71,3 @@ def _listed(numbers: list[int]) -> str:
     return ",".join(map(str, numbers)) or "-"
 
 
-def _version(version: str | None) -> str:
-    # Nodes say their version from 0.2.0 on; a record without one was written by 0.1.0 or before.
-    return escape(version) if version is not None else "0.1.0 or older"

@@ -8,50 +8,32 @@ of the status is a fixed answer. No server.
 from __future__ import annotations
 
 import json
-from unittest import mock
 
 import pytest
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 from rich.console import Console
+from stand_ins import zookeeper
 
 import delayq
 from delayq.cli import main
 from delayq.commands import status as status_command
 from delayq.delay_service import status as cluster_status_module
-from delayq.election import NodeRecord, Role, ShardLayout
+from delayq.election import FeatureRecord, NodeRecord, Role, ShardLayout
+from delayq.features import SUPPORTED_LEVEL
 
 ROOT = "/delayq/t-status"
 KAFKA_IN_SYNC = {"brokers": 1, "buffer": {"partitions": 12, "replication_factor": 1}, "shortfalls": [],
                  "problem": None}
 
 
-def stand_in_zookeeper(znodes: dict[str, bytes], master: str) -> mock.Mock:
-    """A KazooClient reading ``znodes``; ``master`` first in line for every shard's lock."""
-    client = mock.Mock(spec_set=[*dir(KazooClient), "Lock"])  # Lock: set per instance by KazooClient.__init__
-
-    def get(path: str) -> tuple[bytes, None]:
-        if path not in znodes:
-            raise NoNodeError(path)
-        return znodes[path], None
-
-    def get_children(folder: str) -> list[str]:
-        return sorted({path[len(folder) + 1:].split("/")[0] for path in znodes if path.startswith(f"{folder}/")})
-
-    client.get.side_effect = get
-    client.get_children.side_effect = get_children
-    client.Lock.return_value.contenders.return_value = [master]
-    return client
-
-
 def without_version(record: NodeRecord) -> bytes:
-    """``record`` as a node of 0.1.0 wrote it: the same fields but ``version``."""
-    return json.dumps({k: v for k, v in json.loads(record.to_json()).items() if k != "version"}).encode()
+    """``record`` as a node of 0.1.0 wrote it: the same fields but those it did not have, ``version`` and ``feature_level``."""
+    return json.dumps({k: v for k, v in json.loads(record.to_json()).items()
+                       if k not in ("version", "feature_level")}).encode()
 
 
 @pytest.fixture
-def cluster_of_two_versions(monkeypatch) -> None:
-    """`delayq status` of cluster t-status sees node-new (this version, master) and node-old (0.1.0)."""
+def cluster_of_two_versions(monkeypatch) -> dict[str, bytes]:
+    """`delayq status` of cluster t-status sees node-new (this version, master) and node-old (0.1.0); its znodes."""
     znodes = {
         f"{ROOT}/layout": ShardLayout(1, 12).to_json(),
         f"{ROOT}/nodes/node-new": NodeRecord("node-new", Role.MASTER, lag=0, pending=3, shards=(0,), ready=(0,),
@@ -60,9 +42,10 @@ def cluster_of_two_versions(monkeypatch) -> None:
                                                              ready=(0,))),
     }
     monkeypatch.setenv("DELAYQ_CLUSTER", "t-status")
-    monkeypatch.setattr(cluster_status_module, "connect_for", lambda settings, timeout_s: stand_in_zookeeper(
+    monkeypatch.setattr(cluster_status_module, "connect_for", lambda settings, timeout_s: zookeeper(
         znodes, master="node-new"))
     monkeypatch.setattr(cluster_status_module, "kafka_status", lambda settings: KAFKA_IN_SYNC)
+    return znodes
 
 
 @pytest.mark.usefixtures("cluster_of_two_versions")
@@ -82,3 +65,33 @@ def test_status_shows_each_nodes_version_and_an_older_nodes_as_0_1_0_or_older(mo
     rows = {node: next(line for line in lines if f" {node} " in line) for node in ("node-new", "node-old")}
     assert delayq.__version__ in rows["node-new"]
     assert "0.1.0 or older" in rows["node-old"]
+
+
+@pytest.mark.usefixtures("cluster_of_two_versions")
+def test_status_json_shows_the_clusters_level_1_when_none_is_recorded_and_each_nodes_highest_level(capsys):
+    assert main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["features"] == {"level": 1, "record": None, "problem": None,
+                                  "text": "feature level 1 (none recorded: a cluster that ran delayq 0.1.0)"}
+    assert {node["node_id"]: node["feature_level"] for node in status["nodes"]} == {
+        "node-new": SUPPORTED_LEVEL, "node-old": None}
+
+
+def test_status_shows_the_finalized_level_and_the_level_each_node_speaks_up_to(cluster_of_two_versions, monkeypatch,
+                                                                             capsys):
+    record = FeatureRecord(level=2, introduced_by="0.2.0", finalized_at_ms=1_767_225_600_000, finalized_by="0.2.0")
+    cluster_of_two_versions[f"{ROOT}/features"] = record.to_json()
+    monkeypatch.setattr(status_command, "console", Console(width=200))
+    assert main(["status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "feature level 2 (finalized by delayq 0.2.0 at 2026-01-01T00:00:00Z)" in lines
+    header = cells(next(line for line in lines if " version " in line))
+    assert header[header.index("version") + 1] == "level"
+    rows = {node: cells(next(line for line in lines if f" {node} " in line)) for node in ("node-new", "node-old")}
+    assert rows["node-new"][header.index("level")] == str(SUPPORTED_LEVEL)
+    assert rows["node-old"][header.index("level")] == "1"
+
+
+def cells(line: str) -> list[str]:
+    """The cells of one row of a rich table."""
+    return [cell.strip() for cell in line.replace("┃", "│").split("│") if cell.strip()]
