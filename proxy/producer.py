@@ -34,6 +34,7 @@ from delayq.errors import ConfigurationError
 from delayq.settings import ENV_PREFIX, Settings, closest_setting, validation_problems
 from delayq.wire import buffer_partition, check_delay_id, control_headers, frame_head, put_value
 
+from .feature_gate import FeatureGate
 from .lookup import Lookup, lookup
 from .repeat import Cron, Every
 
@@ -617,6 +618,7 @@ class Producer(confluent_kafka.Producer):
         "_buffer_topic",
         "_crc_by_librdkafka",
         "_last_frame",
+        "_level_gate",
         "_lock",
         "_max_delay_ms",
         "_max_delay_s",
@@ -649,12 +651,35 @@ class Producer(confluent_kafka.Producer):
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
         self._buffer_partitions: int | None = None
         self._lock = threading.Lock()
+        self._level_gate = FeatureGate(self._settings)
         super().__init__(rest, **rest_kw)
 
     @property
     def settings(self) -> Settings:
         """delayq's settings for this producer (environment, then ``delayq.*`` conf keys)."""
         return self._settings
+
+    @property
+    def level_gate(self) -> FeatureGate:
+        """The cluster's finalized feature level as this producer follows it: what needs a newer level asks it first."""
+        return self._level_gate
+
+    def close(self) -> bool:
+        """Close this producer: its ZooKeeper client, if a request of a feature level above 1 opened one, then (from
+        confluent-kafka 2.13, whose close() flushes first) the producer itself.
+
+        An older confluent-kafka has no close(): its producer is freed when no reference to it remains
+        (call flush() before).
+        """
+        self._level_gate.close()
+        closes = getattr(super(), "close", None)
+        return closes() if closes is not None else True
+
+    def __exit__(self, *exc_info: typing.Any) -> bool | None:
+        """The end of ``with Producer(...) as p:`` (confluent-kafka 2.13 on): flush and close, the ZooKeeper client
+        too."""
+        self._level_gate.close()
+        return super().__exit__(*exc_info)
 
     # Not confluent-kafka's signature: it returns the delay id, and `callback` is keyword-only here.
     def produce(  # type: ignore[override]
