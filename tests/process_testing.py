@@ -27,3 +27,17 @@ def wait_until(condition, timeout_s: float = 10.0, interval_s: float = 0.05) -> 
             return True
         time.sleep(interval_s)
     return False
+
+
+def assert_one_command_error(result: subprocess.CompletedProcess, command: str) -> None:
+    """A command's error: one line on stderr, ``delayq <command>: ...``, no traceback."""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"delayq {command}: "), result.stderr
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The node's reason is one log line at ERROR, and nothing else went wrong loudly (no traceback)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    assert "cannot start" in errors[0]
+    return errors[0]

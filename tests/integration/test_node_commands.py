@@ -9,7 +9,7 @@ import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from process_testing import run_delayq, wait_until
+from process_testing import assert_one_command_error, assert_one_error_line, run_delayq, wait_until
 from service_testing import Cluster
 
 from delayq import Settings
@@ -151,20 +151,6 @@ def test_node_that_cannot_reach_kafka_says_so_in_one_line(settings, tmp_path):
     assert result.returncode == 1
     assert f"Kafka at {address}" in result.stderr
     assert_one_error_line(result)
-
-
-def assert_one_command_error(result: subprocess.CompletedProcess, command: str) -> None:
-    """A command's error: one line on stderr, ``delayq <command>: ...``, no traceback."""
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"delayq {command}: "), result.stderr
-
-
-def assert_one_error_line(result: subprocess.CompletedProcess) -> str:
-    """The node's reason is one log line at ERROR, and nothing else went wrong loudly (no traceback)."""
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1, result.stderr
-    assert "cannot start" in errors[0]
-    return errors[0]
 
 
 def test_a_second_node_with_a_live_nodes_id_exits_1_at_start_and_leaves_the_first_registered(settings, tmp_path):
