@@ -47,6 +47,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from delayq.features import LEVELS, SUPPORTED_LEVEL
+
 OP = "delayq-op"
 ID = "delayq-id"
 DELIVER_AT = "delayq-deliver-at"
@@ -107,10 +109,10 @@ ATTEMPT_OPTION = "attempt"        # a retry's attempt number (delayq.retry_later
 # needs, so a node of an older level holds it until it is upgraded instead of dead-lettering it.
 LEVEL_OPTION = "level"            # the feature level the frame needs (2 or more; absent: 1)
 EXPIRES_OPTION = "expires"        # epoch ms: dead-lettered (reason expired) if not delivered by then
-# The options above level 1, each with the level that introduced it.
-OPTION_LEVELS = {EXPIRES_OPTION: 2}
+# The options above level 1, each with the level that introduced it (delayq/features.py, the one table).
+OPTION_LEVELS = {name: entry.level for entry in LEVELS[1:] for name in entry.frame_options if name != LEVEL_OPTION}
 # The highest feature level of frames this code reads and writes.
-WIRE_LEVEL = max(OPTION_LEVELS.values())
+WIRE_LEVEL = SUPPORTED_LEVEL
 _LEVEL_NAME = LEVEL_OPTION.encode()
 _EXPIRES_NAME = EXPIRES_OPTION.encode()
 _LEVEL_PREFIX = _LEVEL_NAME + b"="

@@ -163,5 +163,6 @@ def test_a_frame_of_a_newer_level_is_not_malformed_but_one_this_code_cannot_read
     assert "upgrade" in str(raised.value)
 
 
-def test_the_wire_level_is_the_highest_level_of_an_option_this_code_knows():
+def test_the_wire_level_and_option_levels_come_from_the_feature_table():
     assert env.WIRE_LEVEL == max(env.OPTION_LEVELS.values()) == 2
+    assert env.OPTION_LEVELS == {env.EXPIRES_OPTION: 2}
