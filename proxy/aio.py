@@ -33,8 +33,9 @@ except ImportError:  # before 2.13 it was confluent_kafka.experimental.aio, with
 from delayq import wire as env
 from delayq.wire import buffer_partition, check_delay_id, control_headers
 
+from .feature_gate import FeatureGate
 from .lookup import Lookup, lookup
-from .producer import BufferWriter, check_reschedule, delay_id_needs_delay, now_ms_of
+from .producer import EXPIRY_LEVEL, BufferWriter, check_reschedule, delay_id_needs_delay, now_ms_of
 from .repeat import Cron, Every
 
 
@@ -64,6 +65,7 @@ class AIOProducer(_ConfluentAIOProducer):
         if not isinstance(producer_conf, dict):
             raise TypeError(f"producer_conf must be a configuration dict, not {type(producer_conf).__name__}")
         self._writer, rest = BufferWriter.from_conf(producer_conf)
+        self._level_gate = FeatureGate(self._writer.settings)
         self._buffer_partitions: int | None = None
         # Futures of the delayed puts not yet flushed: flush() raises the first failure among them.
         self._unflushed: set[asyncio.Future] = set()
@@ -84,6 +86,7 @@ class AIOProducer(_ConfluentAIOProducer):
         deliver_at: datetime | int | None = None,
         delay_level: int | None = None,
         repeat: Every | Cron | None = None,
+        expire_after: float | timedelta | None = None,
         delay_id: str | None = None,
         partition: int = -1,
         timestamp: int = 0,
@@ -95,7 +98,8 @@ class AIOProducer(_ConfluentAIOProducer):
         Args:
             topic, value, key, partition, timestamp, headers: as confluent-kafka takes them; a
                 delayed message may carry headers (not named ``delayq-*``).
-            delay, deliver_at, delay_level, repeat, delay_id: as :meth:`delayq.Producer.produce`.
+            delay, deliver_at, delay_level, repeat, expire_after, delay_id: as :meth:`delayq.Producer.produce`
+                (the first ``expire_after`` asks ZooKeeper for the cluster's feature level off the loop).
 
         Returns:
             The delay id for a delayed message; confluent-kafka's delivery future otherwise.
@@ -103,7 +107,10 @@ class AIOProducer(_ConfluentAIOProducer):
         Raises:
             TypeError, ValueError: as :meth:`delayq.Producer.produce`, before anything is sent.
         """
-        due, options = self._writer.schedule(now_ms_of(time.time_ns()), delay, deliver_at, delay_level, repeat)
+        due, options = self._writer.schedule(now_ms_of(time.time_ns()), delay, deliver_at, delay_level, repeat,
+                                             expire_after)
+        if due is not None and expire_after is not None:
+            await asyncio.to_thread(self._level_gate.require_level, EXPIRY_LEVEL, "expire_after")
         if due is None:
             if delay_id is not None:
                 raise delay_id_needs_delay()
@@ -127,7 +134,7 @@ class AIOProducer(_ConfluentAIOProducer):
     async def reschedule(self, delay_id: str, topic: str, value: typing.Any = None, key: typing.Any = None, *,
                          delay: float | timedelta | None = None, deliver_at: datetime | int | None = None,
                          delay_level: int | None = None, repeat: Every | Cron | None = None,
-                         **kwargs: typing.Any) -> str:
+                         expire_after: float | timedelta | None = None, **kwargs: typing.Any) -> str:
         """Move a pending delayed message to a new due time, under the same id (:meth:`delayq.Producer.reschedule`).
 
         Raises:
@@ -135,7 +142,7 @@ class AIOProducer(_ConfluentAIOProducer):
         """
         check_reschedule(delay_id, delay, deliver_at, delay_level, repeat)
         await self.produce(topic, value, key, delay=delay, deliver_at=deliver_at, delay_level=delay_level,
-                           repeat=repeat, delay_id=delay_id, **kwargs)
+                           repeat=repeat, expire_after=expire_after, delay_id=delay_id, **kwargs)
         return delay_id
 
     async def cancel(self, delay_id: str) -> Message:
@@ -159,6 +166,13 @@ class AIOProducer(_ConfluentAIOProducer):
     async def lookup(self, delay_id: str, timeout: float = 2.0) -> Lookup:
         """Ask a node whether ``delay_id`` is pending (:func:`delayq.lookup`), without blocking the loop."""
         return await self._call(lookup, delay_id, settings=self._writer.settings, timeout=timeout)
+
+    async def close(self) -> None:
+        """Flush and close the producer (confluent-kafka's), and the ZooKeeper client an ``expire_after`` opened."""
+        try:
+            await super().close()
+        finally:
+            await asyncio.to_thread(self._level_gate.close)
 
     async def flush(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any:
         """Wait until Kafka holds every message produced so far (or the timeout, if given, passed).

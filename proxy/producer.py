@@ -244,6 +244,38 @@ def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
 # -- due times ---------------------------------------------------------------
 
 
+# The feature level a message that expires needs (delayq/features.py): its frame says expires=.
+EXPIRY_LEVEL = env.OPTION_LEVELS[env.EXPIRES_OPTION]
+# The largest expires= a frame holds: 18 digits.
+_MAX_FRAME_MS = 10**18 - 1
+
+
+def expiry_options(due: int, expire_after: object, repeat: object) -> str:
+    """The frame options of a message due at ``due`` that may be delivered at most ``expire_after`` late.
+
+    Past that, the master dead-letters it (reason ``expired``) rather than deliver it.
+
+    Raises:
+        TypeError: ``expire_after`` is not seconds (int or float) or a timedelta.
+        ValueError: negative, NaN or infinite; or a repeating message (``repeat``), whose
+            occurrences one expiry time cannot bound.
+    """
+    if repeat is not None:
+        raise ValueError("expire_after is for a message delivered once: a repeating message (repeat=) cannot "
+                         "expire; give each occurrence's consumer the lateness it accepts instead")
+    if isinstance(expire_after, timedelta):
+        seconds = expire_after.total_seconds()
+    elif isinstance(expire_after, bool) or not isinstance(expire_after, numbers.Real):
+        raise TypeError(f"expire_after must be seconds as an int or float, or a timedelta; got "
+                        f"{type(expire_after).__name__} {expire_after!r}")
+    else:
+        seconds = float(expire_after)
+    if not seconds >= 0 or due + seconds * 1000 > _MAX_FRAME_MS:  # NaN is not >= 0, infinity is past the max
+        raise ValueError(f"expire_after must be a finite number of seconds >= 0 (how late the message may still "
+                         f"be delivered); got {expire_after!r}")
+    return env.expiry_options(due + round(seconds * 1000))
+
+
 def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) -> int:
     """The due time in epoch ms for ``delay`` or ``deliver_at``, checked; the full rules.
 
@@ -510,16 +542,24 @@ class BufferWriter:
         return None if self.partitioner == DEFAULT_PARTITIONER else self.partitioner
 
     def schedule(self, now_ms: int, delay: object, deliver_at: object, delay_level: object = None,
-                 repeat: Every | Cron | None = None) -> tuple[int | None, str]:
+                 repeat: Every | Cron | None = None, expire_after: object = None) -> tuple[int | None, str]:
         """(due time, more frame options) of a produce; (None, "") when it is no delayed message.
 
         Raises:
             TypeError, ValueError: as :meth:`Producer.produce` raises them for these arguments.
         """
         if delay is None and deliver_at is None and delay_level is None and repeat is None:
+            if expire_after is not None:
+                raise ValueError("expire_after bounds how late a delayed message may be delivered: give delay, "
+                                 "deliver_at or delay_level too")
             return None, ""
         due, series = scheduled_due(now_ms, delay, deliver_at, delay_level, repeat, self.settings)
-        return due, env.schedule_options(series, None, None) if due is not None else ""
+        if due is None:
+            return None, ""
+        options = env.schedule_options(series, None, None)
+        if expire_after is not None:
+            options += expiry_options(due, expire_after, repeat)
+        return due, options
 
     def put(self, topic: str, value: object, key: object, partition: object, timestamp: object,
             headers: object, *, due: int, options: str = "", delay_id: str | None = None) -> Put:
@@ -698,6 +738,7 @@ class Producer(confluent_kafka.Producer):
         callback: Callable | None = None,
         delay_level: int | None = None,
         repeat: Every | Cron | None = None,
+        expire_after: float | timedelta | None = None,
     ) -> str | None:
         """Produce a message to ``topic``, now or, with ``delay``/``deliver_at``, when it falls due.
 
@@ -757,6 +798,11 @@ class Producer(confluent_kafka.Producer):
                 and again under one id, each occurrence with header ``delayq-occurrence``;
                 the first at ``delay``/``deliver_at``/``delay_level`` (default: one interval
                 from now, or the cron expression's next match). ``cancel(id)`` stops it.
+            expire_after: how late the message may still be delivered, in seconds or a
+                timedelta after its due time: one the cluster cannot deliver by then (an
+                outage, a dispatch limit, a backlog) goes to the dead-letter topic with reason
+                ``expired`` instead. Needs the cluster's feature level 2 (``delayq upgrade
+                finalize``), asked of ZooKeeper the first time; not with ``repeat``.
 
         Returns:
             The delay id for a delayed message, else None.
@@ -767,7 +813,11 @@ class Producer(confluent_kafka.Producer):
             ValueError: negative, NaN or infinite delay; both ``delay`` and
                 ``deliver_at``; naive datetime; ``deliver_at`` before 2000-01-01 ("did
                 you mean seconds?"); due beyond ``max_delay_ms``; a ``delayq-`` header
-                name; a topic name Kafka refuses; a malformed ``delay_id``. Nothing is sent.
+                name; a topic name Kafka refuses; a malformed ``delay_id``; ``expire_after``
+                negative, with ``repeat``, or without a delay. Nothing is sent.
+            LevelNotFinalized: (a ValueError) ``expire_after``, and the cluster is not finalized
+                at feature level 2. Nothing is sent.
+            UnavailableError: ``expire_after``, and ZooKeeper did not answer whether the cluster is.
             RuntimeError: this machine's clock reads before 2000-01-01. Nothing is sent.
             BufferError: the local queue is full (``queue.buffering.max.messages``); poll and retry.
             KafkaException: as confluent-kafka's ``produce()``; for a delayed message
@@ -775,10 +825,13 @@ class Producer(confluent_kafka.Producer):
         """
         if callback is not None:  # confluent-kafka lets callback win when both are given
             on_delivery = callback
-        if delay_level is not None or repeat is not None:
-            due, options = self._writer.schedule(now_ms_of(_time_ns()), delay, deliver_at, delay_level, repeat)
+        if delay_level is not None or repeat is not None or expire_after is not None:
+            due, options = self._writer.schedule(now_ms_of(_time_ns()), delay, deliver_at, delay_level, repeat,
+                                                 expire_after)
             if due is None:  # level 0: no delay
                 return self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay_id=delay_id)
+            if expire_after is not None:
+                self._level_gate.require_level(EXPIRY_LEVEL, "expire_after")
             return self.produce_put(topic, value, key, partition, on_delivery, timestamp, headers, due=due,
                                     options=options, delay_id=delay_id)
         # Positional arguments in the order of cimpl's produce(topic, value, key, partition,
@@ -872,6 +925,7 @@ class Producer(confluent_kafka.Producer):
         deliver_at: datetime | int | None = None,
         delay_level: int | None = None,
         repeat: Every | Cron | None = None,
+        expire_after: float | timedelta | None = None,
     ) -> str:
         """Move a pending delayed message to a new due time, under the same id.
 
@@ -889,7 +943,7 @@ class Producer(confluent_kafka.Producer):
             delay: new delay from now, seconds or a timedelta.
             deliver_at: new due time, a timezone-aware datetime or epoch milliseconds
                 (at or after 2000-01-01, as in :meth:`produce`).
-            delay_level, repeat: as in :meth:`produce`; a series rescheduled with ``repeat``
+            delay_level, repeat, expire_after: as in :meth:`produce`; a series rescheduled with ``repeat``
                 starts again from occurrence 1, one rescheduled without it stops repeating.
 
         Returns:
@@ -901,7 +955,8 @@ class Producer(confluent_kafka.Producer):
         check_reschedule(delay_id, delay, deliver_at, delay_level, repeat)
         # With a delay, produce() returns the id it was given.
         self.produce(topic, value, key, partition, on_delivery, timestamp, headers, delay=delay,
-                     deliver_at=deliver_at, delay_id=delay_id, delay_level=delay_level, repeat=repeat)
+                     deliver_at=deliver_at, delay_id=delay_id, delay_level=delay_level, repeat=repeat,
+                     expire_after=expire_after)
         return delay_id
 
     def cancel(self, delay_id: str, on_delivery: Callable | None = None) -> None:

@@ -79,11 +79,10 @@ class Feeder:
         self.producer = Producer(settings.kafka_conf(**{"linger.ms": 5}))
 
     def put(self, topic: str, value: bytes | None, deliver_at_ms: int, *, key: bytes | None = None,
-            partition: int | None = None, headers: list | None = None, delay_id: str | None = None,
-            expires_at_ms: int | None = None) -> str:
+            partition: int | None = None, headers: list | None = None, delay_id: str | None = None) -> str:
         message = Envelope(delay_id=delay_id or new_delay_id(), topic=topic, deliver_at_ms=deliver_at_ms,
                            value=value, key=key, partition=partition, headers=list(headers or []),
-                           created_at_ms=now_ms(), partitioner="consistent_random", expires_at_ms=expires_at_ms)
+                           created_at_ms=now_ms(), partitioner="consistent_random")
         self.producer.produce(self.settings.buffer_topic, key=message.delay_id.encode(),
                               value=message.buffer_value(), headers=message.buffer_headers())
         return message.delay_id

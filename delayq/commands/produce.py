@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -24,16 +25,19 @@ if TYPE_CHECKING:
 _MIN_AT = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=MIN_DUE_MS)
 
 
-def parse_duration(text: str) -> timedelta:
-    """A duration in delayq's one grammar (delayq.clock): ``90``, ``250ms``, ``30s``, ``5m``, ``2h``, ``1d``, ``1w``.
+def duration_of(flag: str) -> Callable[[str], timedelta]:
+    """The argparse type of option ``flag``: a duration in delayq's one grammar (delayq.clock).
 
-    Raises:
-        argparse.ArgumentTypeError: anything else, with the accepted forms.
+    ``90``, ``250ms``, ``30s``, ``5m``, ``2h``, ``1d``, ``1w``; anything else raises
+    argparse.ArgumentTypeError naming ``flag``, with the accepted forms.
     """
-    try:
-        return timedelta(milliseconds=parse_duration_ms(text, "--delay"))
-    except UsageError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    def parse(text: str) -> timedelta:
+        try:
+            return timedelta(milliseconds=parse_duration_ms(text, flag))
+        except UsageError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
 
 
 def parse_at(text: str) -> datetime:
@@ -89,18 +93,21 @@ def register(subparsers) -> None:
                     "printed; with --every or --cron it repeats under that id until cancelled.")
     produce.add_argument("--topic", required=True, help="target topic")
     when = produce.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=parse_duration, help=f"hold it this long: {DURATION_FORMS}")
+    when.add_argument("--delay", type=duration_of("--delay"), help=f"hold it this long: {DURATION_FORMS}")
     when.add_argument("--at", dest="deliver_at", type=parse_at, metavar="ISO8601",
                       help="deliver at this time, with a timezone: 2026-12-01T09:00:00Z")
     when.add_argument("--level", dest="delay_level", type=int, metavar="N",
                       help="a delay level (RocketMQ-style: 1 to 18 by default, setting DELAYQ_DELAY_LEVELS)")
     repeat = produce.add_mutually_exclusive_group()
-    repeat.add_argument("--every", type=parse_duration, metavar="DURATION",
+    repeat.add_argument("--every", type=duration_of("--every"), metavar="DURATION",
                         help="repeat at this interval (the first at --delay/--at/--level, else one interval on)")
     repeat.add_argument("--cron", metavar="EXPRESSION", help="repeat at the matches of a five-field cron expression")
     produce.add_argument("--tz", default="UTC", help="the --cron expression's time zone (IANA name)")
     produce.add_argument("--times", type=int, help="repeat at most this many times in all")
     produce.add_argument("--until", type=parse_at, metavar="ISO8601", help="repeat with no occurrence after this")
+    produce.add_argument("--expire-after", type=duration_of("--expire-after"), metavar="DURATION",
+                         help="dead-letter it (reason expired) rather than deliver it later than this after its due "
+                              "time; needs the cluster's feature level 2 (delayq upgrade finalize)")
     produce.add_argument("--key", help="message key (UTF-8)")
     produce.add_argument("--header", dest="headers", action="append", type=parse_header, default=[],
                          metavar="NAME=VALUE", help="a header; repeat for more")
@@ -173,7 +180,7 @@ def _produce(args: argparse.Namespace) -> int:
         try:
             ids.append(producer.produce(args.topic, value, key, headers=args.headers or None, on_delivery=report,
                                         delay=args.delay, deliver_at=args.deliver_at, delay_level=args.delay_level,
-                                        repeat=repeat))
+                                        repeat=repeat, expire_after=args.expire_after))
         except (ValueError, TypeError) as err:
             # Input the producer refuses before sending (a topic name, a delay past the maximum,
             # a delayq- header): one line, exit 2, as the parser's own refusals.

@@ -8,6 +8,7 @@ import pytest
 from kafka_testing import create_topics, read_topic
 from service_testing import Feeder, now_ms
 
+import delayq
 from delayq import wire as env
 from delayq.wire import new_delay_id
 
@@ -147,10 +148,14 @@ def test_a_message_picked_after_its_expiry_is_dead_lettered_expired_and_one_in_t
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
     cluster.start("node-a")
+    # Through delayq.Producer: its gate reads the cluster's feature level (a new cluster starts at 2).
+    producer = delayq.Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster,
+                                "delayq.zk.connect": settings.zk_connect})
     # Fell due 10 s ago (a cluster outage, say) and may be at most 5 s late: too late now.
-    stale = feeder.put(target, b"stale reminder", now_ms() - 10_000, expires_at_ms=now_ms() - 5_000)
-    fresh = feeder.put(target, b"fresh reminder", now_ms() + 500, expires_at_ms=now_ms() + 60_000)
-    feeder.flush()
+    stale = producer.produce(target, b"stale reminder", deliver_at=now_ms() - 10_000, expire_after=5)
+    fresh = producer.produce(target, b"fresh reminder", delay=0.5, expire_after=60)
+    assert producer.flush(10) == 0
+    producer.close()
 
     delivered = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=2, timeout_s=15)
     assert [(header(r, env.ID).decode(), r.value()) for r in delivered] == [(fresh, b"fresh reminder")]
