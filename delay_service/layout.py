@@ -39,7 +39,10 @@ def ensure_layout(settings: Settings, zk: KazooClient, partitions: int) -> Shard
     """The cluster's shard layout, recorded from ``settings.shards`` if none is yet (a cluster's first init or node).
 
     A recorded layout is taken as it is, unless ``shards`` was set (DELAYQ_SHARDS, ``--shards``) to
-    another count: that is refused, since the count never changes.
+    another count: that is refused, since the count never changes. Whoever records a new
+    cluster's layout records its feature level too: the newest this code speaks, as Kafka's
+    ``metadata.version`` starts a new cluster at its newest (no node of an older release has
+    run there). A cluster with a layout and no level ran 0.1.0: nothing is recorded for it.
 
     Raises:
         ConfigurationError: the buffer's partition count is not a multiple of the shard count, or
@@ -48,7 +51,11 @@ def ensure_layout(settings: Settings, zk: KazooClient, partitions: int) -> Shard
     layout = Layout(zk, settings.zk_root)
     recorded = layout.read()
     planned = _planned(settings, layout, recorded, partitions)
-    return planned if recorded is not None else layout.ensure(planned)
+    if recorded is not None:
+        return planned
+    ensured = layout.ensure(planned)
+    Features(zk, settings.zk_root).record_new_cluster(FeatureRecord.of(SUPPORTED_LEVEL))
+    return ensured
 
 
 def _planned(settings: Settings, layout: Layout, recorded: ShardLayout | None, partitions: int) -> ShardLayout:
@@ -104,10 +111,7 @@ def ensure_shards(settings: Settings, *, check_only: bool = False) -> ClusterRec
                                      "`delayq init`")
         # init also protects a cluster created before it had credentials (election/access.py).
         ensure_cluster_root(zk, settings.zk_root, settings.zk_credentials, protect_existing=True)
-        new_cluster = layout.read() is None
         recorded = ensure_layout(settings, zk, partitions)
-        if new_cluster:
-            features.record_new_cluster(FeatureRecord.of(SUPPORTED_LEVEL))
         return ClusterRecords(recorded, features.read())
     finally:
         zk.stop()

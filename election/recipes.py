@@ -29,6 +29,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
 )
+from kazoo.protocol.states import WatchedEvent
 
 from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 from delayq.settings import Settings
@@ -223,11 +224,19 @@ class Features:
         self.client = client
         self.path = f"{root}/features"
 
-    def read(self) -> FinalizedLevel:
-        """The znode as it is now: its record, none, or why it is not a record."""
+    def read(self, changed: Callable[[WatchedEvent], None] | None = None) -> FinalizedLevel:
+        """The znode as it is now: its record, none, or why it is not a record.
+
+        ``changed``: a one-shot watch, called (from kazoo's event thread) at the next change of
+        the znode (created, set, deleted).
+        """
         try:
-            data, stat = self.client.get(self.path)
+            data, stat = self.client.get(self.path, watch=changed)
         except NoNodeError:
+            # get() sets no watch on a znode that is not there; exists() does, for its creation. Created
+            # in between, it is read again.
+            if self.client.exists(self.path, watch=changed) is not None:
+                return self.read(changed)
             return FinalizedLevel.of(self.path, None, None)
         return FinalizedLevel.of(self.path, data, stat.version)
 
@@ -257,15 +266,6 @@ class Features:
             raise ConcurrentFinalize(f"the feature level at {self.path} changed while this finalize ran (another "
                                      "`delayq upgrade finalize`?): run `delayq upgrade status`, then finalize again "
                                      "if it is still needed") from None
-
-    def watch(self, on_change: Callable[[FinalizedLevel], None]) -> None:
-        """Call ``on_change`` now and whenever the znode changes, across reconnections (from kazoo's event thread:
-        do not block)."""
-
-        def changed(data: bytes | None, stat, _event=None) -> None:
-            on_change(FinalizedLevel.of(self.path, data, stat.version if stat is not None else None))
-
-        self.client.DataWatch(self.path, changed)
 
 
 class DuplicateNodeId(DelayqError):

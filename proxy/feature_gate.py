@@ -2,10 +2,13 @@
 
 A request that needs a level above 1 (a frame option of a newer level, delayq/features.py) is
 checked against the level recorded in ZooKeeper (``<zk_root>/features``): read the first time
-such a request comes, then followed by a DataWatch, so a ``delayq upgrade finalize`` is seen
-without restarting the producer. Requests of level 1, all 0.1.0 knew, never reach ZooKeeper:
-a producer without ZooKeeper access works as before. A level once seen is only ever raised,
-so while ZooKeeper is away the gate keeps the last level it saw, which is never too high.
+such a request comes, with a one-shot watch that marks the reading stale when the znode
+changes (or the session is lost), so a ``delayq upgrade finalize`` is seen by the next such
+request without restarting the producer. Requests of level 1, all 0.1.0 knew, never reach
+ZooKeeper: a producer without ZooKeeper access works as before. A finalized level is never
+lowered, so a level once seen lets its requests through without asking again, even while
+ZooKeeper is away. (Not a kazoo DataWatch: its worker retries a read without end while the
+client stops, and the producer's close() hung joining it.)
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ class FeatureGate:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()  # one connection, whichever thread asks first
         self._client: KazooClient | None = None
-        self._finalized: FinalizedLevel | None = None  # replaced by the watch, from kazoo's event thread
+        self._finalized: FinalizedLevel | None = None  # the last reading
+        # Set by the one-shot watch (kazoo's event thread) when the znode changed after the last reading.
+        self._stale = False
 
     def require_level(self, level: int, what: str) -> None:
         """Let a request that needs feature ``level`` through, or refuse it before anything is sent.
@@ -81,20 +86,24 @@ class FeatureGate:
         with self._lock:
             client, self._client, self._finalized = self._client, None, None
         if client is not None:
-            client.stop()
-            client.close()
+            _stop(client)
 
     def _finalized_level(self, level: int, what: str) -> FinalizedLevel:
-        found = self._finalized
-        if found is None:
-            with self._lock:
-                found = self._finalized
-                if found is None:
-                    found = self._follow(level, what)
-        return found
+        with self._lock:
+            seen = self._finalized
+            if seen is not None and seen.level is not None and seen.level >= level:
+                return seen  # levels only rise: no need to ask again
+            if seen is None or self._stale:
+                seen = self._finalized = self._read(level, what)
+            return seen
 
-    def _follow(self, level: int, what: str) -> FinalizedLevel:
-        """Connect, read the ``features`` znode and watch it (the watch keeps the reading current); the reading."""
+    def _read(self, level: int, what: str) -> FinalizedLevel:
+        """Read the ``features`` znode (connecting the first time) and watch it for its next change; the reading.
+
+        Raises:
+            UnavailableError: ZooKeeper did not answer (the next request connects again).
+        """
+        from kazoo.client import KazooState
         from kazoo.exceptions import KazooException
 
         from delayq.election import Features, connect_for
@@ -102,21 +111,26 @@ class FeatureGate:
         settings = self._settings
         unanswered = (f"{what} needs feature level {level}, and whether cluster {settings.cluster} is finalized at "
                       "it is recorded in ZooKeeper, which did not answer")
+        if self._client is None:
+            try:
+                self._client = connect_for(settings, timeout_s=self._timeout_s)
+            except UnavailableError as err:
+                raise UnavailableError(f"{unanswered}: {err}") from err
+            # A new session has none of the old one's watches: what changed meanwhile went unseen.
+            self._client.add_listener(lambda state: self._changed() if state == KazooState.LOST else None)
+        self._stale = False
         try:
-            client = connect_for(settings, timeout_s=self._timeout_s)
-        except UnavailableError as err:
-            raise UnavailableError(f"{unanswered}: {err}") from err
-        features = Features(client, settings.zk_root)
-        try:
-            found = features.read()
-            features.watch(self._saw)
+            return Features(self._client, settings.zk_root).read(lambda _event: self._changed())
         except KazooException as err:
-            client.stop()
-            client.close()
+            client, self._client = self._client, None
+            _stop(client)
             raise UnavailableError(f"{unanswered}: {str(err) or type(err).__name__}") from err
-        self._client = client
-        return found
 
-    def _saw(self, finalized: FinalizedLevel) -> None:
-        # kazoo's event thread: one assignment, no lock (a reader takes whichever reading is there).
-        self._finalized = finalized
+    def _changed(self) -> None:
+        # kazoo's event thread: one assignment, no lock; the next request that needs it reads again.
+        self._stale = True
+
+
+def _stop(client: KazooClient) -> None:
+    client.stop()
+    client.close()

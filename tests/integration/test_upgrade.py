@@ -59,7 +59,9 @@ def test_init_records_the_newest_level_on_a_new_cluster_and_nothing_on_one_that_
 
 
 def test_finalize_is_refused_while_a_node_of_0_1_0_is_registered_and_accepted_once_it_is_gone(settings, tmp_path, zk):
-    cluster = Cluster(settings, tmp_path)  # no `delayq init`: the node records the layout, as on a cluster of 0.1.0
+    # A cluster that ran 0.1.0: its layout recorded, no feature level.
+    zk.create(f"{settings.zk_root}/layout", ShardLayout(1, settings.buffer_partitions).to_json(), makepath=True)
+    cluster = Cluster(settings, tmp_path)
     old_node = connect_for(settings, timeout_s=10)
     try:
         cluster.start("node-new")
@@ -99,6 +101,14 @@ def test_finalize_is_refused_while_a_node_of_0_1_0_is_registered_and_accepted_on
         old_node.stop()
         old_node.close()
         cluster.close()
+
+
+def test_the_first_node_of_a_cluster_no_init_set_up_records_the_newest_level(settings, tmp_path, zk):
+    Cluster(settings, tmp_path).start("node-first")
+
+    finalized = Features(zk, settings.zk_root).read()
+    assert finalized.level == SUPPORTED_LEVEL and finalized.record is not None
+    assert finalized.record.finalized_by == __version__
 
 
 def test_a_producers_gate_sees_a_finalize_without_restarting(settings, zk):

@@ -59,27 +59,48 @@ def test_a_request_above_the_finalized_level_is_refused_in_one_line_with_the_fix
                                   "level 1: upgrade every node to delayq 0.2.0 or later, then run `delayq upgrade "
                                   "finalize`")
     [client] = connections
-    assert client.DataWatch.call_args.args[0] == PATH
+    assert client.exists.call_args.args[0] == PATH and client.exists.call_args.kwargs["watch"] is not None, \
+        "a watch on the znode's creation"
 
 
-def test_the_level_is_read_once_and_then_followed_by_the_watch(connections, znodes):
+def test_a_level_seen_is_not_asked_again_levels_only_rise(connections, znodes):
     znodes[PATH] = LEVEL_2.to_json()
     gate = FeatureGate(SETTINGS)
     gate.require_level(2, "expires=")
     gate.require_level(2, "expires=")
-    assert len(connections) == 1
+    [client] = connections
+    assert client.get.call_count == 1
 
 
 def test_a_finalize_is_seen_through_the_watch_without_a_new_producer(connections, znodes):
     gate = FeatureGate(SETTINGS)
     with pytest.raises(LevelNotFinalized):
         gate.require_level(2, "expires=")
+    with pytest.raises(LevelNotFinalized):
+        gate.require_level(2, "expires=")
     [client] = connections
-    _, changed = client.DataWatch.call_args.args
+    assert client.exists.call_count == 1, "unchanged: the reading stands until the watch says otherwise"
+    changed = client.exists.call_args.kwargs["watch"]
     znodes[PATH] = LEVEL_2.to_json()
-    changed(*client.get(PATH))  # ZooKeeper's notice of the finalize
+    changed(object())  # ZooKeeper's notice of the finalize (its WatchedEvent)
     gate.require_level(2, "expires=")
     assert len(connections) == 1
+
+
+def test_a_lost_session_makes_the_next_request_read_again(connections, znodes):
+    from kazoo.client import KazooState
+
+    gate = FeatureGate(SETTINGS)
+    with pytest.raises(LevelNotFinalized):
+        gate.require_level(2, "expires=")
+    [client] = connections
+    [listener] = [call.args[0] for call in client.add_listener.call_args_list]
+    znodes[PATH] = LEVEL_2.to_json()
+    listener(KazooState.SUSPENDED)
+    with pytest.raises(LevelNotFinalized):
+        gate.require_level(2, "expires=")
+    listener(KazooState.LOST)  # its watches went with the session
+    gate.require_level(2, "expires=")
 
 
 def test_a_damaged_record_refuses_what_needs_a_higher_level_saying_why(connections, znodes):
