@@ -928,7 +928,8 @@ class Delivery:
             else:
                 self._write_done(delay_id, pending)
         self._commit_transaction(term, [delay_id for delay_id, _, _ in writes])
-        self.log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done)", len(writes))
+        self.log.info("repaired %d shadowed ids in the buffer (a reschedule raced a done, or a write was appended "
+                      "twice)", len(writes))
 
     def _transaction(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
         producer = self._txn_producer()
