@@ -133,13 +133,18 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 @dataclass
 class NodeProcess:
-    """One ``delayq node`` child process with its own data folder and HTTP port."""
+    """One ``delayq node`` child process with its own data folder and HTTP port.
+
+    ``python``: the interpreter whose delayq runs the node; another environment's (a release's, see
+    delayq.release_env) runs that version on the same data folder and settings.
+    """
 
     settings: Settings
     node_id: str
     data_dir: Path
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    python: str = sys.executable
 
     def start(self) -> NodeProcess:
         env = {**os.environ, **settings_env(self.settings), "DELAYQ_NODE_ID": self.node_id,
@@ -147,7 +152,9 @@ class NodeProcess:
                "DELAYQ_HTTP_HOST": "127.0.0.1"}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")  # noqa: SIM115 - the child's, kept open
-        self.process = subprocess.Popen([sys.executable, "-m", "delayq", "node"], env=env,
+        # Run in the node's own folder: `python -m` puts the working folder first on sys.path, and a release's
+        # python started in this checkout would import this checkout's delayq instead of its own.
+        self.process = subprocess.Popen([self.python, "-m", "delayq", "node"], env=env, cwd=self.data_dir.parent,
                                         stdout=self.log, stderr=subprocess.STDOUT)
         return self
 
@@ -248,8 +255,9 @@ class LocalCluster:
         if create_topics:
             ensure_topics(settings)
 
-    def start(self, node_id: str, *, wait: bool = True) -> NodeProcess:
-        node = NodeProcess(self.settings, node_id, self.root / node_id / "data").start()
+    def start(self, node_id: str, *, wait: bool = True, python: str = sys.executable) -> NodeProcess:
+        """Start ``node_id`` on its data folder (the one it had if it ran before), run by ``python``'s delayq."""
+        node = NodeProcess(self.settings, node_id, self.root / node_id / "data", python=python).start()
         self.nodes[node_id] = node
         if wait:
             node.wait_ready()
