@@ -51,7 +51,7 @@ from delayq import wire
 from delayq.clock import now_ms
 from delayq.errors import DelayqError
 from delayq.settings import KAFKA_LOGGER
-from delayq.store import producer_write
+from delayq.store import pack_producer_write
 from delayq.wire import OP_CANCEL, MalformedRecord, NewerLevelRecord, parse_buffer_record, write_digest
 
 from . import stored
@@ -285,7 +285,8 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
 def _written(partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None,
              headers: wire.Headers | None) -> bytes:
     """A producer write's identity, by which the store knows a copy of it."""
-    return producer_write(partition, offset, timestamp_ms, write_digest(key, value, headers))
+    return pack_producer_write(partition, offset, timestamp_ms if timestamp_ms > 0 else 0,
+                               write_digest(key, value, headers))
 
 
 def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers | None,

@@ -5,6 +5,7 @@ Public surface::
     from delayq.store import TimeIndex, StoreOptions, Put, Remove, Malformed, MalformedEntry, StoredEntry, ApplyResult
     from delayq.store import StoreError, StoreFormatError
     from delayq.store import producer_write  # a producer's put or cancel, to apply a copy of it once
+    from delayq.store import pack_producer_write  # the same, unchecked: ingest's reader
 """
 
 from .options import StoreOptions
@@ -19,6 +20,7 @@ from .time_index import (
     StoreFormatError,
     StoreOp,
     TimeIndex,
+    pack_producer_write,
     producer_write,
 )
 
@@ -34,5 +36,6 @@ __all__ = [
     "StoreOptions",
     "StoredEntry",
     "TimeIndex",
+    "pack_producer_write",
     "producer_write",
 ]

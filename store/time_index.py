@@ -122,6 +122,11 @@ def producer_write(partition: int, offset: int, timestamp_ms: int, digest: bytes
     return _written.pack(partition, offset, max(timestamp_ms, 0), digest)
 
 
+# Ingest's reader packs what it has parsed by the wire contract already: unchecked (as ingest builds
+# the ops themselves with tuple.__new__), a timestamp below 0 given as 0.
+pack_producer_write = _written.pack
+
+
 def _check_written(written: object) -> None:
     if written is not None and (not isinstance(written, bytes) or len(written) != _written.size):
         raise ValueError(f"written must be None or producer_write(...)'s {_written.size} bytes, got {written!r:.40}")
