@@ -189,6 +189,7 @@ _CODE_MEANING = {
     "bad-partition": "undeliverable: the target partition does not exist",
     "rejected": "undeliverable: Kafka refused the record (too large, ...)",
     "forbidden-topic": "undeliverable: the target is not in target_topics, or is delayq's or Kafka's own topic",
+    "expired": "undeliverable: picked for delivery after its expires= time (the producer's expire_after)",
     "wrong-partition": "malformed: not on its id's buffer partition",
     "bad-id": "malformed: no key, or a key that is not a delay id",
     "bad-frame": "malformed: the put's frame line does not parse",
