@@ -104,7 +104,11 @@ def test_finalize_is_refused_while_a_node_of_0_1_0_is_registered_and_accepted_on
 
 
 def test_the_first_node_of_a_cluster_no_init_set_up_records_the_newest_level(settings, tmp_path, zk):
-    Cluster(settings, tmp_path).start("node-first")
+    cluster = Cluster(settings, tmp_path)
+    try:
+        cluster.start("node-first")
+    finally:
+        cluster.close()
 
     finalized = Features(zk, settings.zk_root).read()
     assert finalized.level == SUPPORTED_LEVEL and finalized.record is not None
