@@ -712,9 +712,12 @@ class Delivery:
                 return 0
             outgoing, dead = self._route(entries or [], now)
         if released:
-            fresh = [item for item in released if not _expired(item.pending.message, now)]
-            if len(fresh) < len(released):
-                dead.extend(_expiry(item, now) for item in released if _expired(item.pending.message, now))
+            fresh = []
+            for item in released:  # an expiry that passed while the message waited for its dispatch limit
+                if _expired(item.pending.message, now):
+                    dead.append(_expiry(item, now))
+                else:
+                    fresh.append(item)
             outgoing = fresh + outgoing
         self._commit(term, outgoing, dead)
         return len(outgoing)
