@@ -305,9 +305,10 @@ def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers 
 
 def _frame(positions: list[tuple[int, int]], batch: Batch | None,
            held: Mapping[int, tuple[int, int]] | None = None) -> bytes:
+    # A batch's own ``held`` stays in the reader (it pauses those partitions): the frame says them all.
     fields = None if batch is None else (
         {k: (b.ops, b.offsets, b.settled, b.earliest_put) for k, b in batch.shards.items()}, batch.counts,
-        batch.records, batch.held)
+        batch.records)
     return marshal.dumps((positions, fields, dict(held or {})))
 
 
@@ -323,9 +324,9 @@ def _unframe(data: bytes) -> Frame:
     positions, batch, held = loaded
     if batch is None:
         return Frame(dict(positions), None, held)
-    shards, counts, records, batch_held = batch
+    shards, counts, records = batch
     return Frame(dict(positions), Batch({shard: ShardBatch(*fields) for shard, fields in shards.items()}, counts,
-                                        records, batch_held), held)
+                                        records), held)
 
 
 def read(config: ReaderConfig, connection: Connection) -> None:
