@@ -73,6 +73,8 @@ class ShardMetrics:
     partition_marks: Counter
     write_copies: Counter
     rebuilds: _Labelled  # still wants .labels(reason)
+    migrations: Counter
+    store_format: Gauge
 
 
 class NodeMetrics:
@@ -110,6 +112,11 @@ class NodeMetrics:
                                     "(see delayq.wire.COPY_WINDOW_MS)", ["shard"], registry=r)
         self.rebuilds = Counter("delayq_store_rebuilds", "times a shard's store was wiped and rebuilt",
                                 ["reason", "shard"], registry=r)
+        self.migrations = Counter("delayq_store_migrations", "times a shard's store was migrated in place to a newer "
+                                  "store format (delayq.store; a cluster finalized at a feature level with a new "
+                                  "store format), instead of being rebuilt from the buffer", ["shard"], registry=r)
+        self.store_format = Gauge("delayq_store_format", "the store format of the shard's store (4: delayq 0.1.0's; "
+                                  "5: feature level 2's)", ["shard"], registry=r)
         self.awaiting_upgrade = Gauge("delayq_partitions_awaiting_upgrade", "buffer partitions this node stopped "
                                       "reading at a record of a feature level above its own (delayq.features): "
                                       "what follows there waits until the node is upgraded", registry=r)
@@ -124,13 +131,14 @@ class NodeMetrics:
             self.malformed_waiting.labels(label), self.pending.labels(label), self.buffer_lag.labels(label),
             self.lateness, self.is_master.labels(label), self.epoch.labels(label), self.elections.labels(label),
             self.held_partitions.labels(label), self.partition_marks.labels(label), self.write_copies.labels(label),
-            _Labelled(self.rebuilds, label))
+            _Labelled(self.rebuilds, label), self.migrations.labels(label), self.store_format.labels(label))
 
     def forget_shard(self, shard: int) -> None:
         """Drop the series of a shard this node no longer holds (its counters start again at 0 if it comes back)."""
         label = str(shard)
         for metric in (self.delivered, self.malformed_waiting, self.pending, self.buffer_lag, self.is_master,
-                       self.epoch, self.elections, self.held_partitions, self.partition_marks, self.write_copies):
+                       self.epoch, self.elections, self.held_partitions, self.partition_marks, self.write_copies,
+                       self.store_format):
             try:
                 metric.remove(label)
             except KeyError:

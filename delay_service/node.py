@@ -40,6 +40,7 @@ from delayq.election import (
     ensure_cluster_root,
 )
 from delayq.errors import ConfigurationError
+from delayq.features import SUPPORTED_LEVEL, UNRECORDED_LEVEL, feature_level
 from delayq.settings import Settings
 from delayq.store import StoredEntry, StoreError, StoreFormatError, StoreOptions, TimeIndex
 
@@ -59,7 +60,7 @@ log = logging.getLogger("delayq.node")
 class RebuildReason(enum.StrEnum):
     """Why a node wiped its store and read the buffer again: the label of delayq_store_rebuilds_total."""
 
-    FORMAT = "format"                    # the store is of another format (an upgrade)
+    FORMAT = "format"                    # two or more store formats old (or newer): no in-place migration
     TOPIC_RECREATED = "topic-recreated"  # the buffer topic has another id than the store was built from
     STALE = "stale"                      # away longer than delete.retention.ms: tombstones may be gone
     OFFSETS_AHEAD = "offsets-ahead"      # a stored offset is past the topic's end: the topic was recreated
@@ -77,6 +78,8 @@ MASTERLESS_S = 2.0
 DROP_WAIT_S = 10.0
 # A loop failing this long makes the node not ready (a blip of one retry does not).
 FAILING_NOT_READY_S = 2.0
+# How often the placement reads the cluster's finalized feature level: a finalize migrates the stores within it.
+FOLLOW_LEVEL_EVERY_S = 5.0
 
 
 class Seat:
@@ -148,6 +151,11 @@ class Node:
         self.place_soon = threading.Event()
         # Whether Kafka can take acknowledged writes where this node writes (enough in-sync replicas).
         self.insync = InSyncWatch(settings, self._written_partitions)
+        # The store format of the cluster's finalized level (delayq.features): new stores are made in it, older
+        # ones migrated to it in place. Until the cluster is finalized above level 1 it is 0.1.0's, so that a node
+        # can go back to 0.1.0 on its data directory.
+        self.store_format = feature_level(UNRECORDED_LEVEL).store_format
+        self._level_read_at = 0.0  # monotonic s
 
     # -- lifecycle -------------------------------------------------------
 
@@ -188,6 +196,7 @@ class Node:
         # A node with wrong or missing credentials exits here, with one line, before it touches the cluster.
         ensure_cluster_root(self.zk, s.zk_root, s.zk_credentials, protect_existing=False)
         self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
+        self._follow_level()  # after ensure_layout, which records a new cluster's level
         self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
                                             compaction_lag_ms=self.info.min_compaction_lag_ms)
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
@@ -280,6 +289,8 @@ class Node:
                 continue  # nothing to decide on without the membership; terms ended with the session anyway
             try:
                 self.place()
+                if time.monotonic() - self._level_read_at >= FOLLOW_LEVEL_EVERY_S:
+                    self._follow_level()
             except KazooException as err:
                 log.info("placement: ZooKeeper did not answer (%s); trying again", str(err) or type(err).__name__)
             except KafkaException as err:  # a store taken checks the buffer's end offsets
@@ -378,6 +389,37 @@ class Node:
         self.metrics.shards_held.set(len(self.seats))
         log.info("holding shards %s (took %s, dropped %s)", sorted(self.seats), gained or "none", dropped or "none")
 
+    def _follow_level(self) -> None:
+        """Read the cluster's finalized level; when it brings a newer store format, migrate the stores held to it.
+
+        Raises:
+            KazooException: ZooKeeper did not answer.
+            StoreError: a store could not be migrated (it stays of its format; the next reading tries again).
+        """
+        self._level_read_at = time.monotonic()
+        level = Features(self.zk, self.settings.zk_root).read().level
+        # A damaged record says nothing (logged at start); a level above this node's is refused at its start.
+        if level is None or level > SUPPORTED_LEVEL:
+            return
+        wanted = feature_level(level).store_format
+        if wanted <= self.store_format:
+            return
+        log.info("cluster %s is finalized at feature level %d: store format %d from now on", self.settings.cluster,
+                 level, wanted)
+        self.store_format = wanted
+        for seat in list(self.seats.values()):
+            started = time.monotonic()
+            found = seat.store.upgrade_format(wanted)
+            if found is not None:
+                self._migrated(seat.shard, seat.store, found, time.monotonic() - started)
+
+    def _migrated(self, shard: int, store: TimeIndex, found: int, took_s: float) -> None:
+        log.info("store %s migrated in place from store format %d to %d in %.2fs (no rebuild)", store.path, found,
+                 store.store_format, took_s)
+        shard_metrics = self.metrics.shard(shard)
+        shard_metrics.migrations.inc()
+        shard_metrics.store_format.set(store.store_format)
+
     def _finish_closing(self, wait_s: float = 0.0) -> None:
         """Close and delete the stores of dropped seats whose loops have ended (waiting up to ``wait_s`` each)."""
         for shard, seat in list(self._closing.items()):
@@ -415,15 +457,20 @@ class Node:
         options = StoreOptions(block_cache_mb=self.settings.store_block_cache_mb,
                                write_buffer_mb=self.settings.store_write_buffer_mb,
                                sync_writes=self.settings.store_sync_writes)
-        rebuilds = self.metrics.shard(shard).rebuilds
+        shard_metrics = self.metrics.shard(shard)
+        rebuilds = shard_metrics.rebuilds
+        started = time.monotonic()
         try:
-            store = TimeIndex(path, options)
+            store = TimeIndex(path, options, store_format=self.store_format)
         except StoreFormatError as err:
-            # The store is a view of the buffer: a store of another form is rebuilt, not migrated.
+            # Two or more formats old (or newer): the store is a view of the buffer, rebuilt from it.
             log.warning("store %s will be rebuilt from the buffer: %s", path, err)
             rebuilds.labels(RebuildReason.FORMAT.value).inc()
             TimeIndex.destroy(path)
-            store = TimeIndex(path, options)
+            store = TimeIndex(path, options, store_format=self.store_format)
+        if store.found_format != store.store_format:
+            self._migrated(shard, store, store.found_format, time.monotonic() - started)
+        shard_metrics.store_format.set(store.store_format)
         try:
             # Kafka may not answer here (a broker restarting): the store must not stay open, locked,
             # behind the error, or the next attempt to take the shard would find it locked.
@@ -434,7 +481,7 @@ class Node:
                 rebuilds.labels(code.value).inc()
                 store.close()
                 TimeIndex.destroy(path)
-                store = TimeIndex(path, options)
+                store = TimeIndex(path, options, store_format=self.store_format)
             store.set_meta(META_TOPIC_ID, info.topic_id.encode())
         except BaseException:
             store.close()

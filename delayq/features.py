@@ -28,6 +28,7 @@ class FeatureLevel:
     level: int
     release: str
     frame_options: tuple[str, ...]
+    store_format: int  # the format of the nodes' stores at this level (delayq.store; a node migrates in place)
     adds: str
 
 
@@ -35,12 +36,13 @@ LEVELS: tuple[FeatureLevel, ...] = (
     FeatureLevel(
         1, "0.1.0",
         ("partition", "partitioner", "value=null", "restores", "every", "multiplier", "cron", "tz", "times", "until",
-         "occurrence", "follows", "cutoff", "attempt"),
+         "occurrence", "follows", "cutoff", "attempt"), 4,
         "the wire and store of 0.1.0: every frame option it reads, stored form 4, store format delayq-time-index-4"),
     FeatureLevel(
-        2, "0.2.0", ("level", "expires"),
-        "frame option level=N (a frame that uses an option above level 1 says the level it needs) and "
-        "expires=<epoch ms>"),
+        2, "0.2.0", ("level", "expires"), 5,
+        "frame option level=N (a frame that uses an option above level 1 says the level it needs), "
+        "expires=<epoch ms> (stored form 5), store format 5 (the producer writes of copy detection in a column "
+        "family of their own; migrated in place when the level is finalized)"),
 )
 
 # The highest level this code speaks: what a new cluster starts at, and what its nodes register.

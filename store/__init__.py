@@ -4,12 +4,15 @@ Public surface::
 
     from delayq.store import TimeIndex, StoreOptions, Put, Remove, Malformed, MalformedEntry, StoredEntry, ApplyResult
     from delayq.store import StoreError, StoreFormatError
+    from delayq.store import OLDEST_FORMAT, NEWEST_FORMAT  # the store formats this code opens (4 migrates to 5)
     from delayq.store import producer_write  # a producer's put or cancel, to apply a copy of it once
     from delayq.store import pack_producer_write  # the same, unchecked: ingest's reader
 """
 
 from .options import StoreOptions
 from .time_index import (
+    NEWEST_FORMAT,
+    OLDEST_FORMAT,
     ApplyResult,
     Malformed,
     MalformedEntry,
@@ -25,6 +28,8 @@ from .time_index import (
 )
 
 __all__ = [
+    "NEWEST_FORMAT",
+    "OLDEST_FORMAT",
     "ApplyResult",
     "Malformed",
     "MalformedEntry",

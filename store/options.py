@@ -1,6 +1,6 @@
 """RocksDB tuning of the time index, in one small class with typed defaults.
 
-The store has four column families with different access patterns (docs/DESIGN.md,
+The store has four column families (five from store format 5) with different access patterns (docs/DESIGN.md,
 "Store"), so each gets its own options, built here from one :class:`StoreOptions`.
 """
 
@@ -20,6 +20,8 @@ TIME_CF = "time"
 IDS_CF = "ids"
 OFFSETS_CF = "offsets"
 META_CF = "meta"
+# Store format 5 on (store/time_index.py): the producer writes of the last minutes, for copy detection.
+WRITTEN_CF = "written"
 COLUMN_FAMILIES = (TIME_CF, IDS_CF, OFFSETS_CF, META_CF)
 
 _COMPRESSIONS = {
@@ -43,9 +45,9 @@ _DELETION_RATIO = 0.5
 # Offsets hold a handful of keys rewritten on every batch: a small memtable is plenty,
 # and it keeps the WAL from being pinned by a column family that never fills.
 _SMALL_CF_WRITE_BUFFER = 1 << 20
-# Meta holds, besides its handful of keys, the producer writes of the last minutes (about 40
-# bytes each, sys/written/): a memtable of a couple of hundred thousand.
-_META_CF_WRITE_BUFFER = 8 << 20
+# The producer writes of the last minutes (about 40 bytes each; in meta's sys/written/ in store
+# format 4, in the written family from format 5): a memtable of a couple of hundred thousand.
+_WRITTEN_WRITE_BUFFER = 8 << 20
 
 # Time-index blocks are read front to back by due(), so larger blocks mean fewer
 # block fetches per scan and better compression of neighbouring payloads; the id
@@ -140,13 +142,13 @@ class StoreOptions:
         # it the WAL holds only set_meta's rare writes; TimeIndex.flush bounds a crash's loss.)
         opts.set_max_total_wal_size(4 * self.write_buffer_mb << 20)
         # Batches skip the WAL (``wal``), so what survives a crash is what was flushed: all
-        # four column families flush together, and each flush holds whole batches, so the
+        # column families flush together, and each flush holds whole batches, so the
         # offsets on disk always say which buffer records the entries on disk reflect.
         opts.set_atomic_flush(True)
         return opts
 
     def column_families(self) -> dict[str, rocksdict.Options]:
-        """Options of each delayq column family, all sharing one block cache."""
+        """Options of each column family of any delayq store format, all sharing one block cache."""
         cache = rocksdict.Cache(self.block_cache_mb << 20)
 
         time_opts = self._cf_options(cache, block_size=_TIME_BLOCK_SIZE, bloom=False)
@@ -169,10 +171,13 @@ class StoreOptions:
         offsets_opts = self._cf_options(cache, block_size=None, bloom=False)
         offsets_opts.set_write_buffer_size(_SMALL_CF_WRITE_BUFFER)
         # A producer write is looked up once, nearly always a miss (a copy is rare): a bloom
-        # filter answers those without reading a block.
+        # filter answers those without reading a block. (Meta holds them too in store format 4.)
         meta_opts = self._cf_options(cache, block_size=None, bloom=True)
-        meta_opts.set_write_buffer_size(_META_CF_WRITE_BUFFER)
-        return {TIME_CF: time_opts, IDS_CF: ids_opts, OFFSETS_CF: offsets_opts, META_CF: meta_opts}
+        meta_opts.set_write_buffer_size(_WRITTEN_WRITE_BUFFER)
+        written_opts = self._cf_options(cache, block_size=None, bloom=True)
+        written_opts.set_write_buffer_size(_WRITTEN_WRITE_BUFFER)
+        return {TIME_CF: time_opts, IDS_CF: ids_opts, OFFSETS_CF: offsets_opts, META_CF: meta_opts,
+                WRITTEN_CF: written_opts}
 
     def _cf_options(self, cache: rocksdict.Cache, *, block_size: int | None, bloom: bool) -> rocksdict.Options:
         table = rocksdict.BlockBasedOptions()

@@ -11,12 +11,17 @@ Layout, one column family each:
 - ``meta``: ``sys/...`` for the store's own bookkeeping (format, pending count, last
   ingest time, ``sys/shadowed/<id>`` marks, ``sys/malformed/<partition><offset>``
   records waiting to be dead-lettered, ``sys/newest/<partition>`` the newest record
-  time read there, ``sys/written/<time><digest>`` -> partition and offset, the
-  producer writes of the last ``COPY_WINDOW_MS`` or so, so that a write a client
-  library appended twice is applied once: :func:`producer_write`) and ``user/<name>``
-  for :meth:`TimeIndex.set_meta`. (In meta, not a column family of their own: a store
-  with a family an older delayq does not name would not open there, and a node rolled
-  back to it would have to rebuild.)
+  time read there) and ``user/<name>`` for :meth:`TimeIndex.set_meta`.
+- ``written`` (store format 5 on): ``<time><digest>`` -> partition and offset, the producer
+  writes of the last ``COPY_WINDOW_MS`` or so, so that a write a client library appended
+  twice is applied once (:func:`producer_write`). Store format 4 keeps them in meta, under
+  ``sys/written/``.
+
+Store formats: a store records its format in meta (``sys/format``). This code opens format 4
+and 5, creates a new store in the format it is given (the node gives the one of the cluster's
+finalized feature level, delayq/features.py), and migrates a format-4 store to 5 in place
+(:meth:`TimeIndex.upgrade_format`). An older store is refused with :class:`StoreFormatError`:
+the node rebuilds it from the buffer and says why.
 
 The store is a view of the buffer topic: every change arrives through :meth:`TimeIndex.apply`
 together with the buffer offsets that produced it, in one WriteBatch.
@@ -44,22 +49,36 @@ import rocksdict
 from delayq.errors import DelayqError
 from delayq.wire import COPY_WINDOW_MS
 
-from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, StoreOptions
+from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, WRITTEN_CF, StoreOptions
 
 MAX_DELIVER_AT_MS = 2**63 - 1
 _MAX_PARTITION = 2**31 - 1
 
+# Store formats, in sys/format as b"delayq-time-index-<n>":
 # 3: malformed records are kept (sys/malformed/) and ingest enforces the wire contract's partition,
-# id and due-time rules; a store ingested under older rules is rebuilt rather than trusted.
-# 4: stored values of form 4 (delay_service/stored.py: a repeating message's schedule, a retry's attempt).
-_FORMAT = b"delayq-time-index-4"
+#    id and due-time rules; a store ingested under older rules is rebuilt rather than trusted.
+# 4: stored values of form 4 (delay_service/stored.py: a repeating message's schedule, a retry's
+#    attempt). delayq 0.1.0's. From 0.2.0 on also stored form 5 (an expiring message), written only
+#    at feature level 2, and the producer writes in meta (sys/written/).
+# 5: the producer writes in a column family of their own (written): their churn and range deletes
+#    stay out of the meta family that every open reads, and delayq 0.1.0, which opens only format
+#    4's families, refuses such a store instead of rebuilding it (a node rolled back after finalizing
+#    would dead-letter frames of level 2). Feature level 2's store format: until the cluster is
+#    finalized at 2 a node keeps format 4, so that it can go back to 0.1.0 on its data directory.
+OLDEST_FORMAT = 4  # the oldest format this code opens; older ones have no in-place migration
+NEWEST_FORMAT = 5
+_FAMILIES = {4: COLUMN_FAMILIES, 5: (*COLUMN_FAMILIES, WRITTEN_CF)}
+_FORMAT_MARKER = b"delayq-time-index-"
 _META_FORMAT = b"sys/format"
 _META_PENDING = b"sys/pending"
 _META_LAST_INGEST = b"sys/last_ingest_ms"
 _META_SHADOWED = b"sys/shadowed/"
 _META_MALFORMED = b"sys/malformed/"
 _META_NEWEST = b"sys/newest/"
-_META_WRITTEN = b"sys/written/"
+_META_WRITTEN = b"sys/written/"  # store format 4's place of the producer writes
+_META_WRITTEN_END = b"sys/written0"  # the first key after them ("/" + 1)
+# Producer writes moved to the written family per batch by a migration (a batch of ~1 MB).
+_MIGRATE_BATCH = 20_000
 _USER_META = b"user/"
 
 
@@ -68,7 +87,21 @@ class StoreError(DelayqError):
 
 
 class StoreFormatError(StoreError):
-    """The directory holds a delayq store of another format: it must be deleted and rebuilt from the buffer."""
+    """The directory holds a delayq store of a format this code cannot open or migrate (two or more formats
+    older, or newer): it must be deleted and rebuilt from the buffer, or opened by the delayq that wrote it."""
+
+
+def _format_marker(store_format: int) -> bytes:
+    return _FORMAT_MARKER + str(store_format).encode()
+
+
+def _check_format(store_format: object) -> int:
+    if not isinstance(store_format, int) or isinstance(store_format, bool):
+        raise TypeError(f"store_format must be an int, not {type(store_format).__name__}")
+    if not OLDEST_FORMAT <= store_format <= NEWEST_FORMAT:
+        raise ValueError(f"store_format {store_format} is not one this delayq writes ({OLDEST_FORMAT} to "
+                         f"{NEWEST_FORMAT})")
+    return store_format
 
 
 def _check_ms(value: object, argument: str) -> int:
@@ -361,30 +394,40 @@ class TimeIndex:
         path: The store's directory. Created if missing; if it exists it must be empty or
             hold a delayq store.
         options: RocksDB tuning; :class:`StoreOptions` defaults when None.
+        store_format: The format of a new store, and the one an older store is migrated to
+            in place when it is opened (:meth:`upgrade_format`); a store of a newer format
+            than this keeps its own.
 
     Raises:
-        TypeError: ``path`` or ``options`` has the wrong type.
+        TypeError: ``path``, ``options`` or ``store_format`` has the wrong type.
+        ValueError: ``store_format`` is not one this code writes.
+        StoreFormatError: the store is of a format this code cannot open (two or more
+            formats old, or newer): delete it and rebuild it from the buffer.
         StoreError: the path is not a delayq store, is locked by another process (another
             node using the same data directory), or RocksDB fails to open it.
     """
 
-    def __init__(self, path: Path | str, options: StoreOptions | None = None):
+    def __init__(self, path: Path | str, options: StoreOptions | None = None, *,
+                 store_format: int = NEWEST_FORMAT):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or Path, not {type(path).__name__}")
         if options is None:
             options = StoreOptions()
         elif not isinstance(options, StoreOptions):
             raise TypeError(f"options must be a StoreOptions, not {type(options).__name__}")
+        _check_format(store_format)
         self.path = Path(path)
         self.options = options
-        self._check_is_store_or_new()
+        families = self._check_is_store_or_new() or _FAMILIES[store_format]
+        every = options.column_families()
         try:
-            self._db = rocksdict.Rdict(str(self.path), options.db_options(), column_families=options.column_families())
+            self._db = rocksdict.Rdict(str(self.path), options.db_options(),
+                                       column_families={name: every[name] for name in families})
         except Exception as err:  # rocksdict raises bare Exception for every RocksDB status
             raise self._open_error(err) from err
         self._closed = False
-        self._cfs = {name: cast(_Family, self._db.get_column_family(name)) for name in COLUMN_FAMILIES}
-        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._cfs = {name: cast(_Family, self._db.get_column_family(name)) for name in families}
+        self._handles = {name: self._db.get_column_family_handle(name) for name in families}
         self._time, self._ids = self._cfs[TIME_CF], self._cfs[IDS_CF]
         self._meta, self._offsets_cf = self._cfs[META_CF], self._cfs[OFFSETS_CF]
         self._write_opts = rocksdict.WriteOptions()
@@ -413,14 +456,15 @@ class TimeIndex:
         self._skipped: dict[str, bytes] = {}
         self._skipped_end: bytes | None = None
         try:
-            self._load_meta()
+            self._load_meta(store_format)
         except BaseException:
             self._db.close()
             raise
 
     # -- opening -------------------------------------------------------------
 
-    def _check_is_store_or_new(self) -> None:
+    def _check_is_store_or_new(self) -> tuple[str, ...] | None:
+        """The column families of the store at the path (without ``default``), or None for a new store."""
         path = self.path
         if path.exists() and not path.is_dir():
             raise StoreError(f"store path {path} is a file, not a directory: set another data directory")
@@ -431,14 +475,17 @@ class TimeIndex:
                 raise StoreError(f"{path} looks like a RocksDB directory but cannot be read ({err}); "
                                  "if it is a delayq store, delete it (TimeIndex.destroy) and let the node "
                                  "rebuild it from the buffer topic") from err
-            expected = set(COLUMN_FAMILIES) | {"default"}
-            if families != expected:
-                raise StoreError(f"{path} is a RocksDB database but not a delayq store (column families "
-                                 f"{sorted(families)}, expected {sorted(expected)}): point the node at another "
-                                 "data directory")
-        elif path.is_dir() and any(path.iterdir()):
+            for known in _FAMILIES.values():
+                if families == {*known, "default"}:
+                    return known
+            # A format-4 store half way through its migration to 5 has format 5's families.
+            expected = " or ".join(str(sorted({*known, "default"})) for known in _FAMILIES.values())
+            raise StoreError(f"{path} is a RocksDB database but not a delayq store (column families "
+                             f"{sorted(families)}, expected {expected}): point the node at another data directory")
+        if path.is_dir() and any(path.iterdir()):
             raise StoreError(f"{path} is not empty and holds no delayq store: point the node at an empty or "
                              "new directory")
+        return None
 
     def _open_error(self, err: Exception) -> StoreError:
         text = str(err)
@@ -452,17 +499,21 @@ class TimeIndex:
         return StoreError(f"cannot open the store {self.path}: {text}; if it is damaged, delete it "
                           "(TimeIndex.destroy) and let the node rebuild it from the buffer topic")
 
-    def _load_meta(self) -> None:
-        fmt = self._meta.get(_META_FORMAT)
-        if fmt is None:
+    def _load_meta(self, store_format: int) -> None:
+        marker = self._meta.get(_META_FORMAT)
+        if marker is None:
             # A new store, or one whose creation stopped before this first write.
             if next(iter(self._time.keys()), None) is not None:
                 raise StoreError(f"{self.path} has delayq column families and data but no format marker: "
                                  "delete it (TimeIndex.destroy) and rebuild it from the buffer topic")
-            self._meta[_META_FORMAT] = _FORMAT
-        elif fmt != _FORMAT:
-            raise StoreFormatError(f"{self.path} has store format {fmt!r}, this delayq reads {_FORMAT!r}: run the "
-                             "delayq version that wrote it, or delete it and rebuild from the buffer topic")
+            if WRITTEN_CF in self._cfs:
+                store_format = max(store_format, 5)
+            self._meta[_META_FORMAT] = _format_marker(store_format)
+            self._format = store_format
+        else:
+            self._format = self._stored_format(marker)
+        self._found_format = self._format
+        self._place_written()
         pending = self._meta.get(_META_PENDING)
         self._pending = int.from_bytes(pending, "big") if pending is not None else 0
         last = self._meta.get(_META_LAST_INGEST)
@@ -478,6 +529,99 @@ class TimeIndex:
             for key, value in self._meta_items(_META_NEWEST)}
         # Writes recorded below this time are gone (a range delete, once per apply that moves it on).
         self._writes_pruned_to = 0
+        # A migration to 5 that stopped half way (the family is there, the marker still says 4) goes on
+        # whatever the format asked for: the cluster was finalized at the level of format 5 when it began.
+        if self._format < store_format or (self._format == 4 and WRITTEN_CF in self._cfs):
+            self._migrate(max(store_format, 5 if WRITTEN_CF in self._cfs else store_format))
+
+    def _stored_format(self, marker: bytes) -> int:
+        """The store format ``marker`` names, if this code opens it.
+
+        Raises:
+            StoreFormatError: the format is unknown, newer, or older than :data:`OLDEST_FORMAT`.
+        """
+        number = marker[len(_FORMAT_MARKER):] if marker.startswith(_FORMAT_MARKER) else b""
+        if not number.isdigit():
+            raise StoreFormatError(f"{self.path} has the format marker {marker!r:.60}, which no delayq writes: "
+                                   "delete the store and let the node rebuild it from the buffer topic")
+        found = int(number)
+        if found > NEWEST_FORMAT:
+            raise StoreFormatError(f"{self.path} has store format {found}, written by a newer delayq; this one "
+                                   f"opens formats {OLDEST_FORMAT} to {NEWEST_FORMAT}: run that delayq or a newer "
+                                   "one, or delete the store and let the node rebuild it from the buffer topic")
+        if found < OLDEST_FORMAT:
+            raise StoreFormatError(f"{self.path} has store format {found}, two or more formats older than this "
+                                   f"delayq's {NEWEST_FORMAT}, which migrates only format {OLDEST_FORMAT} in place: "
+                                   "it is rebuilt from the buffer topic")
+        return found
+
+    def _place_written(self) -> None:
+        """Where the producer writes live in this store's format: meta under sys/written/ (4), or their family (5)."""
+        if self._format >= 5:
+            self._written_family, self._written_prefix = WRITTEN_CF, b""
+        else:
+            self._written_family, self._written_prefix = META_CF, _META_WRITTEN
+
+    @property
+    def store_format(self) -> int:
+        """The store's format (see the module's docstring): 4 or 5."""
+        return self._format
+
+    @property
+    def found_format(self) -> int:
+        """The format the store had when it was opened (older than :attr:`store_format` if the open migrated it)."""
+        return self._found_format
+
+    def upgrade_format(self, store_format: int) -> int | None:
+        """Migrate the store in place to ``store_format``, while other threads use it.
+
+        Format 4 to 5 moves the producer writes from meta to their own column family: a
+        few hundred thousand small entries at most (the last minutes' writes), during
+        which :meth:`apply` waits. Crash-safe: the format marker changes in the last batch
+        (with the deletion of the old entries), and a store opened with the family there and
+        the marker at 4 finishes the migration.
+
+        Returns:
+            The format the store had, or None when it is at ``store_format`` or newer already.
+
+        Raises:
+            TypeError, ValueError: ``store_format`` is not one this code writes.
+            StoreError: the store is closed or RocksDB failed (the store is still of its old format).
+        """
+        _check_format(store_format)
+        with self._write_lock:
+            self._check_open()
+            if self._format >= store_format:
+                return None
+            before = self._format
+            self._migrate(store_format)
+            return before
+
+    def _migrate(self, store_format: int) -> None:
+        """Format 4 to 5 (the only step there is): the producer writes into the written family (under _write_lock)."""
+        if self._format == 4 and store_format >= 5:
+            try:
+                if WRITTEN_CF not in self._cfs:
+                    self._db.create_column_family(WRITTEN_CF, self.options.column_families()[WRITTEN_CF])
+                    self._cfs[WRITTEN_CF] = cast(_Family, self._db.get_column_family(WRITTEN_CF))
+                    self._handles[WRITTEN_CF] = self._db.get_column_family_handle(WRITTEN_CF)
+                written_cf, meta_cf = self._handles[WRITTEN_CF], self._handles[META_CF]
+                batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+                for key, place in self._meta_items(_META_WRITTEN):
+                    batch.put(key[len(_META_WRITTEN):], place, written_cf)
+                    size += 1
+                    if size == _MIGRATE_BATCH:
+                        # Through the WAL as the last batch: a crash never keeps the marker without the writes.
+                        self._db.write(batch, self._meta_write_opts)
+                        batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+                batch.delete_range(_META_WRITTEN, _META_WRITTEN_END, meta_cf)
+                batch.put(_META_FORMAT, _format_marker(5), meta_cf)
+                self._db.write(batch, self._meta_write_opts)
+            except Exception as err:
+                raise StoreError(f"migrating the store {self.path} from format 4 to 5 failed, it is still of format "
+                                 f"4 (the next open goes on with it): {err}") from err
+            self._format = 5
+            self._place_written()
 
     # -- writing -------------------------------------------------------------
 
@@ -739,7 +883,8 @@ class TimeIndex:
         if not indexed:
             return writes
         newest = writes.newest = dict(self._newest)
-        found = self._multi_get(META_CF, [_META_WRITTEN + written[_WRITTEN_PLACE:] for _, written in indexed])
+        prefix = self._written_prefix
+        found = self._multi_get(self._written_family, [prefix + written[_WRITTEN_PLACE:] for _, written in indexed])
         in_batch: dict[bytes, bytes] = {}
         for (index, written), stored_place in zip(indexed, found, strict=True):
             partition, _, timestamp_ms, _ = _written.unpack(written)
@@ -760,9 +905,9 @@ class TimeIndex:
         Returns:
             The time below which no producer write is kept once ``batch`` is written.
         """
-        meta_cf = self._handles[META_CF]
+        meta_cf, written_cf, prefix = self._handles[META_CF], self._handles[self._written_family], self._written_prefix
         for identity, place in writes.records:
-            batch.put(_META_WRITTEN + identity, place, meta_cf)
+            batch.put(prefix + identity, place, written_cf)
         for partition, timestamp_ms in writes.newest.items():
             if self._newest.get(partition) != timestamp_ms:
                 batch.put(_META_NEWEST + partition.to_bytes(4, "big"), _u64(timestamp_ms), meta_cf)
@@ -772,7 +917,7 @@ class TimeIndex:
         prune_to = max(writes.newest.values(), default=0) - 2 * COPY_WINDOW_MS
         if prune_to - self._writes_pruned_to < COPY_WINDOW_MS // 10:
             return self._writes_pruned_to
-        batch.delete_range(_META_WRITTEN, _META_WRITTEN + _u64(prune_to), meta_cf)
+        batch.delete_range(prefix, prefix + _u64(prune_to), written_cf)
         return prune_to
 
     def _multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:

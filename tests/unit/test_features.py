@@ -31,6 +31,16 @@ def test_level_2_is_0_2_0s_and_adds_the_options_level_and_expires():
     assert "level=N" in second.adds and "expires=" in second.adds
 
 
+def test_each_levels_store_format_is_one_the_store_opens_and_the_newest_level_has_the_newest_format():
+    from delayq.store import NEWEST_FORMAT, OLDEST_FORMAT
+
+    formats = [level.store_format for level in features.LEVELS]
+    assert formats == [4, 5] and formats == sorted(formats)
+    assert formats[0] == OLDEST_FORMAT and formats[-1] == NEWEST_FORMAT, (
+        "a node must open the store of every level it speaks, and migrate each to the next in place")
+    assert "store format 5" in features.feature_level(2).adds
+
+
 def test_each_level_was_introduced_by_a_recorded_release_no_earlier_than_the_level_before_it():
     recorded = {release.version for release in releases()}
     assert {level.release for level in features.LEVELS} <= recorded

@@ -19,6 +19,7 @@ from delayq.store import (
     Remove,
     StoredEntry,
     StoreError,
+    StoreFormatError,
     StoreOptions,
     TimeIndex,
     producer_write,
@@ -293,6 +294,34 @@ def test_a_copy_of_a_message_no_longer_pending_asks_for_a_done_of_the_copy_and_k
 # -- a producer write appended twice (wire.COPY_WINDOW_MS) ------------------------
 
 
+@pytest.fixture(params=[4, 5], ids=["format-4", "format-5"])
+def any_format(request, tmp_path):
+    """A store of each format a node writes: 4 until the cluster is finalized at feature level 2, then 5."""
+    with TimeIndex(tmp_path / "store", store_format=request.param) as index:
+        assert index.store_format == request.param
+        yield index
+
+
+def raw_families(path) -> rocksdict.Rdict:
+    """The closed store at ``path`` opened by rocksdict alone, every family it has, keys and values as bytes."""
+    names = rocksdict.Rdict.list_cf(str(path), rocksdict.Options(raw_mode=True))
+    return rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True),
+                           column_families={name: rocksdict.Options(raw_mode=True) for name in names})
+
+
+def producer_writes_kept(path) -> list[bytes]:
+    """The producer writes the closed store at ``path`` keeps, wherever its format keeps them (meta or written)."""
+    db = raw_families(path)
+    try:
+        in_meta = [k for k, _ in db.get_column_family("meta").items() if k.startswith(b"sys/written/")]
+        if "written" in db.list_cf(str(path), rocksdict.Options(raw_mode=True)):
+            assert not in_meta, "a format-5 store keeps producer writes in meta"
+            return [k for k, _ in db.get_column_family("written").items()]
+        return in_meta
+    finally:
+        db.close()
+
+
 def put_written(delay_id: str, offset: int, payload: bytes = b"p", *, at: int = T0, created: int = T0 - 60_000,
                 digest: bytes = b"digest-1", partition: int = 0) -> Put:
     """A producer's put read at ``offset``: the same ``created``/``digest`` at two offsets is one write twice."""
@@ -304,72 +333,73 @@ def cancel_written(delay_id: str, offset: int, *, created: int = T0 - 50_000, di
     return Remove(delay_id, written=producer_write(partition, offset, created, digest))
 
 
-def test_a_copy_of_the_pending_put_keeps_its_version_and_asks_for_the_put_again(store):
-    store.apply([put_written("a", 10)], {})
-    result = store.apply([put_written("a", 12)], {})
+def test_a_copy_of_the_pending_put_keeps_its_version_and_asks_for_the_put_again(any_format):
+    any_format.apply([put_written("a", 10)], {})
+    result = any_format.apply([put_written("a", 12)], {})
 
     assert (result.copies, result.unchanged, result.moved) == (1, 1, 0)
-    assert store.get("a").version == 10, "a copy is no new version: the master's done of 10 must close it"
-    assert store.shadowed() == {"a": None}, "the copy is the id's newest record: compaction would keep only it"
-    store.apply([Remove("a", version=10)], {})
-    assert store.get("a") is None and store.shadowed() == {}
+    assert any_format.get("a").version == 10, "a copy is no new version: the master's done of 10 must close it"
+    assert any_format.shadowed() == {"a": None}, "the copy is the id's newest record: compaction would keep only it"
+    any_format.apply([Remove("a", version=10)], {})
+    assert any_format.get("a") is None and any_format.shadowed() == {}
 
 
-def test_a_copy_after_the_put_was_delivered_schedules_nothing_and_asks_for_a_done_of_the_copy(store):
-    store.apply([put_written("a", 10), Remove("a", version=10)], {})
-    result = store.apply([put_written("a", 14, b"payload of 14")], {})
+def test_a_copy_after_the_put_was_delivered_schedules_nothing_and_asks_for_a_done_of_the_copy(any_format):
+    any_format.apply([put_written("a", 10), Remove("a", version=10)], {})
+    result = any_format.apply([put_written("a", 14, b"payload of 14")], {})
 
     assert (result.copies, result.added, result.kept) == (1, 0, 1)
-    assert store.get("a") is None and store.pending_count() == 0
-    assert store.shadowed() == {"a": b"payload of 14"}
+    assert any_format.get("a") is None and any_format.pending_count() == 0
+    assert any_format.shadowed() == {"a": b"payload of 14"}
 
 
-def test_a_copy_after_a_cancel_schedules_nothing(store):
-    store.apply([put_written("a", 10), cancel_written("a", 11)], {})
-    store.apply([put_written("a", 12)], {})
+def test_a_copy_after_a_cancel_schedules_nothing(any_format):
+    any_format.apply([put_written("a", 10), cancel_written("a", 11)], {})
+    any_format.apply([put_written("a", 12)], {})
 
-    assert store.get("a") is None and store.due(2**63 - 1, 10) == []
+    assert any_format.get("a") is None and any_format.due(2**63 - 1, 10) == []
 
 
-def test_a_copy_of_an_older_put_keeps_the_reschedule_after_it(store):
-    store.apply([put_written("a", 10), put_written("a", 11, b"later", created=T0 - 40_000, digest=b"digest-2")], {})
-    result = store.apply([put_written("a", 12), put_written("a", 13, b"later", created=T0 - 40_000,
+def test_a_copy_of_an_older_put_keeps_the_reschedule_after_it(any_format):
+    any_format.apply([put_written("a", 10), put_written("a", 11, b"later", created=T0 - 40_000, digest=b"digest-2")], {})
+    result = any_format.apply([put_written("a", 12), put_written("a", 13, b"later", created=T0 - 40_000,
                                                              digest=b"digest-2")], {})
 
     assert result.copies == 2
-    assert store.get("a").version == 11 and store.get("a").payload == b"later"
-    assert store.shadowed() == {"a": None}
+    assert any_format.get("a").version == 11 and any_format.get("a").payload == b"later"
+    assert any_format.shadowed() == {"a": None}
 
 
-def test_a_copy_of_a_cancel_leaves_the_put_written_after_the_cancel(store):
-    store.apply([put_written("a", 10), cancel_written("a", 11), put_written("a", 12, b"again", digest=b"digest-2")],
+def test_a_copy_of_a_cancel_leaves_the_put_written_after_the_cancel(any_format):
+    any_format.apply([put_written("a", 10), cancel_written("a", 11), put_written("a", 12, b"again", digest=b"digest-2")],
                 {})
-    result = store.apply([cancel_written("a", 13)], {})
+    result = any_format.apply([cancel_written("a", 13)], {})
 
     assert (result.copies, result.removed, result.kept) == (1, 0, 1)
-    assert store.get("a").version == 12 and store.shadowed() == {"a": None}
+    assert any_format.get("a").version == 12 and any_format.shadowed() == {"a": None}
 
 
-def test_a_copy_in_the_same_batch_as_its_original_is_a_copy(store):
-    result = store.apply([put_written("a", 10), cancel_written("a", 11), put_written("a", 12)], {})
+def test_a_copy_in_the_same_batch_as_its_original_is_a_copy(any_format):
+    result = any_format.apply([put_written("a", 10), cancel_written("a", 11), put_written("a", 12)], {})
 
     assert (result.copies, result.added, result.removed) == (1, 1, 1)
-    assert store.get("a") is None
+    assert any_format.get("a") is None
 
 
-def test_writes_of_another_time_digest_or_id_are_writes_and_a_record_read_again_is_no_copy(store):
-    store.apply([put_written("a", 10)], {})
-    assert store.apply([put_written("a", 10)], {}).copies == 0, "the same record read again"
-    assert store.apply([put_written("a", 11, created=T0 - 59_999)], {}).moved == 1
-    assert store.apply([put_written("a", 12, created=T0 - 59_999, digest=b"digest-2")], {}).moved == 1
-    assert store.apply([put_written("b", 13, created=T0 - 59_999, digest=b"digest-3")], {}).added == 1
-    assert store.apply([Put("a", T0, b"master's", version=14, restores=12)], {}).copies == 0
+def test_writes_of_another_time_digest_or_id_are_writes_and_a_record_read_again_is_no_copy(any_format):
+    any_format.apply([put_written("a", 10)], {})
+    assert any_format.apply([put_written("a", 10)], {}).copies == 0, "the same record read again"
+    assert any_format.apply([put_written("a", 11, created=T0 - 59_999)], {}).moved == 1
+    assert any_format.apply([put_written("a", 12, created=T0 - 59_999, digest=b"digest-2")], {}).moved == 1
+    assert any_format.apply([put_written("b", 13, created=T0 - 59_999, digest=b"digest-3")], {}).added == 1
+    assert any_format.apply([Put("a", T0, b"master's", version=14, restores=12)], {}).copies == 0
 
 
-def test_a_copy_is_known_after_reopen_and_by_the_record_time_of_its_own_partition(tmp_path):
-    with TimeIndex(tmp_path / "s") as index:
+@pytest.mark.parametrize("store_format", [4, 5])
+def test_a_copy_is_known_after_reopen_and_by_the_record_time_of_its_own_partition(tmp_path, store_format):
+    with TimeIndex(tmp_path / "s", store_format=store_format) as index:
         index.apply([put_written("a", 10), put_written("b", 3, partition=1, digest=b"digest-b")], {})
-    with TimeIndex(tmp_path / "s") as index:
+    with TimeIndex(tmp_path / "s", store_format=store_format) as index:
         assert index.apply([put_written("a", 11)], {}).copies == 1
         # Partition 0 reads a record created a whole window later: a copy of "a" is now too old.
         later = T0 - 60_000 + COPY_WINDOW_MS + 1
@@ -379,12 +409,12 @@ def test_a_copy_is_known_after_reopen_and_by_the_record_time_of_its_own_partitio
         assert index.apply([put_written("b", 4, partition=1, digest=b"digest-b")], {}).copies == 1
 
 
-def test_writes_older_than_two_windows_below_the_newest_record_time_are_dropped(store):
-    store.apply([put_written("a", 10, created=T0)], {})
-    store.apply([put_written("b", 11, created=T0 + 2 * COPY_WINDOW_MS + COPY_WINDOW_MS // 10 + 1, digest=b"digest-b")],
-                {})
-    written = [key for key, _ in store._meta_items(b"sys/written/")]
-    assert len(written) == 1, "the write of a was dropped, the write of b kept"
+def test_writes_older_than_two_windows_below_the_newest_record_time_are_dropped(any_format):
+    any_format.apply([put_written("a", 10, created=T0)], {})
+    any_format.apply([put_written("b", 11, created=T0 + 2 * COPY_WINDOW_MS + COPY_WINDOW_MS // 10 + 1,
+                                  digest=b"digest-b")], {})
+    any_format.close()
+    assert len(producer_writes_kept(any_format.path)) == 1, "the write of a was dropped, the write of b kept"
 
 
 def test_producer_write_refuses_a_digest_of_the_wrong_size_and_ops_a_written_of_the_wrong_form():
@@ -402,18 +432,119 @@ def test_a_put_of_the_same_time_and_payload_with_a_new_version_records_the_versi
     assert store.get("a").version == 5
 
 
-def test_opening_a_store_of_an_older_format_raises_a_format_error(tmp_path):
-    from delayq.store import StoreFormatError
+# -- store formats: 4 (delayq 0.1.0's) migrates to 5 in place; older or newer ones are refused -------------------
 
-    with TimeIndex(tmp_path / "s"):
-        pass
-    db = rocksdict.Rdict(str(tmp_path / "s"), column_families={n: rocksdict.Options(raw_mode=True)
-                                                               for n in ("time", "ids", "offsets", "meta")},
-                         options=rocksdict.Options(raw_mode=True))
-    db.get_column_family("meta")[b"sys/format"] = b"delayq-time-index-1"
+
+def set_format_marker(path, marker: bytes) -> None:
+    db = raw_families(path)
+    db.get_column_family("meta")[b"sys/format"] = marker
     db.close()
-    with pytest.raises(StoreFormatError, match="delayq-time-index-1"):
+
+
+@pytest.mark.parametrize(("marker", "says"), [
+    (b"delayq-time-index-3", "store format 3, two or more formats older than this delayq's 5"),
+    (b"delayq-time-index-1", "store format 1, two or more formats older"),
+    (b"delayq-time-index-6", "store format 6, written by a newer delayq"),
+    (b"something else", "format marker b'something else', which no delayq writes"),
+])
+def test_a_store_of_a_format_this_code_cannot_migrate_is_refused_saying_why(tmp_path, marker, says):
+    with TimeIndex(tmp_path / "s", store_format=4):
+        pass
+    set_format_marker(tmp_path / "s", marker)
+    with pytest.raises(StoreFormatError) as refused:
         TimeIndex(tmp_path / "s")
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_new_store_is_of_the_format_asked_for_and_a_newer_store_keeps_its_own(tmp_path):
+    with TimeIndex(tmp_path / "four", store_format=4) as four:
+        assert four.store_format == 4
+    with TimeIndex(tmp_path / "four", store_format=4) as four:
+        assert four.store_format == 4, "a format-4 store asked to stay 4 is not migrated"
+    with TimeIndex(tmp_path / "five") as five:
+        assert five.store_format == 5
+    with TimeIndex(tmp_path / "five", store_format=4) as five:
+        assert five.store_format == 5, "a store is never taken back to an older format"
+    assert "written" in rocksdict.Rdict.list_cf(str(tmp_path / "five"), rocksdict.Options(raw_mode=True))
+    assert "written" not in rocksdict.Rdict.list_cf(str(tmp_path / "four"), rocksdict.Options(raw_mode=True))
+    with pytest.raises(ValueError, match="store_format 3 is not one this delayq writes"):
+        TimeIndex(tmp_path / "three", store_format=3)
+
+
+def a_format_4_store_with_history(path) -> dict:
+    """A format-4 store with pending entries, a shadow mark, a malformed record, offsets and producer writes."""
+    with TimeIndex(path, store_format=4) as index:
+        index.apply([put_written("a", 10), put_written("b", 11, digest=b"digest-b"), Put("c", T0 + 5, b"c", version=12),
+                     Malformed(0, 13, b"junk", "d"), Remove("c", version=2)], {0: 14, 1: 3}, ingested_at_ms=T0)
+        index.set_meta("buffer_topic_id", b"topic-1")
+        return state_of(index)
+
+
+def state_of(index: TimeIndex) -> dict:
+    return {"due": everything(index), "offsets": index.offsets(), "pending": index.pending_count(),
+            "shadowed": index.shadowed(), "malformed": index.malformed(), "meta": index.get_meta("buffer_topic_id")}
+
+
+def test_a_format_4_store_opened_for_format_5_is_migrated_in_place_keeping_every_entry_and_write(tmp_path):
+    before = a_format_4_store_with_history(tmp_path / "s")
+    assert len(producer_writes_kept(tmp_path / "s")) == 2
+
+    with TimeIndex(tmp_path / "s", store_format=5) as index:
+        assert index.store_format == 5
+        assert state_of(index) == before
+        assert index.apply([put_written("a", 20)], {}).copies == 1, "a write recorded before the migration"
+    assert len(producer_writes_kept(tmp_path / "s")) == 2, "moved to the written family, none left in meta"
+    with TimeIndex(tmp_path / "s", store_format=4) as index:
+        assert index.store_format == 5 and state_of(index)["due"] == before["due"]
+
+
+def test_upgrade_format_migrates_an_open_store_while_it_is_written_and_read(tmp_path):
+    a_format_4_store_with_history(tmp_path / "s")
+    with TimeIndex(tmp_path / "s", store_format=4) as index:
+        index.apply([put_written(f"x{i}", 100 + i, digest=b"%08d" % i) for i in range(30_000)], {0: 30_100})
+        stop, failures = threading.Event(), []
+
+        def ingest():
+            offset = 40_000
+            while not stop.is_set():
+                try:
+                    index.apply([put_written(f"y{offset}", offset, digest=b"%08d" % offset)], {0: offset + 1})
+                    index.due(T0 + 10**9, 10)
+                except Exception as err:  # the test reports whatever a writer met
+                    failures.append(err)
+                offset += 1
+
+        writer = threading.Thread(target=ingest)
+        writer.start()
+        try:
+            assert index.upgrade_format(5) == 4
+        finally:
+            stop.set()
+            writer.join()
+        assert not failures, failures[:3]
+        assert index.store_format == 5 and index.upgrade_format(5) is None
+        assert index.apply([put_written("x7", 99_999, digest=b"%08d" % 7)], {}).copies == 1
+        assert index.apply([put_written("a", 99_998)], {}).copies == 1
+        pending = index.pending_count()
+    assert len(producer_writes_kept(tmp_path / "s")) == pending - 1, "every write kept once (c, a master's put: none)"
+
+
+def test_a_migration_stopped_half_way_is_finished_by_the_next_open_whatever_format_it_asks(tmp_path):
+    a_format_4_store_with_history(tmp_path / "s")
+    # As a migration leaves it when the process dies after a batch of the copy: the family is there with part
+    # of the writes, the marker and meta's writes are still format 4's.
+    db = raw_families(tmp_path / "s")
+    meta = db.get_column_family("meta")
+    first = next(k for k in meta.keys(from_key=b"sys/written/") if k.startswith(b"sys/written/"))
+    written = db.create_column_family("written", rocksdict.Options(raw_mode=True))
+    written[first[len(b"sys/written/"):]] = meta[first]
+    del written, meta  # RocksDB keeps the directory locked while a family is referenced
+    db.close()
+
+    with TimeIndex(tmp_path / "s", store_format=4) as index:
+        assert index.store_format == 5
+        assert index.apply([put_written("b", 30, digest=b"digest-b")], {}).copies == 1
+    assert len(producer_writes_kept(tmp_path / "s")) == 2
 
 
 def test_reapplying_the_same_batch_changes_nothing(store):
