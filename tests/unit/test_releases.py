@@ -31,6 +31,15 @@ def test_the_package_version_is_the_newest_release_listed_a_dev_version_while_it
         assert delayq.__version__ == f"{newest.version}.dev0", "the version being worked on is X.dev0 until X is cut"
 
 
+def test_the_helm_charts_version_and_app_version_are_the_release_being_worked_on():
+    import yaml
+
+    chart = yaml.safe_load((ROOT / "helm" / "delayq" / "Chart.yaml").read_text())
+    newest = releases()[0].version
+    assert (chart["version"], chart["appVersion"]) == (newest, newest), (
+        "helm upgrade --set image.tag is optional: the chart's appVersion must be the image of this release")
+
+
 def test_the_previous_release_is_the_newest_one_cut():
     assert previous_release() == next(release for release in releases() if release.released)
     assert previous_release().commit is not None
