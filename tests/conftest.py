@@ -131,3 +131,16 @@ def cluster(settings: Settings, tmp_path):
     cluster = LocalCluster(settings, tmp_path)
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(scope="session")
+def release_env():
+    """The previous release (delayq/releases.toml) installed in an environment of its own, built once and cached."""
+    from delayq.errors import DelayqError
+    from delayq.release_env import ensure_release_env
+    from delayq.releases import previous_release
+
+    try:
+        return ensure_release_env(previous_release())
+    except DelayqError as err:
+        pytest.fail(f"the previous release's environment could not be built: {err}", pytrace=False)
