@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .options import ReconcileOptions, iso, parse_duration, parse_instant
+from .options import ReconcileOptions, iso, parse_instant
 from .report import ANOMALY_KINDS, Report, load_report
 from .session import ReconcileError, kafka_package, spark_session
 
@@ -66,7 +66,6 @@ __all__ = [
     "iso",
     "kafka_package",
     "load_report",
-    "parse_duration",
     "parse_instant",
     "reconcile",
     "spark_session",

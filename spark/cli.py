@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .options import MAVEN_CENTRAL, ReconcileOptions, parse_duration, parse_instant
+from delayq.clock import parse_duration_ms
+
+from .options import MAVEN_CENTRAL, ReconcileOptions, parse_instant
 from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text, count_label
 
 
@@ -75,11 +77,11 @@ def options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) ->
         since_ms=parse_instant(args.since, "--since", now_ms=now_ms),
         until_ms=parse_instant(args.until, "--until", now_ms=now_ms),
         out=args.out,
-        grace_ms=parse_duration(args.grace, "--grace"),
-        early_tolerance_ms=parse_duration(args.early_tolerance, "--early-tolerance"),
-        reorder_tolerance_ms=parse_duration(args.reorder_tolerance, "--reorder-tolerance"),
-        ack_grace_ms=parse_duration(args.ack_grace, "--ack-grace"),
-        lookback_ms=parse_duration(args.lookback, "--lookback"),
+        grace_ms=parse_duration_ms(args.grace, "--grace"),
+        early_tolerance_ms=parse_duration_ms(args.early_tolerance, "--early-tolerance"),
+        reorder_tolerance_ms=parse_duration_ms(args.reorder_tolerance, "--reorder-tolerance"),
+        ack_grace_ms=parse_duration_ms(args.ack_grace, "--ack-grace"),
+        lookback_ms=parse_duration_ms(args.lookback, "--lookback"),
         topics=topics,
         read_committed=not args.read_uncommitted,
         list_limit=args.list_limit,

@@ -2,41 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+from delayq.clock import parse_duration_ms
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
-
-
-def parse_duration(text: str, argument: str = "duration") -> int:
-    """Milliseconds in a duration written like ``250ms``, ``30s``, ``5m``, ``24h``, ``7d`` or ``1h30m``.
-
-    Args:
-        text: the duration; units ms, s, m, h, d, w; parts may be chained (``1h30m``).
-        argument: the name to blame in the error message.
-
-    Raises:
-        TypeError: ``text`` is not a str.
-        ValueError: ``text`` is not such a duration.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"{argument} must be a str like '5m', not {type(text).__name__}")
-    compact = text.strip().lower()
-    pos, total = 0, 0.0
-    for match in _DURATION_PART.finditer(compact):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_MS[match.group(2)]
-        pos = match.end()
-    if not compact or pos != len(compact):
-        raise ValueError(f"{argument} {text!r} is not a duration: write a number and a unit "
-                         "(ms, s, m, h, d, w), e.g. '30s', '5m', '24h' or '1h30m'")
-    return round(total)
 
 
 def parse_instant(text: str, argument: str = "time", *, now_ms: int | None = None) -> int:
@@ -46,7 +18,8 @@ def parse_instant(text: str, argument: str = "time", *, now_ms: int | None = Non
     machine's time zone.
 
     Args:
-        text: ``2026-11-21T08:00:00Z``, ``2026-11-21 08:00+01:00``, ``now``, or ``24h`` (24 hours ago).
+        text: ``2026-11-21T08:00:00Z``, ``2026-11-21 08:00+01:00``, ``now``, or a duration in delayq's one
+            grammar (delayq/clock.py: ``24h``, 24 hours ago; ``90``, 90 seconds ago).
         argument: the name to blame in the error message (``--since``).
         now_ms: what "now" is, in epoch milliseconds; the clock when None.
 
@@ -61,11 +34,10 @@ def parse_instant(text: str, argument: str = "time", *, now_ms: int | None = Non
     stripped = text.strip()
     if stripped.lower() == "now":
         return now
-    if _DURATION_PART.match(stripped.lower()):
-        try:
-            return now - parse_duration(stripped, argument)
-        except ValueError:
-            pass  # "2026..." starts like a duration too; try it as a time below
+    try:
+        return now - parse_duration_ms(stripped, argument)
+    except ValueError:
+        pass  # not a duration: an ISO time, below
     try:
         moment = datetime.fromisoformat(stripped.replace("z", "Z"))
     except ValueError:
