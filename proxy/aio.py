@@ -30,7 +30,7 @@ except ImportError:  # before 2.13 it was confluent_kafka.experimental.aio, with
     raise ImportError(f"delayq.aio needs confluent-kafka 2.13 or later (confluent_kafka.aio); this is "
                       f"{version()[0]}: pip install -U confluent-kafka") from None
 
-from delayq import wire as env
+from delayq import wire
 from delayq.wire import buffer_partition, check_delay_id, control_headers
 
 from .feature_gate import FeatureGate
@@ -157,7 +157,7 @@ class AIOProducer(_ConfluentAIOProducer):
         """
         check_delay_id(delay_id)
         target = buffer_partition(delay_id, await self.buffer_partitions())
-        written = await self._produce_direct(None, delay_id, target, control_headers(env.OP_CANCEL, delay_id), 0)
+        written = await self._produce_direct(None, delay_id, target, control_headers(wire.OP_CANCEL, delay_id), 0)
         # confluent-kafka's AIOProducer polls only when it sends a batch or flushes: poll until this one is in.
         while not written.done():
             await self._call(self._producer.poll, 0.05)

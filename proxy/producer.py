@@ -29,7 +29,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 from pydantic import ValidationError
 
-from delayq import wire as env
+from delayq import wire
 from delayq.errors import ConfigurationError
 from delayq.settings import ENV_PREFIX, Settings, closest_setting, validation_problems
 from delayq.wire import buffer_partition, check_delay_id, control_headers, frame_head, put_value
@@ -46,13 +46,13 @@ _CRC32_PARTITIONERS = frozenset({"consistent", "consistent_random"})
 _base_produce = confluent_kafka.Producer.produce
 _time_ns = time.time_ns
 
-_RESERVED = frozenset({env.RESERVED_PREFIX, env.RESERVED_PREFIX.encode()})
-_RESERVED_LEN = len(env.RESERVED_PREFIX)
+_RESERVED = frozenset({wire.RESERVED_PREFIX, wire.RESERVED_PREFIX.encode()})
+_RESERVED_LEN = len(wire.RESERVED_PREFIX)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
 _HALF_MS = timedelta(microseconds=500)
 # A clock before 2000-01-01 would make even delay=0 a due time the nodes refuse (wire.MIN_DUE_MS).
-_MIN_CLOCK_NS = env.MIN_DUE_MS * 1_000_000
+_MIN_CLOCK_NS = wire.MIN_DUE_MS * 1_000_000
 
 
 # -- delay ids ---------------------------------------------------------------
@@ -245,7 +245,7 @@ def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
 
 
 # The feature level a message that expires needs (delayq/features.py): its frame says expires=.
-EXPIRY_LEVEL = env.OPTION_LEVELS[env.EXPIRES_OPTION]
+EXPIRY_LEVEL = wire.OPTION_LEVELS[wire.EXPIRES_OPTION]
 # The largest expires= a frame holds: 18 digits.
 _MAX_FRAME_MS = 10**18 - 1
 
@@ -273,7 +273,7 @@ def expiry_options(due: int, expire_after: object, repeat: object) -> str:
     if not seconds >= 0 or due + seconds * 1000 > _MAX_FRAME_MS:  # NaN is not >= 0, infinity is past the max
         raise ValueError(f"expire_after must be a finite number of seconds >= 0 (how late the message may still "
                          f"be delivered); got {expire_after!r}")
-    return env.expiry_options(due + round(seconds * 1000))
+    return wire.expiry_options(due + round(seconds * 1000))
 
 
 def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) -> int:
@@ -309,7 +309,7 @@ def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) ->
                 raise ValueError(f"delay must be >= 0 seconds; got {delay!r}")
             ms = round(seconds * 1000)
         due = now_ms + ms
-        if due < env.MIN_DUE_MS:  # ms >= 0: only a clock before 2000 gets here
+        if due < wire.MIN_DUE_MS:  # ms >= 0: only a clock before 2000 gets here
             raise _clock_error(now_ms)
     elif deliver_at is not None:
         if isinstance(deliver_at, datetime):
@@ -318,12 +318,12 @@ def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) ->
                                  f"+ timedelta(...)); got naive {deliver_at.isoformat()}")
             # Ceiling: a due time between two milliseconds is not reached before the later one.
             due = -((deliver_at - _EPOCH) // -_ONE_MS)
-            if due < env.MIN_DUE_MS:
+            if due < wire.MIN_DUE_MS:
                 raise ValueError(f"deliver_at {deliver_at.isoformat()} is before 2000-01-01T00:00:00Z: delayq "
                                  "refuses due times before 2000 (the nodes would dead-letter the message)")
         elif isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
             due = int(deliver_at)
-            if due < env.MIN_DUE_MS:
+            if due < wire.MIN_DUE_MS:
                 raise ValueError(_early_epoch_ms(due, now_ms, max_delay_ms))
         else:
             raise TypeError(f"deliver_at must be a timezone-aware datetime or epoch milliseconds as an int; "
@@ -366,7 +366,7 @@ def _level_text(ms: int) -> str:
 
 
 def scheduled_due(now_ms: int, delay: object, deliver_at: object, delay_level: object, repeat: object,
-                  settings: Settings) -> tuple[int | None, env.Series | None]:
+                  settings: Settings) -> tuple[int | None, wire.Series | None]:
     """Due time and schedule of a produce with ``delay_level`` or ``repeat``: the full rules.
 
     Returns (None, None) for ``delay_level=0`` without ``repeat``: no delay, a plain produce.
@@ -400,11 +400,11 @@ def scheduled_due(now_ms: int, delay: object, deliver_at: object, delay_level: o
 def _early_epoch_ms(due: int, now_ms: int, max_delay_ms: int) -> str:
     """Why an int ``deliver_at`` below wire.MIN_DUE_MS is refused, and what was likely meant."""
     text = f"deliver_at {due} is before 2000-01-01 in epoch milliseconds"
-    point = (f"deliver_at is a point in time: epoch milliseconds from {env.MIN_DUE_MS} (2000-01-01T00:00:00Z), "
+    point = (f"deliver_at is a point in time: epoch milliseconds from {wire.MIN_DUE_MS} (2000-01-01T00:00:00Z), "
              "or a timezone-aware datetime")
     if due < 0:
         return f"{text}; {point}"
-    if env.MIN_DUE_MS <= due * 1000 <= now_ms + max_delay_ms:
+    if wire.MIN_DUE_MS <= due * 1000 <= now_ms + max_delay_ms:
         return f"{text}: did you mean seconds? use deliver_at={due * 1000} or a datetime"
     if due * 1000 <= max_delay_ms:
         return f"{text}: did you mean seconds? {point}; for {due} s from now use delay={due}"
@@ -464,7 +464,7 @@ def _check_user_headers(headers: object) -> list:
     try:
         for header in headers:
             if header[0][:_RESERVED_LEN] in _RESERVED:
-                raise ValueError(f"headers: name {header[0]!r} starts with {env.RESERVED_PREFIX!r}, "
+                raise ValueError(f"headers: name {header[0]!r} starts with {wire.RESERVED_PREFIX!r}, "
                                  "which delayq reserves for its envelope; rename the header")
     except (TypeError, IndexError, KeyError):
         raise TypeError(f"headers must be a dict or a list of (name, value) tuples; got {headers!r:.200}") from None
@@ -556,7 +556,7 @@ class BufferWriter:
         due, series = scheduled_due(now_ms, delay, deliver_at, delay_level, repeat, self.settings)
         if due is None:
             return None, ""
-        options = env.schedule_options(series, None, None)
+        options = wire.schedule_options(series, None, None)
         if expire_after is not None:
             options += expiry_options(due, expire_after, repeat)
         return due, options
@@ -685,7 +685,7 @@ class Producer(confluent_kafka.Producer):
         self._partitioner = self._writer.partitioner
         # Absent means librdkafka's default to the nodes (delay_service.partitioners): a shorter frame.
         self._partitioner_name = self._writer.partitioner_name
-        self._partitioner_option = env.frame_options(None, self._partitioner_name, False)
+        self._partitioner_option = wire.frame_options(None, self._partitioner_name, False)
         self._last_frame: tuple = (None, None, None, b"")
         # With a CRC32 partitioner librdkafka already puts key=id where buffer_partition() says.
         self._crc_by_librdkafka = self._partitioner in _CRC32_PARTITIONERS
@@ -978,7 +978,7 @@ class Producer(confluent_kafka.Producer):
         check_delay_id(delay_id)
         target = -1 if self._crc_by_librdkafka else self._partition_of(delay_id)
         _base_produce(self, self._buffer_topic, None, delay_id, target, on_delivery, None, 0,
-                      control_headers(env.OP_CANCEL, delay_id))
+                      control_headers(wire.OP_CANCEL, delay_id))
 
     def lookup(self, delay_id: str, timeout: float = 2.0) -> Lookup:
         """Ask a node whether ``delay_id`` is pending: :func:`delayq.lookup` with this producer's settings."""

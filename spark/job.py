@@ -95,7 +95,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq import wire as env
+from delayq import wire
 
 from .options import ReconcileOptions
 from .records import (
@@ -237,7 +237,7 @@ def buffer_rows(raw: DataFrame, partitions: int) -> DataFrame:
     )
     # A put or cancel of a mark's id is malformed (nodes dead-letter it): only the marks themselves go.
     return rows.where((F.col("malformed") == 1) | F.col("id").isNull()
-                      | ~F.col("id").startswith(env.MARK_ID_PREFIX.decode()))
+                      | ~F.col("id").startswith(wire.MARK_ID_PREFIX.decode()))
 
 
 def dead_letter_rows(raw: DataFrame) -> DataFrame:
@@ -253,12 +253,12 @@ def delivery_rows(raw: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     return raw.select(
-        _header(env.ID).alias("id"),
+        _header(wire.ID).alias("id"),
         F.lit(DELIVERY).alias("kind"),
         F.unix_millis("timestamp").alias("ts"),
-        _header(env.DELIVER_AT, "BIGINT").alias("due"),
-        _header(env.EPOCH, "BIGINT").alias("epoch"),
-        _offset_header(env.VERSION).alias("version"),
+        _header(wire.DELIVER_AT, "BIGINT").alias("due"),
+        _header(wire.EPOCH, "BIGINT").alias("epoch"),
+        _offset_header(wire.VERSION).alias("version"),
         F.col("topic").alias("delivery_topic"),
     ).where(F.col("id").isNotNull())
 
@@ -764,7 +764,7 @@ def _refuse_newer_levels(count: int) -> None:
     Judged without them, every message they carry would look missing or unexpected.
     """
     if count:
-        raise ReconcileError(f"the buffer holds {count} record(s) of a feature level above {env.WIRE_LEVEL}, which "
+        raise ReconcileError(f"the buffer holds {count} record(s) of a feature level above {wire.WIRE_LEVEL}, which "
                              f"this delayq cannot read: run the reconciliation of the delayq version the nodes run "
                              "(`delayq upgrade status` shows the cluster's level)")
 

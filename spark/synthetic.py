@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterable
 from typing import Self
 
-from delayq import wire as env
+from delayq import wire
 from delayq.wire import Envelope, new_delay_id
 
 
@@ -59,7 +59,7 @@ class TrafficWriter:
             self._errors.append(f"{message.topic()}: {err}")
 
     def _produce(self, topic: str, *, key: bytes | None, value: bytes | None,
-                 headers: env.ProduceHeaders, at_ms: int, wait: bool = False) -> int | None:
+                 headers: wire.ProduceHeaders, at_ms: int, wait: bool = False) -> int | None:
         """Write one record; with ``wait``, wait for it and return its offset (else None)."""
         if wait:
             return self._produce_acked(topic, key=key, value=value, headers=headers, at_ms=at_ms)
@@ -71,7 +71,7 @@ class TrafficWriter:
                 self._producer.poll(0.05)
 
     def _produce_acked(self, topic: str, *, key: bytes | None, value: bytes | None,
-                       headers: env.ProduceHeaders, at_ms: int) -> int:
+                       headers: wire.ProduceHeaders, at_ms: int) -> int:
         """Everything written so far, then this record, acknowledged; its offset.
 
         The batching producer reports errors only, so a record whose offset is wanted goes
@@ -106,7 +106,7 @@ class TrafficWriter:
     def cancel(self, delay_id: str, at_ms: int, *, wait: bool = False) -> int | None:
         """A ``cancel`` tombstone for ``delay_id``, written at ``at_ms``; with ``wait``, its buffer offset."""
         return self._produce(self.buffer_topic, key=delay_id.encode(), value=None,
-                             headers=env.control_headers(env.OP_CANCEL, delay_id), at_ms=at_ms, wait=wait)
+                             headers=wire.control_headers(wire.OP_CANCEL, delay_id), at_ms=at_ms, wait=wait)
 
     def done(self, delay_id: str, at_ms: int, *, version: int | None = None, cutoff: int | None = None,
              wait: bool = False) -> int | None:
@@ -117,11 +117,11 @@ class TrafficWriter:
         both out for a ``done`` as masters wrote it before those headers.
         """
         if version is not None and cutoff is not None:
-            headers = env.done_headers(delay_id, version, cutoff)
+            headers = wire.done_headers(delay_id, version, cutoff)
         else:
-            headers = env.control_headers(env.OP_DONE, delay_id)
-            headers += [(name, str(number).encode()) for name, number in ((env.VERSION, version),
-                                                                         (env.CUTOFF, cutoff)) if number is not None]
+            headers = wire.control_headers(wire.OP_DONE, delay_id)
+            headers += [(name, str(number).encode()) for name, number in ((wire.VERSION, version),
+                                                                         (wire.CUTOFF, cutoff)) if number is not None]
         return self._produce(self.buffer_topic, key=delay_id.encode(), value=None, headers=headers, at_ms=at_ms,
                              wait=wait)
 
@@ -161,12 +161,12 @@ class TrafficWriter:
             raise RuntimeError(f"{left} record(s) still unsent after {timeout_s} s")
 
 
-def delivery_headers(message: Envelope, epoch: int, version: int | None = None) -> env.ProduceHeaders:
+def delivery_headers(message: Envelope, epoch: int, version: int | None = None) -> wire.ProduceHeaders:
     """Headers of a delivery of ``message``; without ``version``, as masters wrote them before ``delayq-version``."""
     if version is not None:
         return message.delivery_headers(epoch, version)
-    return [*message.headers, (env.ID, message.delay_id.encode()),
-            (env.DELIVER_AT, str(message.deliver_at_ms).encode()), (env.EPOCH, str(epoch).encode())]
+    return [*message.headers, (wire.ID, message.delay_id.encode()),
+            (wire.DELIVER_AT, str(message.deliver_at_ms).encode()), (wire.EPOCH, str(epoch).encode())]
 
 
 def new_message(topic: str, due_ms: int, *, created_ms: int | None = None, value: bytes = b"payload",

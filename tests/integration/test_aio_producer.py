@@ -11,14 +11,14 @@ from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
 
 import delayq
-from delayq import wire as env
+from delayq import wire
 from delayq.aio import AIOProducer
 
 pytestmark = pytest.mark.integration
 
 
 def delivered(records) -> dict[str, object]:
-    return {dict(r.headers())[env.ID].decode(): r for r in records if env.ID in dict(r.headers() or [])}
+    return {dict(r.headers())[wire.ID].decode(): r for r in records if wire.ID in dict(r.headers() or [])}
 
 
 def test_delayed_plain_cancelled_and_rescheduled_messages_arrive_as_the_sync_producers_do(cluster, settings, names):
@@ -62,7 +62,7 @@ def test_delayed_plain_cancelled_and_rescheduled_messages_arrive_as_the_sync_pro
     records = read_topic(settings.bootstrap_servers, target, expect=7, timeout_s=30, idle_s=0.5)
     by_id = delivered(records)
     assert set(by_id) == {ids["keyed"], ids["headers"], ids["pinned"], ids["moved"], ids["level"], twin}
-    assert [r.value() for r in records if env.ID not in dict(r.headers() or [])] == [b"now"]
+    assert [r.value() for r in records if wire.ID not in dict(r.headers() or [])] == [b"now"]
     assert (by_id[ids["moved"]].value(), by_id[ids["moved"]].key()) == (b"rescheduled", b"m")
     assert by_id[ids["pinned"]].partition() == 2 and by_id[ids["pinned"]].value() is None
     assert by_id[ids["headers"]].headers()[0] == ("trace", b"t1")
@@ -71,7 +71,7 @@ def test_delayed_plain_cancelled_and_rescheduled_messages_arrive_as_the_sync_pro
     assert (ours.key(), ours.value(), ours.partition()) == (theirs.key(), theirs.value(), theirs.partition())
     assert [h for h, _ in ours.headers()] == [h for h, _ in theirs.headers()]
     for delay_id, record in by_id.items():
-        assert record.timestamp()[1] >= int(dict(record.headers())[env.DELIVER_AT]), f"{delay_id} early"
+        assert record.timestamp()[1] >= int(dict(record.headers())[wire.DELIVER_AT]), f"{delay_id} early"
 
 
 BAD_INPUT = [

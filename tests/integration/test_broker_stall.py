@@ -22,8 +22,7 @@ from process_testing import wait_until
 from service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
 from traffic_testing import readme_producer, while_writing
 
-from delayq import Settings
-from delayq import wire as env
+from delayq import Settings, wire
 from delayq.delay_service import ensure_shards
 from delayq.dev import StackError
 
@@ -107,7 +106,7 @@ def test_each_ids_writes_land_in_the_order_sent_and_once_across_a_frozen_then_ki
                          idle_s=3)
     in_buffer: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r.partition(), r.offset())):
-        parsed = env.parse_buffer_record(record.key(), record.value(), record.headers() or [],
+        parsed = wire.parse_buffer_record(record.key(), record.value(), record.headers() or [],
                                          partition=record.partition(), partitions=settings.buffer_partitions)
         # Raises for a record the nodes would not take (off its partition, a bad frame).
         what = "cancel" if parsed.envelope is None else (parsed.envelope.value or b"").decode()
@@ -158,14 +157,14 @@ def assert_delivered_once_in_time(settings: Settings, target: str, cluster: Clus
     (what fell due during it may wait for its end), by the broker's append time; no node crashed; one master per
     shard again."""
     records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=3)
-    counts = Counter(dict(r.headers())[env.ID].decode() for r in records)
+    counts = Counter(dict(r.headers())[wire.ID].decode() for r in records)
     assert set(counts) == set(due), f"{len(set(due) - set(counts))} of {len(due)} never delivered"
     assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1][:5]
     if bound_ms is None:
         bound_ms = settings.zk_session_timeout_ms + 10_000
     beyond = []
     for record in records:
-        delay_id = dict(record.headers())[env.ID].decode()
+        delay_id = dict(record.headers())[wire.ID].decode()
         appended = record.timestamp()[1]
         waited_from = outage[1] if due[delay_id] <= outage[1] and appended >= outage[0] else due[delay_id]
         if appended - waited_from > bound_ms:

@@ -9,7 +9,7 @@ from kafka_testing import create_topics, read_topic
 from service_testing import Feeder, now_ms
 
 import delayq
-from delayq import wire as env
+from delayq import wire
 from delayq.wire import new_delay_id
 
 pytestmark = pytest.mark.integration
@@ -40,16 +40,16 @@ def test_messages_arrive_in_due_order_never_early_with_key_value_headers_kept(cl
     records = read_topic(settings.bootstrap_servers, target, expect=30, timeout_s=30)
 
     assert len(records) == 30
-    ids = [header(r, env.ID).decode() for r in records]
+    ids = [header(r, wire.ID).decode() for r in records]
     assert sorted(ids) == sorted(sent)
     assert ids == sorted(ids, key=lambda d: (sent[d][0], d)), "delivered out of (deliver_at, id) order"
     for record in records:
-        due, i = sent[header(record, env.ID).decode()]
+        due, i = sent[header(record, wire.ID).decode()]
         assert record.timestamp()[1] >= due, f"message {i} delivered {due - record.timestamp()[1]} ms early"
         assert (record.key(), record.value()) == (f"k{i}".encode(), f"v{i}".encode())
         assert record.headers()[0] == ("trace", f"t{i}".encode())
-        assert header(record, env.DELIVER_AT) == str(due).encode()
-        assert header(record, env.EPOCH) == b"1"
+        assert header(record, wire.DELIVER_AT) == str(due).encode()
+        assert header(record, wire.EPOCH) == b"1"
 
 
 def test_cancel_before_due_stops_delivery_and_cancel_after_changes_nothing(cluster, feeder, settings, names):
@@ -98,7 +98,7 @@ def test_a_write_its_client_library_appends_twice_is_applied_once(cluster, feede
     node = cluster.start("node-a")
 
     def put_record(value: bytes, due: int, delay_id: str | None = None) -> tuple[bytes, bytes, list]:
-        message = env.Envelope(delay_id or new_delay_id(), target, due, value, None, None, [("trace", value)],
+        message = wire.Envelope(delay_id or new_delay_id(), target, due, value, None, None, [("trace", value)],
                                now_ms(), "consistent_random")
         return message.delay_id.encode(), message.buffer_value(), message.buffer_headers()
 
@@ -120,7 +120,7 @@ def test_a_write_its_client_library_appends_twice_is_applied_once(cluster, feede
     # A cancel copied after the reschedule that followed it: the reschedule stands.
     rescheduled_id = new_delay_id()
     feeder.write_at(*put_record(b"first version", now_ms() + 2500, rescheduled_id), now_ms())
-    cancel = (rescheduled_id.encode(), None, env.control_headers(env.OP_CANCEL, rescheduled_id))
+    cancel = (rescheduled_id.encode(), None, wire.control_headers(wire.OP_CANCEL, rescheduled_id))
     rescheduled = put_record(b"rescheduled after a cancel", now_ms() + 3000, rescheduled_id)
     twice(cancel, between=lambda: feeder.write_at(*rescheduled, now_ms()))
 
@@ -131,14 +131,14 @@ def test_a_write_its_client_library_appends_twice_is_applied_once(cluster, feede
 
     assert sorted(r.value() for r in records) == [b"copied after delivery", b"copied while pending",
                                                   b"rescheduled after a cancel"], "each write applied once"
-    versions = {header(r, env.ID).decode(): int(header(r, env.VERSION)) for r in records}
+    versions = {header(r, wire.ID).decode(): int(header(r, wire.VERSION)) for r in records}
     # The first write's version, or the master's restores= copy of it (the copy was the id's newest record).
     assert versions[pending[0].decode()] != pending_offsets[1], "a copy is no new version"
     assert versions[delivered[0].decode()] == delivered_first
     assert node.metric("delayq_write_copies_total") == 4
-    dones = {(r.key(), int(header(r, env.VERSION))) for r in read_topic(settings.bootstrap_servers,
+    dones = {(r.key(), int(header(r, wire.VERSION))) for r in read_topic(settings.bootstrap_servers,
                                                                          settings.buffer_topic, idle_s=1)
-             if r.value() is None and header(r, env.OP) == env.OP_DONE}
+             if r.value() is None and header(r, wire.OP) == wire.OP_DONE}
     assert (delivered[0], delivered_copy) in dones, "the copy after delivery is closed, so compaction keeps no put"
     assert node.metric("delayq_pending") == 0
 
@@ -158,11 +158,11 @@ def test_a_message_picked_after_its_expiry_is_dead_lettered_expired_and_one_in_t
     producer.close()
 
     delivered = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=2, timeout_s=15)
-    assert [(header(r, env.ID).decode(), r.value()) for r in delivered] == [(fresh, b"fresh reminder")]
+    assert [(header(r, wire.ID).decode(), r.value()) for r in delivered] == [(fresh, b"fresh reminder")]
     [letter] = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=1, timeout_s=15, idle_s=2)
     assert letter.key() == stale.encode() and letter.value().endswith(b"stale reminder")
-    reason = header(letter, env.DEAD_LETTER_REASON).decode()
-    assert env.Reason.of(reason) is env.Reason.EXPIRED and "after its due time" in reason, reason
+    reason = header(letter, wire.DEAD_LETTER_REASON).decode()
+    assert wire.Reason.of(reason) is wire.Reason.EXPIRED and "after its due time" in reason, reason
 
 
 def test_a_record_of_a_newer_feature_level_holds_its_partition_and_is_never_dead_lettered(
@@ -171,10 +171,10 @@ def test_a_record_of_a_newer_feature_level_holds_its_partition_and_is_never_dead
     create_topics(settings.bootstrap_servers, [target])
     node = cluster.start("node-a")
     newer = new_delay_id()
-    held_partition = env.buffer_partition(newer, settings.buffer_partitions)
+    held_partition = wire.buffer_partition(newer, settings.buffer_partitions)
 
     def id_on(same: bool) -> str:
-        while (env.buffer_partition(found := new_delay_id(), settings.buffer_partitions) == held_partition) != same:
+        while (wire.buffer_partition(found := new_delay_id(), settings.buffer_partitions) == held_partition) != same:
             pass
         return found
 
@@ -228,7 +228,7 @@ def test_malformed_records_and_missing_topic_are_dead_lettered_while_the_rest_fl
 
     assert [r.value() for r in read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=15)] == [b"fine"]
     dead = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=5, timeout_s=30, idle_s=2)
-    reasons = {r.key(): header(r, env.DEAD_LETTER_REASON).decode() for r in dead}
+    reasons = {r.key(): header(r, wire.DEAD_LETTER_REASON).decode() for r in dead}
     assert set(reasons) == {b"not-an-id", no_frame.encode(), bad_time.encode(), no_op.encode(), lost.encode()}
     assert reasons[b"not-an-id"].startswith("bad-id: record key b'not-an-id' is not a delay id")
     assert reasons[no_frame.encode()].startswith("bad-frame: a put's value must start with 'put <deliver-at ms>")
@@ -236,7 +236,7 @@ def test_malformed_records_and_missing_topic_are_dead_lettered_while_the_rest_fl
     assert reasons[no_op.encode()].startswith("bad-control: ") and "needs header delayq-op" in reasons[no_op.encode()]
     assert reasons[lost.encode()].startswith("missing-topic: ") and "does not exist" in reasons[lost.encode()]
     for record in dead:  # each points at the buffer record it copies
-        topic, partition, offset = header(record, env.DEAD_LETTER_SOURCE).decode().rsplit("/", 2)
+        topic, partition, offset = header(record, wire.DEAD_LETTER_SOURCE).decode().rsplit("/", 2)
         assert topic == settings.buffer_topic and int(partition) >= 0 and int(offset) >= 0
     assert good != lost
     for code in ("bad-id", "bad-frame", "bad-due-time", "bad-control", "missing-topic"):
@@ -272,6 +272,6 @@ def test_a_message_for_a_missing_topic_is_dead_lettered_and_never_creates_it(clu
 
     [letter] = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=1, timeout_s=30, idle_s=2)
     assert letter.key() == lost.encode()
-    assert header(letter, env.DEAD_LETTER_REASON).startswith(b"missing-topic: ")
+    assert header(letter, wire.DEAD_LETTER_REASON).startswith(b"missing-topic: ")
     assert not topic_exists(settings.bootstrap_servers, missing)
     assert node.metric("delayq_dead_lettered_total", reason="missing-topic") == 1

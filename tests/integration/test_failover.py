@@ -14,7 +14,7 @@ import pytest
 from kafka_testing import create_topics, read_topic
 from service_testing import Cluster, Feeder, now_ms
 
-from delayq import wire as env
+from delayq import wire
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def feed(settings, target: str, count: int, start_ms: int, span_ms: int) -> set[
 
 def delivered(settings, target: str, expect: int, timeout_s: float = 60) -> Counter:
     records = read_topic(settings.bootstrap_servers, target, expect=expect, timeout_s=timeout_s, idle_s=3)
-    return Counter(dict(r.headers())[env.ID].decode() for r in records)
+    return Counter(dict(r.headers())[wire.ID].decode() for r in records)
 
 
 def assert_exactly_once(counts: Counter, ids: set[str]) -> None:
@@ -129,8 +129,8 @@ def test_frozen_master_resumed_after_a_takeover_delivers_nothing(cluster, settin
     frozen.signal(signal.SIGCONT)
 
     records = read_topic(settings.bootstrap_servers, target, expect=600, timeout_s=60, idle_s=4)
-    assert_exactly_once(Counter(dict(r.headers())[env.ID].decode() for r in records), ids)
-    epochs = [int(dict(r.headers())[env.EPOCH]) for r in records]
+    assert_exactly_once(Counter(dict(r.headers())[wire.ID].decode() for r in records), ids)
+    epochs = [int(dict(r.headers())[wire.EPOCH]) for r in records]
     # Once the new master delivered, nothing from the old epoch follows it.
     first_new = epochs.index(2)
     assert all(e == 2 for e in epochs[first_new:]), "the resumed master delivered after the takeover"

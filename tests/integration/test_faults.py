@@ -18,8 +18,7 @@ from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
 from service_testing import Cluster, Feeder, now_ms, start_private_stack
 
-from delayq import Settings
-from delayq import wire as env
+from delayq import Settings, wire
 from delayq.dev import DevStack, StackError
 from delayq.proxy import Producer
 from delayq.wire import buffer_partition
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 
 def delivered_ids(records) -> Counter:
-    return Counter(dict(r.headers())[env.ID].decode() for r in records)
+    return Counter(dict(r.headers())[wire.ID].decode() for r in records)
 
 
 # -- a broker restart --------------------------------------------------------------
@@ -155,13 +154,13 @@ def test_a_reschedule_written_between_pick_and_done_is_delivered_at_its_new_time
     """
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
-    delay_id = env.new_delay_id()
+    delay_id = wire.new_delay_id()
     partition = buffer_partition(delay_id, settings.buffer_partitions)
     feeder = Feeder(settings)
     offsets: list[int] = []
 
     def put(due_ms: int, value: bytes) -> None:
-        message = env.Envelope(delay_id, target, due_ms, value, None, None, [], now_ms())
+        message = wire.Envelope(delay_id, target, due_ms, value, None, None, [], now_ms())
         feeder.producer.produce(settings.buffer_topic, key=delay_id.encode(), value=message.buffer_value(),
                                 partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
         feeder.flush()
@@ -170,12 +169,12 @@ def test_a_reschedule_written_between_pick_and_done_is_delivered_at_its_new_time
     new_due = now_ms() + 3000
     put(new_due, b"v2")
     feeder.producer.produce(settings.buffer_topic, key=delay_id.encode(), value=None, partition=partition,
-                            headers=env.done_headers(delay_id, offsets[0], offsets[0] + 1))
+                            headers=wire.done_headers(delay_id, offsets[0], offsets[0] + 1))
     feeder.flush()
 
     node = cluster.start("node-a")
     records = read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=20, idle_s=2)
-    assert [(r.value(), dict(r.headers())[env.DELIVER_AT]) for r in records] == [(b"v2", str(new_due).encode())]
+    assert [(r.value(), dict(r.headers())[wire.DELIVER_AT]) for r in records] == [(b"v2", str(new_due).encode())]
     assert records[0].timestamp()[1] >= new_due
     assert wait_until(lambda: node.metric("delayq_pending") == 0, timeout_s=10)
 
@@ -183,43 +182,43 @@ def test_a_reschedule_written_between_pick_and_done_is_delivered_at_its_new_time
     # wrote v2 again after it (restores=), and delivered that copy; its done is the newest record.
     history = [r for r in read_topic(settings.bootstrap_servers, settings.buffer_topic, idle_s=1)
                if r.key() == delay_id.encode()]
-    parsed = [env.parse_buffer_record(r.key(), r.value(), r.headers()) for r in history]
+    parsed = [wire.parse_buffer_record(r.key(), r.value(), r.headers()) for r in history]
     copy = next(i for i, p in enumerate(parsed) if p.restores == offsets[1])
     assert copy > 2 and parsed[copy].envelope.value == b"v2"
-    assert parsed[-1].op == env.OP_DONE and parsed[-1].closes_version == history[copy].offset()
-    assert dict(records[0].headers())[env.VERSION] == str(history[copy].offset()).encode()
+    assert parsed[-1].op == wire.OP_DONE and parsed[-1].closes_version == history[copy].offset()
+    assert dict(records[0].headers())[wire.VERSION] == str(history[copy].offset()).encode()
 
 
 def test_a_masters_copy_that_raced_a_cancel_is_closed_and_never_delivered(cluster, settings, names):
     """put v1, put v2, done(v1), the user's cancel, then a master's copy of v2 that the cancel overtook."""
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target])
-    delay_id = env.new_delay_id()
+    delay_id = wire.new_delay_id()
     partition = buffer_partition(delay_id, settings.buffer_partitions)
     producer = Feeder(settings).producer
     offsets: list[int] = []
-    v2 = env.Envelope(delay_id, target, now_ms() + 1000, b"v2", None, None, [], now_ms())
+    v2 = wire.Envelope(delay_id, target, now_ms() + 1000, b"v2", None, None, [], now_ms())
 
     def write(value: bytes | None, headers=None) -> None:
         producer.produce(settings.buffer_topic, key=delay_id.encode(), value=value, headers=headers,
                          partition=partition, on_delivery=lambda err, msg: offsets.append(msg.offset()))
         producer.flush(10)
 
-    write(env.Envelope(delay_id, target, now_ms() - 1000, b"v1", None, None, [], now_ms()).buffer_value())
+    write(wire.Envelope(delay_id, target, now_ms() - 1000, b"v1", None, None, [], now_ms()).buffer_value())
     write(v2.buffer_value())
-    write(None, env.done_headers(delay_id, offsets[0], offsets[0] + 1))
-    write(None, env.control_headers(env.OP_CANCEL, delay_id))
+    write(None, wire.done_headers(delay_id, offsets[0], offsets[0] + 1))
+    write(None, wire.control_headers(wire.OP_CANCEL, delay_id))
     write(v2.buffer_value(restores=offsets[1]))
 
     node = cluster.start("node-a")
     assert wait_until(lambda: node.metric("delayq_pending") == 0, timeout_s=10)
 
-    def newest() -> env.BufferRecord:
+    def newest() -> wire.BufferRecord:
         history = [r for r in read_topic(settings.bootstrap_servers, settings.buffer_topic, idle_s=0.5)
                    if r.key() == delay_id.encode()]
-        return env.parse_buffer_record(history[-1].key(), history[-1].value(), history[-1].headers())
+        return wire.parse_buffer_record(history[-1].key(), history[-1].value(), history[-1].headers())
 
-    assert wait_until(lambda: newest().op == env.OP_DONE, timeout_s=15)
+    assert wait_until(lambda: newest().op == wire.OP_DONE, timeout_s=15)
     assert newest().closes_version == offsets[4]
     assert read_topic(settings.bootstrap_servers, target, timeout_s=3, idle_s=1) == []
 

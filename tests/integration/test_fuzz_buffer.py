@@ -19,7 +19,7 @@ from kafka_testing import create_topics, read_topic
 from process_testing import wait_until
 from service_testing import now_ms
 
-from delayq import wire as env
+from delayq import wire
 from delayq.delay_service.partitioners import partition_for
 from delayq.wire import BufferRecord, Envelope, MalformedRecord, buffer_partition, new_delay_id, parse_buffer_record
 
@@ -68,8 +68,8 @@ BAD_TOPICS = [b"", b".", b"..", b"a/b", b"a b", b"a" * 250, "é".encode(), b"\xf
 OPTIONS = [b"partition=", b"partition", b"partitioner=", b"value=NULL", b"value=", b"colour=red", b"",
            b"partition=-1", b"partition=1=2", b"partition=" + b"1" * 19, b"Partition=1", b"restores=x",
            b"value=null value=null", b"partition=1 partition=2"]
-HEADER_NAMES = ["trace", "", "é", "ключ", "a" * 300, " ", "delayq", env.OP, env.ID, env.VERSION, env.CUTOFF,
-                env.EPOCH, "delayq-", "delayq-x", "Delayq-op"]
+HEADER_NAMES = ["trace", "", "é", "ключ", "a" * 300, " ", "delayq", wire.OP, wire.ID, wire.VERSION, wire.CUTOFF,
+                wire.EPOCH, "delayq-", "delayq-x", "Delayq-op"]
 HEADER_VALUES = [None, b"", b"cancel", b"done", b"put", b"7", b"-1", b"1" * 19, b"\xff\x00", "é".encode()]
 
 
@@ -87,7 +87,7 @@ def some_headers(rnd: random.Random, names: list[str]) -> list[tuple[str, bytes 
 
 
 def user_headers(rnd: random.Random) -> list[tuple[str, bytes | None]]:
-    return some_headers(rnd, [name for name in HEADER_NAMES if not name.startswith(env.RESERVED_PREFIX)])
+    return some_headers(rnd, [name for name in HEADER_NAMES if not name.startswith(wire.RESERVED_PREFIX)])
 
 
 def nearly_a_frame(rnd: random.Random, topic: str) -> bytes:
@@ -111,7 +111,7 @@ def nearly_a_frame(rnd: random.Random, topic: str) -> bytes:
     line_end = rnd.choice([b"\n"] * 6 + [b"\r\n", b"", b" \n"])
     line = separator.join(fields)
     if rnd.random() < 0.05:
-        line += b" partitioner=" + b"x" * env.MAX_FRAME_LINE
+        line += b" partitioner=" + b"x" * wire.MAX_FRAME_LINE
     return line + line_end + (key or b"") + rnd.randbytes(rnd.randint(0, 200))
 
 
@@ -128,24 +128,24 @@ def hostile(rnd: random.Random, partitions: int, topic: str) -> Sent:
             headers = user_headers(rnd)
         elif kind == 2:  # a tombstone with odd headers
             value = None
-            headers = some_headers(rnd, [env.OP, env.ID, env.VERSION, env.CUTOFF] * 3 + HEADER_NAMES)
+            headers = some_headers(rnd, [wire.OP, wire.ID, wire.VERSION, wire.CUTOFF] * 3 + HEADER_NAMES)
             if rnd.random() < 0.5:
-                headers.insert(rnd.randint(0, len(headers)), (env.OP, rnd.choice([b"cancel", b"done"])))
+                headers.insert(rnd.randint(0, len(headers)), (wire.OP, rnd.choice([b"cancel", b"done"])))
         elif kind == 3:  # a good frame with a reserved header
-            value = env.put_value(now_ms(), topic, b"k", b"v")
-            headers = [*user_headers(rnd), (rnd.choice([env.OP, env.ID, env.VERSION, "delayq-x"]), b"1")]
+            value = wire.put_value(now_ms(), topic, b"k", b"v")
+            headers = [*user_headers(rnd), (rnd.choice([wire.OP, wire.ID, wire.VERSION, "delayq-x"]), b"1")]
         elif kind == 4:  # a good frame but for a topic Kafka refuses: it once killed every master in turn
             topic_field = rnd.choice([b"a/b", b"", "é".encode(), b"a" * 250, b"..", b"a:b"])
             value = b"put %d %s -\nx" % (now_ms(), topic_field)
             headers = user_headers(rnd)
         else:  # a good put, with a key that is not one
-            value = env.put_value(now_ms() + 3_600_000, topic, None, b"v")
+            value = wire.put_value(now_ms() + 3_600_000, topic, None, b"v")
             key = rnd.choice([b"", "é".encode(), b"\xff"])
             headers = []
         sent = Sent(key, value, headers, rnd.randrange(partitions)).judge()
         if kind == 4:
             assert sent.reason is not None, f"a put for topic {topic_field!r} must be malformed"
-        if sent.parsed is None or sent.parsed.op != env.OP_PUT:
+        if sent.parsed is None or sent.parsed.op != wire.OP_PUT:
             return sent
 
 
@@ -167,7 +167,7 @@ def valid_put(rnd: random.Random, partitions: int, targets: dict[str, int], due_
     # Kafka keeps a CreateTime of -1 as the put's creation time.
     sent = Sent(message.delay_id.encode(), message.buffer_value(), message.buffer_headers(),
                 buffer_partition(message.delay_id, partitions), -1 if rnd.random() < 0.05 else 0).judge()
-    assert sent.parsed is not None and sent.parsed.op == env.OP_PUT, sent.reason
+    assert sent.parsed is not None and sent.parsed.op == wire.OP_PUT, sent.reason
     return sent, message
 
 
@@ -281,7 +281,7 @@ def test_ten_thousand_hostile_records_crash_nothing_and_every_valid_put_is_deliv
     refused = [s for s in records if s.error is not None]
     assert all(s.key is None for s in refused), [s.error for s in refused if s.key is not None][:3]
     malformed = {f"{settings.buffer_topic}/{s.partition}/{s.offset}": s for s in on_buffer if s.reason is not None}
-    tombstones = [s for s in on_buffer if s.parsed is not None and s.parsed.op != env.OP_PUT]
+    tombstones = [s for s in on_buffer if s.parsed is not None and s.parsed.op != wire.OP_PUT]
 
     # No node dies; all are caught up again (every record read, every dead letter flushed) in time.
     time.sleep(1.5)  # past the nodes' next read of the end offsets
@@ -299,13 +299,13 @@ def test_ten_thousand_hostile_records_crash_nothing_and_every_valid_put_is_deliv
     letters = read_to_end(settings, settings.dead_letter_topic)
     copies: Counter[str] = Counter()
     for letter in letters:
-        source = header(letter, env.DEAD_LETTER_SOURCE)
+        source = header(letter, wire.DEAD_LETTER_SOURCE)
         assert source is not None, f"a dead letter without a source: {letter.headers()[-3:]}"
         source = source.decode()
-        assert source in malformed, f"{source} was dead-lettered but parses: {header(letter, env.DEAD_LETTER_REASON)}"
+        assert source in malformed, f"{source} was dead-lettered but parses: {header(letter, wire.DEAD_LETTER_REASON)}"
         sent = malformed[source]
         copies[source] += 1
-        assert header(letter, env.DEAD_LETTER_REASON) == sent.reason.encode()
+        assert header(letter, wire.DEAD_LETTER_REASON) == sent.reason.encode()
         assert (letter.key(), letter.value()) == (sent.key, sent.value)
         assert list(letter.headers())[:len(sent.headers)] == sent.headers
     missing = set(malformed) - set(copies)
@@ -319,7 +319,7 @@ def test_ten_thousand_hostile_records_crash_nothing_and_every_valid_put_is_deliv
     for topic, partitions in targets.items():
         expect = sum(1 for m in by_id.values() if m.topic == topic)
         for record in read_topic(settings.bootstrap_servers, topic, expect=expect, timeout_s=240, idle_s=3):
-            delay_id = header(record, env.ID).decode()
+            delay_id = header(record, wire.ID).decode()
             delivered[delay_id] += 1
             message = by_id[delay_id]
             assert (record.topic(), record.key(), record.value()) == (message.topic, message.key, message.value)
@@ -381,8 +381,8 @@ def test_a_put_too_large_to_deliver_does_not_hold_up_the_others(cluster, setting
     assert producer.flush(30) == 0
 
     delivered = read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=12)
-    assert [header(r, env.ID).decode() for r in delivered] == [small.delay_id]
+    assert [header(r, wire.ID).decode() for r in delivered] == [small.delay_id]
     # The big one is dead-lettered once, with the reason, its value left out of the copy.
     dead = read_to_end(settings, settings.dead_letter_topic)
     assert [(r.key().decode(), r.value()) for r in dead] == [(big.delay_id, None)]
-    assert header(dead[0], env.DEAD_LETTER_REASON).startswith(b"rejected: Kafka refused the record: ")
+    assert header(dead[0], wire.DEAD_LETTER_REASON).startswith(b"rejected: Kafka refused the record: ")

@@ -17,7 +17,7 @@ from kafka_testing import create_topics, end_offsets, read_topic
 from process_testing import run_delayq, wait_until
 
 import delayq
-from delayq import wire as env
+from delayq import wire
 from delayq.delay_service import ensure_topics
 from delayq.wire import Envelope, buffer_partition, parse_buffer_record
 
@@ -213,7 +213,7 @@ def test_cancel_writes_a_tombstone_on_the_put_partition(producer, settings, buff
         buffer_partition(delay_id, 3)}
     for tombstone in (cancel, again):
         assert (tombstone.key(), tombstone.value()) == (delay_id.encode(), None)
-        assert tombstone.headers() == [(env.OP, env.OP_CANCEL), (env.ID, delay_id.encode())]
+        assert tombstone.headers() == [(wire.OP, wire.OP_CANCEL), (wire.ID, delay_id.encode())]
     assert report.offset() == again.offset()
 
 
@@ -227,7 +227,7 @@ def test_reschedule_puts_the_same_id_again_with_the_new_due_time(producer, setti
     first, second = (parse_buffer_record(r.key(), r.value(), r.headers(), r.timestamp()[1])
                      for r in read_topic(settings.bootstrap_servers, buffer, expect=2, idle_s=0.5))
     assert returned == delay_id == first.delay_id == second.delay_id
-    assert (second.op, second.envelope.value, second.envelope.headers) == (env.OP_PUT, b"second", [("v", b"2")])
+    assert (second.op, second.envelope.value, second.envelope.headers) == (wire.OP_PUT, b"second", [("v", b"2")])
     # The due time is the proxy's clock plus the delay; the creation time is the record
     # timestamp librdkafka takes an instant later, so it can be a millisecond or so past.
     for record, delay_ms in ((second, 120_000), (first, 60_000)):
@@ -253,7 +253,7 @@ def test_buffer_partition_is_librdkafkas_consistent_hash(settings, names):
     topic = names.topic("five")
     create_topics(settings.bootstrap_servers, [topic], partitions=5)
     plain = PlainProducer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "consistent"})
-    ids = [env.new_delay_id() for _ in range(40)]
+    ids = [wire.new_delay_id() for _ in range(40)]
     for delay_id in ids:
         plain.produce(topic, b"", delay_id)
     plain.flush(10)
@@ -329,10 +329,10 @@ def test_bad_input_raises_and_sends_nothing(producer, settings, buffer, target, 
     (lambda p: p.cancel("0190A3E4-5B6C-7D8E-9F00-112233445566"), ValueError, r"is not a delay id"),
     (lambda p: delayq.cancel("nope", conf={}), ValueError, r"delay_id 'nope' is not a delay id"),
     (lambda p: p.reschedule("nope", "t", b"v", delay=5), ValueError, r"delay_id 'nope' is not a delay id"),
-    (lambda p: p.reschedule(env.new_delay_id(), "t", b"v"), ValueError, r"give delay .* or deliver_at"),
-    (lambda p: p.reschedule(env.new_delay_id(), "t", b"v", deliver_at=1_795_404_000), ValueError,
+    (lambda p: p.reschedule(wire.new_delay_id(), "t", b"v"), ValueError, r"give delay .* or deliver_at"),
+    (lambda p: p.reschedule(wire.new_delay_id(), "t", b"v", deliver_at=1_795_404_000), ValueError,
      r"deliver_at 1795404000 is before 2000-01-01 in epoch milliseconds: did you mean seconds\?"),
-    (lambda p: p.produce("t", b"v", deliver_at=946_684_799_999, delay_id=env.new_delay_id()), ValueError,
+    (lambda p: p.produce("t", b"v", deliver_at=946_684_799_999, delay_id=wire.new_delay_id()), ValueError,
      r"deliver_at 946684799999 is before 2000-01-01"),
     (lambda p: p.produce_batch("t", [{"value": b"v", "delay": 5}]), TypeError, r"cannot delay messages"),
 ], ids=["cancel-malformed", "cancel-int", "cancel-uppercase", "module-cancel", "reschedule-malformed",
@@ -429,7 +429,7 @@ def test_cancel_command_writes_the_tombstone(settings, producer, buffer, target)
     assert result.returncode == 0, result.stderr
     assert f"cancel of {delay_id} written to {buffer}" in result.stdout.decode()
     _put, cancel = read_topic(settings.bootstrap_servers, buffer, expect=2, idle_s=0.5)
-    assert (cancel.key(), cancel.value(), dict(cancel.headers())[env.OP]) == (delay_id.encode(), None, b"cancel")
+    assert (cancel.key(), cancel.value(), dict(cancel.headers())[wire.OP]) == (delay_id.encode(), None, b"cancel")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -13,7 +13,7 @@ from kafka_testing import create_topics, read_topic
 from process_testing import run_delayq, wait_until
 
 import delayq
-from delayq import wire as env
+from delayq import wire
 
 pytestmark = pytest.mark.integration
 
@@ -56,13 +56,13 @@ def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, s
     time.sleep(max(0.0, (cancelled_due_ms + 1000) / 1000 - time.time()))
     records = read_topic(settings.bootstrap_servers, target, expect=6, timeout_s=30, idle_s=0.5)
 
-    now_records = {r.value(): r for r in records if env.ID not in dict(r.headers() or [])}
-    delayed = {dict(r.headers())[env.ID].decode(): r for r in records if env.ID in dict(r.headers() or [])}
+    now_records = {r.value(): r for r in records if wire.ID not in dict(r.headers() or [])}
+    delayed = {dict(r.headers())[wire.ID].decode(): r for r in records if wire.ID in dict(r.headers() or [])}
     assert set(now_records) == {b"now", b"now-murmur"}
     assert set(delayed) == {keyed, pinned, hashed, moved}, "a cancelled message was delivered, or one is missing"
     for delay_id, record in delayed.items():
         assert record.timestamp()[1] >= due[delay_id], f"{delay_id} delivered early"
-        assert dict(record.headers())[env.DELIVER_AT] == str(due[delay_id]).encode()
+        assert dict(record.headers())[wire.DELIVER_AT] == str(due[delay_id]).encode()
     expect = {
         keyed: (b"\x00keyed", b"order-1", keyed_headers, now_records[b"now"].partition()),
         pinned: (None, None, [("h", b"x")], 2),
@@ -73,7 +73,7 @@ def test_delayed_messages_arrive_after_their_time_exactly_as_produced(cluster, s
         record = delayed[delay_id]
         assert (record.value(), record.key()) == (value, key)
         assert record.headers()[:len(headers)] == headers
-        assert [name for name, _ in record.headers()[len(headers):]] == [env.ID, env.DELIVER_AT, env.EPOCH, env.VERSION]
+        assert [name for name, _ in record.headers()[len(headers):]] == [wire.ID, wire.DELIVER_AT, wire.EPOCH, wire.VERSION]
         if partition is not None:
             assert record.partition() == partition
     assert due[moved] - due[keyed] < 5_000, "reschedule did not move the due time"
@@ -95,13 +95,13 @@ def test_a_delayed_messages_timestamp_stamps_the_buffer_put_and_the_delivery_is_
     # The buffer holds the put and, since the delivery, the master's `done` (a null value).
     [put] = [r for r in read_topic(settings.bootstrap_servers, settings.buffer_topic, expect=2, idle_s=0.5)
              if r.value() is not None]
-    envelope = env.parse_buffer_record(put.key(), put.value(), put.headers(), put.timestamp()[1]).envelope
+    envelope = wire.parse_buffer_record(put.key(), put.value(), put.headers(), put.timestamp()[1]).envelope
     assert (envelope.delay_id, envelope.created_at_ms) == (delay_id, an_hour_ago)
     assert put.timestamp() == (confluent_kafka.TIMESTAMP_CREATE_TIME, an_hour_ago), "the put is not stamped ts"
     # The due time counts from when produce() was called, not from the timestamp.
     assert envelope.deliver_at_ms - an_hour_ago >= 3_600_000 + 1_500
     headers = dict(delivered.headers())
-    assert (delivered.value(), headers[env.ID], headers[env.DELIVER_AT]) == (
+    assert (delivered.value(), headers[wire.ID], headers[wire.DELIVER_AT]) == (
         b"stamped", delay_id.encode(), str(envelope.deliver_at_ms).encode())
     # The delivered record is stamped at delivery: at or after its due time, not with the user's timestamp.
     kind, stamped_at = delivered.timestamp()
@@ -143,7 +143,7 @@ def test_a_delayed_message_in_an_aborted_transaction_is_never_delivered(cluster,
 
     records = read_topic(settings.bootstrap_servers, target, expect=1, idle_s=3, timeout_s=20)
 
-    assert [(dict(r.headers())[env.ID].decode(), r.value()) for r in records] == [(committed, b"committed")]
+    assert [(dict(r.headers())[wire.ID].decode(), r.value()) for r in records] == [(committed, b"committed")]
     assert aborted != committed
 
 
@@ -169,11 +169,11 @@ def test_a_transaction_left_open_on_the_buffer_holds_back_its_partition_only_and
     transactional.begin_transaction()
     held = transactional.produce(target, b"held", key=b"k", delay=0.5)
     transactional.flush(10)  # written, not committed
-    held_partition = env.buffer_partition(held, partitions)
-    after = next(i for i in iter(env.new_delay_id, None) if env.buffer_partition(i, partitions) != held_partition)
+    held_partition = wire.buffer_partition(held, partitions)
+    after = next(i for i in iter(wire.new_delay_id, None) if wire.buffer_partition(i, partitions) != held_partition)
     plain.produce(target, b"after", key=b"k", delay=6, delay_id=after)
     plain.flush(10)
-    on_time = sorted([i for i in before if env.buffer_partition(i, partitions) != held_partition] + [after])
+    on_time = sorted([i for i in before if wire.buffer_partition(i, partitions) != held_partition] + [after])
     assert len(on_time) < 41, "no message of `before` went to the held partition: nothing to test"
 
     first = read_topic(settings.bootstrap_servers, target, expect=len(on_time), timeout_s=30, idle_s=3)
@@ -184,7 +184,7 @@ def test_a_transaction_left_open_on_the_buffer_holds_back_its_partition_only_and
     everything = read_topic(settings.bootstrap_servers, target, expect=42, timeout_s=30)
 
     def ids(records):
-        return sorted(dict(r.headers())[env.ID].decode() for r in records)
+        return sorted(dict(r.headers())[wire.ID].decode() for r in records)
 
     assert ids(first) == on_time
     assert ids(while_open) == on_time
@@ -206,21 +206,21 @@ def test_a_long_hold_with_a_large_backlog_does_not_slow_the_other_partitions(clu
     partitions = settings.buffer_partitions
     plain = delayq.Producer(conf)
     held_partition = 0
-    ids = iter(env.new_delay_id, None)
+    ids = iter(wire.new_delay_id, None)
     start_ms = int(time.time() * 1000)
-    backlog = [next(i for i in ids if env.buffer_partition(i, partitions) == held_partition) for _ in range(20_000)]
+    backlog = [next(i for i in ids if wire.buffer_partition(i, partitions) == held_partition) for _ in range(20_000)]
     for delay_id in backlog:
         plain.produce(target, b"backlog", deliver_at=start_ms + 5000, delay_id=delay_id)
     plain.flush(30)
     transactional = delayq.Producer({**conf, "transactional.id": names.topic("tx")})
     transactional.init_transactions(30)
     transactional.begin_transaction()
-    held = next(i for i in ids if env.buffer_partition(i, partitions) == held_partition)
+    held = next(i for i in ids if wire.buffer_partition(i, partitions) == held_partition)
     transactional.produce(target, b"held", deliver_at=start_ms + 5000, delay_id=held)
     transactional.flush(10)
     others = {}
     for n in range(200):
-        delay_id = next(i for i in ids if env.buffer_partition(i, partitions) != held_partition)
+        delay_id = next(i for i in ids if wire.buffer_partition(i, partitions) != held_partition)
         others[delay_id] = start_ms + 7000 + n * 30  # falling due over 6 s while the hold lasts
         plain.produce(target, b"other", deliver_at=others[delay_id], delay_id=delay_id)
     plain.flush(10)
@@ -230,11 +230,11 @@ def test_a_long_hold_with_a_large_backlog_does_not_slow_the_other_partitions(clu
     transactional.commit_transaction(30)
     everything = read_topic(settings.bootstrap_servers, target, expect=len(others) + 20_001, timeout_s=60, idle_s=3)
 
-    delivered = {dict(r.headers())[env.ID].decode(): r.timestamp()[1] for r in while_held}
+    delivered = {dict(r.headers())[wire.ID].decode(): r.timestamp()[1] for r in while_held}
     assert set(delivered) == set(others)
     lateness = sorted(delivered[i] - due for i, due in others.items())
     assert lateness[0] >= 0 and lateness[-1] < 2000, f"lateness of the other partitions' messages: {lateness[-5:]} ms"
-    assert sorted(dict(r.headers())[env.ID].decode() for r in everything) == sorted([*others, *backlog, held])
+    assert sorted(dict(r.headers())[wire.ID].decode() for r in everything) == sorted([*others, *backlog, held])
 
 
 def test_a_cancel_acknowledged_behind_an_open_transaction_wins_before_and_after_a_failover(
@@ -257,9 +257,9 @@ def test_a_cancel_acknowledged_behind_an_open_transaction_wins_before_and_after_
     due_ms = int(time.time() * 1000) + 8000
     cancelled = plain.produce(target, b"cancelled", deliver_at=due_ms)
     plain.flush(10)
-    partition = env.buffer_partition(cancelled, settings.buffer_partitions)
-    held = next(i for i in iter(env.new_delay_id, None)
-                if env.buffer_partition(i, settings.buffer_partitions) == partition)
+    partition = wire.buffer_partition(cancelled, settings.buffer_partitions)
+    held = next(i for i in iter(wire.new_delay_id, None)
+                if wire.buffer_partition(i, settings.buffer_partitions) == partition)
     transactional = delayq.Producer({**conf, "transactional.id": names.topic("tx")})
     transactional.init_transactions(30)
     transactional.begin_transaction()
@@ -283,4 +283,4 @@ def test_a_cancel_acknowledged_behind_an_open_transaction_wins_before_and_after_
     transactional.commit_transaction(30)
     everything = read_topic(settings.bootstrap_servers, target, expect=1, timeout_s=30, idle_s=3)
 
-    assert [dict(r.headers())[env.ID].decode() for r in everything] == [held]
+    assert [dict(r.headers())[wire.ID].decode() for r in everything] == [held]

@@ -25,8 +25,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka_testing import create_topics
 
-from delayq import Settings
-from delayq import wire as env
+from delayq import Settings, wire
 from delayq.cli import main as delayq_main
 from delayq.spark import ANOMALY_KINDS, ReconcileOptions, iso, load_report, reconcile, spark_session
 from delayq.spark.session import spark_home_dir
@@ -110,9 +109,9 @@ def clean(dev_stack, spark) -> Staged:
     # Malformed, as a node would dead-letter them: a value with no frame, a tombstone with
     # an unknown op, and a framed put carrying a header delayq reserves.
     raw.produce(settings.buffer_topic, key=b"junk", value=b"x", timestamp=since)
-    raw.produce(settings.buffer_topic, key=b"junk-op", value=None, headers=[(env.OP, b"launch")], timestamp=since)
+    raw.produce(settings.buffer_topic, key=b"junk-op", value=None, headers=[(wire.OP, b"launch")], timestamp=since)
     raw.produce(settings.buffer_topic, key=b"junk-header", value=f"put {until} {a} -\nx".encode(),
-                headers=[(env.OP, b"put")], timestamp=since)
+                headers=[(wire.OP, b"put")], timestamp=since)
     assert raw.flush(30) == 0
     return Staged(settings, since, until, [a, b], ids)
 
@@ -459,23 +458,23 @@ def dead_lettered(dev_stack, spark) -> Staged:
         lost.headers = [("trace", b"t-1")]
         put = writer.put(lost, lost.created_at_ms, wait=True)
         writer.done(lost.delay_id, lost.deliver_at_ms + 900, version=put, cutoff=put + 1)
-        where = env.buffer_partition(lost.delay_id, 3)
+        where = wire.buffer_partition(lost.delay_id, 3)
         letters.append((lost.delay_id.encode(), lost.buffer_value(), [
-            *lost.headers, (env.EPOCH, b"1"), (env.VERSION, str(put).encode()),
-            (env.DEAD_LETTER_REASON, env.reason_text(env.Reason.MISSING_TOPIC,
+            *lost.headers, (wire.EPOCH, b"1"), (wire.VERSION, str(put).encode()),
+            (wire.DEAD_LETTER_REASON, wire.reason_text(wire.Reason.MISSING_TOPIC,
                                                      f"target topic {lost.topic} does not exist").encode()),
-            (env.DEAD_LETTER_SOURCE, f"{buffer}/{where}/{put}".encode())], lost.deliver_at_ms + 900))
+            (wire.DEAD_LETTER_SOURCE, f"{buffer}/{where}/{put}".encode())], lost.deliver_at_ms + 900))
         ids["missing_topic"] = lost.delay_id
         # Undeliverable: Kafka refused it, and the copy was too large too: only delayq's headers left.
         big = new_message(a, since + 40 * MINUTE)
         put = writer.put(big, big.created_at_ms, wait=True)
         writer.done(big.delay_id, big.deliver_at_ms + 50, version=put, cutoff=put + 1)
-        reason = (env.reason_text(env.Reason.REJECTED, "rejected by Kafka: message too large") +
+        reason = (wire.reason_text(wire.Reason.REJECTED, "rejected by Kafka: message too large") +
                   "; the copy leaves out the original's value (1048570 bytes) and user headers: too large for "
                   "Kafka with the dead-letter headers")
         letters.append((big.delay_id.encode(), None, [
-            (env.EPOCH, b"1"), (env.VERSION, str(put).encode()), (env.DEAD_LETTER_REASON, reason.encode()),
-            (env.DEAD_LETTER_SOURCE, f"{buffer}/{env.buffer_partition(big.delay_id, 3)}/{put}".encode())],
+            (wire.EPOCH, b"1"), (wire.VERSION, str(put).encode()), (wire.DEAD_LETTER_REASON, reason.encode()),
+            (wire.DEAD_LETTER_SOURCE, f"{buffer}/{wire.buffer_partition(big.delay_id, 3)}/{put}".encode())],
             big.deliver_at_ms + 50))
         ids["rejected"] = big.delay_id
         # Written an hour after it was due, delivered 20 ms later: no lateness of an hour.
@@ -488,25 +487,25 @@ def dead_lettered(dev_stack, spark) -> Staged:
         # its offset is never compared with the put's.
         victim = new_message(a, since + 50 * MINUTE)
         writer.put(victim, victim.created_at_ms, wait=True)
-        other = (env.buffer_partition(victim.delay_id, 3) + 1) % 3
+        other = (wire.buffer_partition(victim.delay_id, 3) + 1) % 3
         ids["wrong_partition_cancel"] = victim.delay_id
     malformed = [
-        (victim.delay_id.encode(), None, env.control_headers(env.OP_CANCEL, victim.delay_id), other),
-        (env.new_delay_id().encode(), f"put {since + 5 * MINUTE} {a} 10\nabc".encode(), [], None),
+        (victim.delay_id.encode(), None, wire.control_headers(wire.OP_CANCEL, victim.delay_id), other),
+        (wire.new_delay_id().encode(), f"put {since + 5 * MINUTE} {a} 10\nabc".encode(), [], None),
         (b"order-42", f"put {since + 5 * MINUTE} {a} -\nx".encode(), [], None),
-        (env.new_delay_id().encode(), f"put {since + 5 * MINUTE} {a} - bogus=1\nx".encode(), [], None),
+        (wire.new_delay_id().encode(), f"put {since + 5 * MINUTE} {a} - bogus=1\nx".encode(), [], None),
     ]
     for n, (key, value, headers, partition) in enumerate(malformed):
         at = victim.created_at_ms + 1 if n == 0 else since
         found = _write(raw, buffer, key, value, headers or None, at, partition)
         try:
-            env.parse_buffer_record(key, value, headers, partition=found[0], partitions=3)
-        except env.MalformedRecord as err:
+            wire.parse_buffer_record(key, value, headers, partition=found[0], partitions=3)
+        except wire.MalformedRecord as err:
             reason = err.reason
         # The last one was dead-lettered before the window: listed nowhere, counted only as malformed.
         when = since - 30 * MINUTE if n == 3 else since + (n + 1) * MINUTE
-        letters.append((key, value, [*headers, (env.DEAD_LETTER_REASON, reason.encode()),
-                                     (env.DEAD_LETTER_SOURCE, f"{buffer}/{found[0]}/{found[1]}".encode())], when))
+        letters.append((key, value, [*headers, (wire.DEAD_LETTER_REASON, reason.encode()),
+                                     (wire.DEAD_LETTER_SOURCE, f"{buffer}/{found[0]}/{found[1]}".encode())], when))
     with TrafficWriter(settings.bootstrap_servers, buffer) as writer:
         writer.deliver(victim, victim.deliver_at_ms + 7)
         writer.done(victim.delay_id, victim.deliver_at_ms + 7)

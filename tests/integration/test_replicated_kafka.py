@@ -23,8 +23,7 @@ from process_testing import wait_until
 from service_testing import Cluster, kafka_pid, now_ms, start_private_stack, thaw
 from traffic_testing import Probe, readme_producer, while_writing
 
-from delayq import Settings
-from delayq import wire as env
+from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards, kafka_status
 from delayq.delay_service.topics import describe_config
 from delayq.dev import DevStack, StackError
@@ -175,8 +174,8 @@ def assert_exactly_once_in_time(run: Replicated, traffic: Traffic, bound_ms: int
     ``bound_ms`` beyond when the probe could write again; no node restarted, at most one new epoch per shard and
     fault. Returns the figures: the longest stall beyond the probe, and the worst lateness outside faults."""
     records = [r for r in read_topic(run.settings.bootstrap_servers, run.target, timeout_s=120, idle_s=5)
-               if env.ID in dict(r.headers() or [])]
-    delivered = Counter(dict(r.headers())[env.ID].decode() for r in records)
+               if wire.ID in dict(r.headers() or [])]
+    delivered = Counter(dict(r.headers())[wire.ID].decode() for r in records)
     honoured = {i for i, acked in traffic.cancel_acked.items() if acked < traffic.due[i]}
     expected = set(traffic.due) - set(traffic.cancel_acked)
     assert max(delivered.values(), default=1) == 1, [i for i, n in delivered.items() if n > 1][:5]
@@ -186,7 +185,7 @@ def assert_exactly_once_in_time(run: Replicated, traffic: Traffic, bound_ms: int
     early, beyond, outside = [], [], 0
     first_began, last_back = min(b for b, _ in traffic.faults), max(back for _, back in traffic.faults)
     for record in records:
-        delay_id = dict(record.headers())[env.ID].decode()
+        delay_id = dict(record.headers())[wire.ID].decode()
         appended, due = record.timestamp()[1], traffic.due[delay_id]
         if appended < due:
             early.append((delay_id, due - appended))

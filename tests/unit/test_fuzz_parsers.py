@@ -25,7 +25,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from delayq import wire as env
+from delayq import wire
 from delayq.delay_service import stored
 from delayq.delay_service.http import NodeHTTPServer
 from delayq.delay_service.metrics import NodeMetrics
@@ -50,18 +50,18 @@ user_bytes = st.one_of(
     st.binary(min_size=500, max_size=2000),
 )
 offsets = st.integers(0, 10**18 - 1)  # what the frame's and the headers' 18 digits hold
-dues = st.one_of(st.integers(env.MIN_DUE_MS, 10**18 - 1), st.just(env.MIN_DUE_MS))  # a due time nodes take
+dues = st.one_of(st.integers(wire.MIN_DUE_MS, 10**18 - 1), st.just(wire.MIN_DUE_MS))  # a due time nodes take
 PARTITIONERS = ["consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a", "fnv1a_random", "random"]
 partitioners = st.one_of(st.none(), st.sampled_from(PARTITIONERS))
-user_header_names = st.text(max_size=20).filter(lambda name: not name.startswith(env.RESERVED_PREFIX))
+user_header_names = st.text(max_size=20).filter(lambda name: not name.startswith(wire.RESERVED_PREFIX))
 user_headers = st.lists(st.tuples(user_header_names, st.none() | st.binary(max_size=20)), max_size=5)
 # Kafka's CreateTime is an int64 the producer chooses: -1 and other negatives reach the nodes.
 timestamps = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([-1, 0, 1_800_000_000_000]))
 
-RESERVED_NAMES = [env.OP, env.ID, env.VERSION, env.CUTOFF, env.EPOCH, env.DELIVER_AT, env.DEAD_LETTER_REASON,
+RESERVED_NAMES = [wire.OP, wire.ID, wire.VERSION, wire.CUTOFF, wire.EPOCH, wire.DELIVER_AT, wire.DEAD_LETTER_REASON,
                   "delayq-", "delayq-x", "Delayq-op", "DELAYQ-OP", "delayq-op ", " delayq-op"]
 header_names = st.one_of(st.sampled_from(RESERVED_NAMES), st.text(max_size=20),
-                         st.text(min_size=1, max_size=20).map(lambda s: env.RESERVED_PREFIX + s))
+                         st.text(min_size=1, max_size=20).map(lambda s: wire.RESERVED_PREFIX + s))
 header_values = st.one_of(st.none(), st.binary(max_size=30),
                           st.sampled_from([b"cancel", b"done", b"put", b"CANCEL", b"done ", b"", b"0", b"7",
                                            b"-1", b"1" * 18, b"1" * 19, b"007", "٣".encode()]))
@@ -73,7 +73,7 @@ any_keys = st.one_of(st.none(), st.binary(max_size=40), delay_ids.map(str.encode
 numbers = st.one_of(
     offsets.map(lambda n: str(n).encode()),
     dues.map(lambda n: str(n).encode()),
-    st.sampled_from([str(env.MIN_DUE_MS).encode(), str(env.MIN_DUE_MS - 1).encode(), b"1795404000"]),
+    st.sampled_from([str(wire.MIN_DUE_MS).encode(), str(wire.MIN_DUE_MS - 1).encode(), b"1795404000"]),
     st.integers(10**18, 10**40).map(lambda n: str(n).encode()),
     st.integers(-(10**6), -1).map(lambda n: str(n).encode()),
     st.sampled_from([b"", b"0", b"00", b"007", b"1e3", b"0x10", b"1_000", b"+5", b"1.5", b" 1", b"1 ", b"\xff",
@@ -117,7 +117,7 @@ def frames(draw) -> bytes:
     line_end = draw(st.sampled_from([b"\n"] * 10 + [b"\r\n", b"", b"\n\n", b" \n", b"\r"]))
     line = separator.join(fields)
     if draw(st.integers(0, 9)) == 9:  # a frame line longer than MAX_FRAME_LINE, or just within it
-        line += b" partitioner=" + b"x" * draw(st.integers(env.MAX_FRAME_LINE - len(line) - 20, 2 * env.MAX_FRAME_LINE))
+        line += b" partitioner=" + b"x" * draw(st.integers(wire.MAX_FRAME_LINE - len(line) - 20, 2 * wire.MAX_FRAME_LINE))
     return line + line_end + (key or b"") + draw(user_bytes)
 
 
@@ -137,15 +137,15 @@ def expected(key: bytes | None, value: bytes | None, headers, timestamp_ms: int)
     delay_id = key.decode()
     if value is None:
         return expected_tombstone(key, headers or [])
-    if any(name.startswith(env.RESERVED_PREFIX) for name, _ in headers or []):
+    if any(name.startswith(wire.RESERVED_PREFIX) for name, _ in headers or []):
         return None
     line_end = value.find(b"\n")
-    if not 0 <= line_end < env.MAX_FRAME_LINE:  # at most 512 bytes, newline included
+    if not 0 <= line_end < wire.MAX_FRAME_LINE:  # at most 512 bytes, newline included
         return None
     fields = value[:line_end].split(b" ")
     if len(fields) < 4 or fields[0] != b"put" or not _DIGITS.fullmatch(fields[1]):
         return None
-    if int(fields[1]) < env.MIN_DUE_MS:  # 2000-01-01 in ms: below it, seconds were meant
+    if int(fields[1]) < wire.MIN_DUE_MS:  # 2000-01-01 in ms: below it, seconds were meant
         return None
     if not _TOPIC.fullmatch(fields[2]) or fields[2] in (b".", b".."):
         return None
@@ -175,28 +175,28 @@ def expected(key: bytes | None, value: bytes | None, headers, timestamp_ms: int)
     message = Envelope(delay_id, fields[2].decode(), int(fields[1]), None if "value" in found else rest, key_bytes,
                        partition, headers or [], timestamp_ms, partitioner)
     restores = int(found["restores"]) if "restores" in found else None
-    return BufferRecord(env.OP_PUT, delay_id, message, None, restores)
+    return BufferRecord(wire.OP_PUT, delay_id, message, None, restores)
 
 
 def expected_tombstone(key: bytes, headers) -> BufferRecord | None:
     found: dict[str, bytes | None] = {}
     for name, value in headers:
-        if name in (env.OP, env.ID, env.VERSION, env.CUTOFF):
+        if name in (wire.OP, wire.ID, wire.VERSION, wire.CUTOFF):
             if name in found:
                 return None
             found[name] = value
-    op = found.get(env.OP)
+    op = found.get(wire.OP)
     if op not in (b"cancel", b"done"):
         return None
     # delayq-id names the record key; a null one says nothing (the key is the id).
-    if found.get(env.ID) is not None and found[env.ID] != key:
+    if found.get(wire.ID) is not None and found[wire.ID] != key:
         return None
     if op == b"cancel":
-        return None if env.VERSION in found or env.CUTOFF in found else BufferRecord(op, key.decode())
-    numbers = {name: found[name] for name in (env.VERSION, env.CUTOFF) if name in found}
+        return None if wire.VERSION in found or wire.CUTOFF in found else BufferRecord(op, key.decode())
+    numbers = {name: found[name] for name in (wire.VERSION, wire.CUTOFF) if name in found}
     if not all(raw is not None and _DIGITS.fullmatch(raw) for raw in numbers.values()):
         return None
-    version = numbers.get(env.VERSION)
+    version = numbers.get(wire.VERSION)
     return BufferRecord(op, key.decode(), None, None if version is None else int(version))
 
 
@@ -206,7 +206,7 @@ def verdict(key, value, headers, timestamp_ms: int = 0) -> BufferRecord | None:
         return parse_buffer_record(key, value, headers, timestamp_ms)
     except MalformedRecord as bad:
         assert isinstance(bad.reason, str) and bad.reason.strip(), "a MalformedRecord without a reason"
-        assert bad.code in env.Reason and bad.reason.startswith(f"{bad.code.value}: ")
+        assert bad.code in wire.Reason and bad.reason.startswith(f"{bad.code.value}: ")
         # The reason travels in a header of the dead-letter copy, beside the whole original record:
         # it must stay short whatever the record holds.
         assert len(bad.reason.encode()) <= 400, f"a {len(bad.reason.encode())}-byte reason: {bad.reason[:200]}"
@@ -222,12 +222,12 @@ def verdict(key, value, headers, timestamp_ms: int = 0) -> BufferRecord | None:
 @MORE
 def test_a_put_parses_back_to_exactly_what_was_encoded(delay_id, deliver_at_ms, topic, key, value, partition,
                                                        partitioner, restores, headers, timestamp_ms):
-    raw = env.put_value(deliver_at_ms, topic, key, value, partition, partitioner, restores)
+    raw = wire.put_value(deliver_at_ms, topic, key, value, partition, partitioner, restores)
 
     record = parse_buffer_record(delay_id.encode(), raw, headers, timestamp_ms)
 
     message = Envelope(delay_id, topic, deliver_at_ms, value, key, partition, headers, timestamp_ms, partitioner)
-    assert record == BufferRecord(env.OP_PUT, delay_id, message, None, restores)
+    assert record == BufferRecord(wire.OP_PUT, delay_id, message, None, restores)
     assert record.envelope.buffer_value(restores) == raw
 
 
@@ -236,9 +236,9 @@ def test_cancel_and_done_parse_back_to_their_op_and_version_in_any_header_order(
                                                                                data):
     key = delay_id.encode()
     for headers, wanted in [
-        (env.control_headers(env.OP_CANCEL, delay_id), BufferRecord(env.OP_CANCEL, delay_id)),
-        (env.control_headers(env.OP_DONE, delay_id), BufferRecord(env.OP_DONE, delay_id)),
-        (env.done_headers(delay_id, version, cutoff), BufferRecord(env.OP_DONE, delay_id, None, version)),
+        (wire.control_headers(wire.OP_CANCEL, delay_id), BufferRecord(wire.OP_CANCEL, delay_id)),
+        (wire.control_headers(wire.OP_DONE, delay_id), BufferRecord(wire.OP_DONE, delay_id)),
+        (wire.done_headers(delay_id, version, cutoff), BufferRecord(wire.OP_DONE, delay_id, None, version)),
     ]:
         shuffled = data.draw(st.permutations(headers + extra))
         assert parse_buffer_record(key, None, shuffled) == wanted
@@ -253,7 +253,7 @@ def test_any_record_is_parsed_or_malformed_as_the_design_says(key, value, header
     assert got == expected(key, value, headers, timestamp_ms)
     if got is not None and got.envelope is not None:
         # A put that passes can be delivered and, if need be, dead-lettered as it was written.
-        assert env.check_topic(got.envelope.topic) == got.envelope.topic
+        assert wire.check_topic(got.envelope.topic) == got.envelope.topic
         again = parse_buffer_record(key, got.envelope.buffer_value(got.restores), headers, timestamp_ms)
         assert again == got
 
@@ -292,9 +292,9 @@ def test_frames_that_once_passed_are_malformed(value, reason):
 
 @pytest.mark.parametrize("headers,reason", [
     # A null delayq-version was taken for an absent one: the done closed whatever version was stored.
-    ([(env.OP, b"done"), (env.VERSION, None)], "delayq-version is b''"),
-    ([(env.OP, b"done"), (env.VERSION, b"3"), (env.CUTOFF, None)], "delayq-cutoff is b''"),
-    ([(env.OP, b"cancel"), (env.CUTOFF, None)], "only a done has"),
+    ([(wire.OP, b"done"), (wire.VERSION, None)], "delayq-version is b''"),
+    ([(wire.OP, b"done"), (wire.VERSION, b"3"), (wire.CUTOFF, None)], "delayq-cutoff is b''"),
+    ([(wire.OP, b"cancel"), (wire.CUTOFF, None)], "only a done has"),
 ])
 def test_a_null_version_or_cutoff_header_is_malformed_not_absent(headers, reason):
     with pytest.raises(MalformedRecord, match=reason):

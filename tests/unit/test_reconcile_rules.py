@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from delayq import wire as env
+from delayq import wire
 from delayq.spark import ReconcileOptions, spark_session
 from delayq.spark.job import _KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
 from delayq.spark.records import DEAD_LETTER_SCHEMA
@@ -39,8 +39,8 @@ class History:
 
     def __init__(self, name: str):
         self.name = name
-        self.id = env.new_delay_id(T0 - 7_200_000)
-        self.partition = env.buffer_partition(self.id, PARTITIONS)
+        self.id = wire.new_delay_id(T0 - 7_200_000)
+        self.partition = wire.buffer_partition(self.id, PARTITIONS)
         self.buffer: list[tuple] = []
         self.deliveries: list[tuple] = []
         self.letters: list[tuple] = []
@@ -53,7 +53,7 @@ class History:
 
     def put(self, offset: int, due: int, restores: int | None = None, at: int | None = None) -> History:
         """A put written at ``at`` (default: before it is due); with ``restores``, a master's copy."""
-        value = env.put_value(due, TOPIC, None, b"payload", restores=restores)
+        value = wire.put_value(due, TOPIC, None, b"payload", restores=restores)
         return self._record(offset, value, [], T0 - 3_000_000 + offset if at is None else at)
 
     def occurrence(self, offset: int, due: int, number: int, follows: int | None = None,
@@ -62,18 +62,18 @@ class History:
         picked under ``cutoff`` (default: the next-occurrence put's own offset)."""
         if follows is not None and cutoff is None:
             cutoff = offset
-        options = env.schedule_options(env.Series(every_ms=1000), number, None, follows, cutoff)
-        value = env.put_value(due, TOPIC, None, b"payload", more_options=options)
+        options = wire.schedule_options(wire.Series(every_ms=1000), number, None, follows, cutoff)
+        value = wire.put_value(due, TOPIC, None, b"payload", more_options=options)
         return self._record(offset, value, [], T0 - 3_000_000 + offset if follows is None else due - 1000)
 
     def cancel(self, offset: int, at: int | None = None, partition: int | None = None) -> History:
         """A cancel; ``partition``: written to another partition than the id's (malformed)."""
-        return self._record(offset, None, env.control_headers(env.OP_CANCEL, self.id),
+        return self._record(offset, None, wire.control_headers(wire.OP_CANCEL, self.id),
                             T0 - 3_000_000 + offset if at is None else at, partition)
 
     def done(self, offset: int, version: int | None = None, cutoff: int | None = None) -> History:
-        headers = env.control_headers(env.OP_DONE, self.id)
-        headers += [(name, str(number).encode()) for name, number in ((env.VERSION, version), (env.CUTOFF, cutoff))
+        headers = wire.control_headers(wire.OP_DONE, self.id)
+        headers += [(name, str(number).encode()) for name, number in ((wire.VERSION, version), (wire.CUTOFF, cutoff))
                     if number is not None]
         return self._record(offset, None, headers, T0 + offset)
 
@@ -81,18 +81,18 @@ class History:
         """Any buffer record, for the malformed ones."""
         return self._record(offset, value, headers, T0)
 
-    def dead_letter(self, version: int, code: env.Reason = env.Reason.MISSING_TOPIC, due: int = T0) -> History:
+    def dead_letter(self, version: int, code: wire.Reason = wire.Reason.MISSING_TOPIC, due: int = T0) -> History:
         """The master's dead letter of version ``version`` (undeliverable), as dead_letter_rows reads it."""
         self.letters.append((self.id, self.id, self.partition, version, T0 + 50, code.value, "no such topic",
                              f"{BUFFER}/{self.partition}/{version}", version, due, TOPIC, True))
         return self
 
     def deliver(self, at: int, due: int | None, version: int | None = None, epoch: int = 1) -> History:
-        headers = [(env.ID, self.id.encode()), (env.EPOCH, str(epoch).encode())]
+        headers = [(wire.ID, self.id.encode()), (wire.EPOCH, str(epoch).encode())]
         if due is not None:
-            headers.append((env.DELIVER_AT, str(due).encode()))
+            headers.append((wire.DELIVER_AT, str(due).encode()))
         if version is not None:
-            headers.append((env.VERSION, str(version).encode()))
+            headers.append((wire.VERSION, str(version).encode()))
         self.deliveries.append((b"user-key", b"payload", TOPIC, 0, len(self.deliveries), _time(at), 0, headers))
         return self
 
@@ -168,8 +168,8 @@ def histories() -> list[History]:
         # No buffer record at all.
         h("unknown").deliver(T0 + 5, T0, 4),
         # Malformed tombstones take no part: a cancel with a version, a done with a bad cutoff.
-        h("malformed-tombstones").put(0, T0).raw(1, None, [(env.OP, env.OP_CANCEL), (env.VERSION, b"0")])
-        .deliver(T0 + 4, T0, 0).raw(2, None, [(env.OP, env.OP_DONE), (env.CUTOFF, b"x1")]),
+        h("malformed-tombstones").put(0, T0).raw(1, None, [(wire.OP, wire.OP_CANCEL), (wire.VERSION, b"0")])
+        .deliver(T0 + 4, T0, 0).raw(2, None, [(wire.OP, wire.OP_DONE), (wire.CUTOFF, b"x1")]),
         # A cancel on another partition than the id's is malformed (wrong-partition): its offset, of
         # another partition, is never compared with the put's, and the delivery stands.
         h("cancel-on-wrong-partition").put(0, T0).cancel(1, partition=-1).deliver(T0 + 4, T0, 0).done(2, 0, 2),
@@ -412,17 +412,17 @@ def test_malformed_tombstones_take_no_part(verdicts):
     verdict = verdicts["malformed-tombstones"]
     assert anomalies(verdict) == set() and verdict["state"] == "scheduled" and verdict["is_delivered"]
     spark = spark_session("local[2]")
-    a, b = env.new_delay_id(), env.new_delay_id()
+    a, b = wire.new_delay_id(), wire.new_delay_id()
     key = a.encode()
     records = [
-        (key, None, [(env.OP, b"cancel"), (env.CUTOFF, b"3")]),            # a cutoff is a done's
-        (key, None, [(env.OP, b"done"), (env.VERSION, b"-1")]),            # not digits
-        (key, None, [(env.OP, b"done"), (env.OP, b"done")]),               # a header twice
-        (key, None, [(env.OP, b"done"), (env.ID, b.encode())]),            # an id that is not the key
-        (key, None, [(env.OP, b"done"), (env.ID, key), (env.VERSION, b"0"), (env.CUTOFF, b"1")]),  # fine
-        (key, None, [(env.OP, b"cancel"), (env.ID, key)]),                 # fine
+        (key, None, [(wire.OP, b"cancel"), (wire.CUTOFF, b"3")]),            # a cutoff is a done's
+        (key, None, [(wire.OP, b"done"), (wire.VERSION, b"-1")]),            # not digits
+        (key, None, [(wire.OP, b"done"), (wire.OP, b"done")]),               # a header twice
+        (key, None, [(wire.OP, b"done"), (wire.ID, b.encode())]),            # an id that is not the key
+        (key, None, [(wire.OP, b"done"), (wire.ID, key), (wire.VERSION, b"0"), (wire.CUTOFF, b"1")]),  # fine
+        (key, None, [(wire.OP, b"cancel"), (wire.ID, key)]),                 # fine
     ]
-    where = env.buffer_partition(a, PARTITIONS)
+    where = wire.buffer_partition(a, PARTITIONS)
     rows = [(k, value, BUFFER, where, i, _time(T0), 0, headers) for i, (k, value, headers) in enumerate(records)]
     found = buffer_rows(spark.createDataFrame(rows, _KAFKA_SCHEMA), PARTITIONS).orderBy("offset").collect()
     assert [(r["kind"], r["code"], r["malformed"]) for r in found] == [

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from wire_cases import CASES, PARTITIONS, Case
 
-from delayq import wire as env
+from delayq import wire
 from delayq.wire import Envelope, MalformedRecord, check_delay_id, new_delay_id, parse_buffer_record
 
 
@@ -22,38 +22,38 @@ def sample(**changes) -> Envelope:
 def test_delivery_headers_keep_user_headers_in_order_then_add_id_due_time_epoch_version():
     original = sample()
     assert original.delivery_headers(7, 711) == [
-        *original.headers, (env.ID, original.delay_id.encode()),
-        (env.DELIVER_AT, b"1800000000123"), (env.EPOCH, b"7"), (env.VERSION, b"711"),
+        *original.headers, (wire.ID, original.delay_id.encode()),
+        (wire.DELIVER_AT, b"1800000000123"), (wire.EPOCH, b"7"), (wire.VERSION, b"711"),
     ]
 
 
 def test_a_done_names_the_version_it_closes_and_a_cancel_closes_any():
     delay_id = sample().delay_id
-    done = env.parse_buffer_record(delay_id.encode(), None, env.done_headers(delay_id, 711, 790))
-    cancel = env.parse_buffer_record(delay_id.encode(), None, env.control_headers(env.OP_CANCEL, delay_id))
-    old_done = env.parse_buffer_record(delay_id.encode(), None, env.control_headers(env.OP_DONE, delay_id))
+    done = wire.parse_buffer_record(delay_id.encode(), None, wire.done_headers(delay_id, 711, 790))
+    cancel = wire.parse_buffer_record(delay_id.encode(), None, wire.control_headers(wire.OP_CANCEL, delay_id))
+    old_done = wire.parse_buffer_record(delay_id.encode(), None, wire.control_headers(wire.OP_DONE, delay_id))
 
-    assert (done.op, done.closes_version) == (env.OP_DONE, 711)
-    assert (cancel.op, cancel.closes_version) == (env.OP_CANCEL, None)
-    assert (old_done.op, old_done.closes_version) == (env.OP_DONE, None)
+    assert (done.op, done.closes_version) == (wire.OP_DONE, 711)
+    assert (cancel.op, cancel.closes_version) == (wire.OP_CANCEL, None)
+    assert (old_done.op, old_done.closes_version) == (wire.OP_DONE, None)
 
 
 def test_cancel_and_done_parse_as_tombstones():
     delay_id = new_delay_id()
-    for op in (env.OP_CANCEL, env.OP_DONE):
-        parsed = parse_buffer_record(delay_id.encode(), None, env.control_headers(op, delay_id))
+    for op in (wire.OP_CANCEL, wire.OP_DONE):
+        parsed = parse_buffer_record(delay_id.encode(), None, wire.control_headers(op, delay_id))
         assert (parsed.op, parsed.delay_id, parsed.envelope) == (op, delay_id, None)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_every_record_of_the_shared_table_parses_or_is_refused_with_its_reason_code(case: Case):
-    if isinstance(case.expected, env.Reason):
+    if isinstance(case.expected, wire.Reason):
         with pytest.raises(MalformedRecord) as refused:
             parse_buffer_record(case.key, case.value, case.headers, partition=case.partition, partitions=PARTITIONS)
         assert refused.value.code is case.expected
         assert case.text in refused.value.text
         assert refused.value.reason == f"{case.expected.value}: {refused.value.text}"
-        assert env.Reason.of(refused.value.reason.encode()) is case.expected
+        assert wire.Reason.of(refused.value.reason.encode()) is case.expected
     else:
         record = parse_buffer_record(case.key, case.value, case.headers, partition=case.partition,
                                      partitions=PARTITIONS)
@@ -65,33 +65,33 @@ def test_the_partition_rule_is_crc32_of_the_id_bytes():
 
     for _ in range(50):
         delay_id = new_delay_id()
-        assert env.buffer_partition(delay_id, 7) == zlib.crc32(delay_id.encode()) % 7
-        assert env.buffer_partition(delay_id.encode(), 7) == env.buffer_partition(delay_id, 7)
+        assert wire.buffer_partition(delay_id, 7) == zlib.crc32(delay_id.encode()) % 7
+        assert wire.buffer_partition(delay_id.encode(), 7) == wire.buffer_partition(delay_id, 7)
 
 
 def test_a_record_read_without_its_partition_is_not_judged_by_the_partition_rule():
     case = next(c for c in CASES if c.name == "cancel on the wrong partition")
-    assert parse_buffer_record(case.key, case.value, case.headers).op == env.OP_CANCEL
+    assert parse_buffer_record(case.key, case.value, case.headers).op == wire.OP_CANCEL
 
 
 def test_every_reason_code_is_a_stable_lower_case_word_and_reads_back():
-    assert [r.value for r in env.Reason] == [
+    assert [r.value for r in wire.Reason] == [
         "wrong-partition", "bad-id", "bad-frame", "unknown-option", "bad-due-time", "reserved-header", "bad-control",
         "missing-topic", "bad-partition", "rejected", "forbidden-topic", "expired", "retries-exhausted"]
-    for reason in env.Reason:
-        assert env.Reason.of(env.reason_text(reason, "why")) is reason
-    assert env.Reason.of(b"malformed: old text") is None and env.Reason.of(None) is None
+    for reason in wire.Reason:
+        assert wire.Reason.of(wire.reason_text(reason, "why")) is reason
+    assert wire.Reason.of(b"malformed: old text") is None and wire.Reason.of(None) is None
 
 
 def test_the_due_time_bound_is_2000_01_01_in_ms():
     from datetime import UTC, datetime
 
-    assert int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000) == env.MIN_DUE_MS
+    assert int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000) == wire.MIN_DUE_MS
     key = new_delay_id().encode()
-    assert parse_buffer_record(key, b"put %d t -\n" % env.MIN_DUE_MS, []).envelope.deliver_at_ms == env.MIN_DUE_MS
+    assert parse_buffer_record(key, b"put %d t -\n" % wire.MIN_DUE_MS, []).envelope.deliver_at_ms == wire.MIN_DUE_MS
     with pytest.raises(MalformedRecord) as refused:
-        parse_buffer_record(key, b"put %d t -\n" % (env.MIN_DUE_MS - 1), [])
-    assert refused.value.code is env.Reason.BAD_DUE_TIME
+        parse_buffer_record(key, b"put %d t -\n" % (wire.MIN_DUE_MS - 1), [])
+    assert refused.value.code is wire.Reason.BAD_DUE_TIME
 
 
 def test_delay_ids_are_uuid7_and_sort_by_time():
@@ -110,27 +110,27 @@ def test_check_delay_id_refuses_what_is_not_an_id(bad, error):
 
 @pytest.mark.parametrize("partitions", [1, 2, 6, 12, 64])
 def test_each_partition_has_a_mark_id_that_lands_on_it_and_no_new_id_is_one(partitions):
-    marks = [env.mark_id(p, partitions) for p in range(partitions)]
+    marks = [wire.mark_id(p, partitions) for p in range(partitions)]
 
-    assert [env.buffer_partition(mark, partitions) for mark in marks] == list(range(partitions))
-    assert all(env.is_mark_id(mark.encode()) and uuid.UUID(mark).version == 7 for mark in marks)
-    assert not env.is_mark_id(new_delay_id(1).encode()), "an id stamped even 1 ms after 1970 is a message's"
+    assert [wire.buffer_partition(mark, partitions) for mark in marks] == list(range(partitions))
+    assert all(wire.is_mark_id(mark.encode()) and uuid.UUID(mark).version == 7 for mark in marks)
+    assert not wire.is_mark_id(new_delay_id(1).encode()), "an id stamped even 1 ms after 1970 is a message's"
     with pytest.raises(ValueError, match="is not one of the buffer's"):
-        env.mark_id(partitions, partitions)
+        wire.mark_id(partitions, partitions)
 
 
 def test_a_mark_is_a_done_that_closes_nothing_and_a_put_or_cancel_of_its_id_is_malformed():
-    mark = env.mark_id(3, 6)
-    record = env.parse_buffer_record(mark.encode(), None, env.done_headers(mark, 0, 0), partition=3, partitions=6)
-    assert (record.op, record.delay_id, record.envelope) == (env.OP_DONE, mark, None)
+    mark = wire.mark_id(3, 6)
+    record = wire.parse_buffer_record(mark.encode(), None, wire.done_headers(mark, 0, 0), partition=3, partitions=6)
+    assert (record.op, record.delay_id, record.envelope) == (wire.OP_DONE, mark, None)
 
-    with pytest.raises(env.MalformedRecord, match="partition mark") as put:
-        env.parse_buffer_record(mark.encode(), env.put_value(1_795_000_000_000, "orders", None, b"v"), None,
+    with pytest.raises(wire.MalformedRecord, match="partition mark") as put:
+        wire.parse_buffer_record(mark.encode(), wire.put_value(1_795_000_000_000, "orders", None, b"v"), None,
                                 partition=3, partitions=6)
-    with pytest.raises(env.MalformedRecord, match="partition mark") as cancel:
-        env.parse_buffer_record(mark.encode(), None, env.control_headers(env.OP_CANCEL, mark),
+    with pytest.raises(wire.MalformedRecord, match="partition mark") as cancel:
+        wire.parse_buffer_record(mark.encode(), None, wire.control_headers(wire.OP_CANCEL, mark),
                                 partition=3, partitions=6)
-    assert put.value.code is cancel.value.code is env.Reason.BAD_ID
+    assert put.value.code is cancel.value.code is wire.Reason.BAD_ID
     with pytest.raises(ValueError, match="reserved"):
         check_delay_id(mark)
 
@@ -155,7 +155,7 @@ def test_an_expiring_message_round_trips_through_its_frame_which_says_the_level_
     b"put 1800000000000 orders - level=12 expires=5",
 ])
 def test_a_frame_of_a_newer_level_is_not_malformed_but_one_this_code_cannot_read_yet(frame):
-    with pytest.raises(env.NewerLevelRecord) as raised:
+    with pytest.raises(wire.NewerLevelRecord) as raised:
         parse_buffer_record(new_delay_id().encode(), frame + b"\nx", None)
 
     assert raised.value.level == int(frame.split(b"level=")[1].split(b" ")[0])
@@ -164,5 +164,5 @@ def test_a_frame_of_a_newer_level_is_not_malformed_but_one_this_code_cannot_read
 
 
 def test_the_wire_level_and_option_levels_come_from_the_feature_table():
-    assert env.WIRE_LEVEL == max(env.OPTION_LEVELS.values()) == 2
-    assert env.OPTION_LEVELS == {env.EXPIRES_OPTION: 2}
+    assert wire.WIRE_LEVEL == max(wire.OPTION_LEVELS.values()) == 2
+    assert wire.OPTION_LEVELS == {wire.EXPIRES_OPTION: 2}
