@@ -30,6 +30,10 @@ class ReleaseRecordError(DelayqError):
     """``delayq/releases.toml`` is not a valid release record; the message names the entry and what is wrong."""
 
 
+class UnknownRelease(DelayqError, ValueError):
+    """A release asked for by version is not in the record, or is not cut; the message lists those that are."""
+
+
 @dataclass(frozen=True, slots=True)
 class Release:
     """One release: its version, and the commit (full sha) and date it was cut at, both None until it is cut."""
@@ -70,6 +74,24 @@ def previous_release() -> Release:
         if release.released:
             return release
     raise ReleaseRecordError(f"{RECORD} lists no release with a commit")
+
+
+def find_release(version: str) -> Release:
+    """The release ``version`` as the record lists it, cut (it has a commit to build from).
+
+    Raises:
+        UnknownRelease: no such release, or it is not cut yet.
+        ReleaseRecordError: the record is malformed.
+    """
+    listed = releases()
+    cut = ", ".join(release.version for release in listed if release.released)
+    for release in listed:
+        if release.version == version:
+            if not release.released:
+                raise UnknownRelease(f"release {version} is not cut yet (no commit in {RECORD}): give one that is: "
+                                     f"{cut}")
+            return release
+    raise UnknownRelease(f"no release {version!r} in {RECORD}: give one of {cut}")
 
 
 def parse_releases(text: str) -> tuple[Release, ...]:

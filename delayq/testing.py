@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,35 @@ def free_port() -> int:
 
 class NodeError(RuntimeError):
     """A local node exited, did not get ready, or ignored SIGTERM; the message carries its log's tail."""
+
+
+class InitError(RuntimeError):
+    """``delayq init`` of a local cluster failed; the message carries its last lines."""
+
+
+# What a node logs when it wipes a shard's store and reads the buffer again (delay_service/node.py).
+STORE_REBUILT = "will be rebuilt from the buffer"
+
+
+def init_cluster(settings: Settings, cwd: Path, python: str = sys.executable, timeout_s: float = 120.0) -> None:
+    """Run ``python``'s ``delayq init`` for ``settings``' cluster: a release's interpreter makes the cluster as
+    that release does (its layout; 0.1.0 records no feature level).
+
+    ``cwd``: where it runs (made if missing); not a checkout of delayq, whose package ``python -m`` would
+    import instead of the interpreter's own.
+
+    Raises:
+        InitError: it exited other than 0, or ran longer than ``timeout_s``.
+    """
+    cwd.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run([python, "-m", "delayq", "init"], env={**os.environ, **settings_env(settings)},
+                              cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise InitError(f"{python} -m delayq init did not finish within {timeout_s:.0f}s") from None
+    if done.returncode != 0:
+        last = " / ".join((done.stderr or done.stdout).strip().splitlines()[-5:]) or "no output"
+        raise InitError(f"{python} -m delayq init exited with {done.returncode}: {last}")
 
 
 def reader_processes(parent: int) -> list[int]:
@@ -152,6 +182,8 @@ class NodeProcess:
                "DELAYQ_HTTP_HOST": "127.0.0.1"}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")  # noqa: SIM115 - the child's, kept open
+        # Every run of the node appends to one log: this process's part starts here (own_log).
+        self.log_start = self.log.tell()
         # Run in the node's own folder: `python -m` puts the working folder first on sys.path, and a release's
         # python started in this checkout would import this checkout's delayq instead of its own.
         self.process = subprocess.Popen([self.python, "-m", "delayq", "node"], env=env, cwd=self.data_dir.parent,
@@ -242,6 +274,17 @@ class NodeProcess:
         path = self.data_dir.parent / f"{self.node_id}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def own_log(self) -> str:
+        """What this process logged (the node's earlier runs logged to the same file before it)."""
+        self.log.flush()
+        with open(self.data_dir.parent / f"{self.node_id}.log", "rb") as log:
+            log.seek(self.log_start)
+            return log.read().decode(errors="replace")
+
+    def stores_rebuilt(self) -> int:
+        """How many times this process said it rebuilds a shard's store from the buffer (node.py's warning)."""
+        return self.own_log().count(STORE_REBUILT)
+
 
 class LocalCluster:
     """Nodes of one cluster on this machine; :meth:`close` kills whatever is still running."""
@@ -255,13 +298,44 @@ class LocalCluster:
         if create_topics:
             ensure_topics(settings)
 
-    def start(self, node_id: str, *, wait: bool = True, python: str = sys.executable) -> NodeProcess:
-        """Start ``node_id`` on its data folder (the one it had if it ran before), run by ``python``'s delayq."""
+    def start(self, node_id: str, *, wait: bool = True, python: str | None = None) -> NodeProcess:
+        """Start ``node_id`` on its data folder (the one it had if it ran before), run by ``python``'s delayq.
+
+        ``python`` defaults to the interpreter the node last ran with (a restart keeps a node's version), and
+        to this one for a node never started.
+        """
+        previous = self.nodes.get(node_id)
+        if python is None:
+            python = previous.python if previous is not None else sys.executable
         node = NodeProcess(self.settings, node_id, self.root / node_id / "data", python=python).start()
         self.nodes[node_id] = node
         if wait:
             node.wait_ready()
         return node
+
+    def replace(self, node_id: str, python: str, *, stop: Callable[[NodeProcess], int] | None = None,
+                ready_within_s: float = 120.0) -> NodeProcess:
+        """One step of a rolling upgrade: stop ``node_id`` cleanly, start ``python``'s delayq on its data folder.
+
+        Returns once the new process is ready; whether the shards have settled is the caller's to wait for.
+
+        Args:
+            stop: stops the node and returns its exit code (default :meth:`NodeProcess.stop`: SIGTERM, wait).
+            ready_within_s: how long the new process may take to answer ``/readyz`` with 200.
+
+        Raises:
+            NodeError: the node did not exit 0 (it is left stopped), or the new process exited or was not
+                ready in time; the message carries the log's tail.
+        """
+        node = self.nodes[node_id]
+        code = (stop or NodeProcess.stop)(node)
+        if code != 0:
+            raise NodeError(f"node {node_id} exited with {code} when stopped, not 0 (a clean stop):\n"
+                            f"{node.log_tail()}")
+        node.log.close()
+        started = self.start(node_id, python=python, wait=False)
+        started.wait_ready(ready_within_s)
+        return started
 
     def master(self, timeout_s: float = 30.0, *, other_than: NodeProcess | None = None) -> NodeProcess:
         """A node that says it is master of a shard (other than ``other_than``), waiting up to ``timeout_s``."""

@@ -9,10 +9,7 @@ this test chose.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +28,7 @@ from delayq.errors import DelayqError
 from delayq.proxy.feature_gate import LevelNotFinalized
 from delayq.release_env import ReleaseEnv, ensure_release_env
 from delayq.releases import previous_release
-from delayq.testing import LocalCluster, NodeProcess, settings_env
+from delayq.testing import LocalCluster, NodeProcess, init_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -141,10 +138,7 @@ def masters_of_every_shard(cluster: LocalCluster, settings: Settings) -> bool:
 
 def replace(cluster: LocalCluster, settings: Settings, node: NodeProcess, python: str) -> NodeProcess:
     """SIGTERM ``node``, wait for its shards' handover, start ``python``'s delayq on its data folder, ready."""
-    node.signal(signal.SIGTERM)
-    assert node.running.wait(60) == 0, f"{node.node_id} did not stop cleanly:\n{node.log_tail()}"
-    started = cluster.start(node.node_id, python=python, wait=False)
-    started.wait_ready(120)
+    started = cluster.replace(node.node_id, python)
     assert wait_until(lambda: masters_of_every_shard(cluster, settings), timeout_s=60, interval_s=0.5), (
         f"shards not settled after {node.node_id} came back: {cluster.masterships()}")
     return started
@@ -152,9 +146,7 @@ def replace(cluster: LocalCluster, settings: Settings, node: NodeProcess, python
 
 def start_old_cluster(cluster: LocalCluster, settings: Settings, env: ReleaseEnv) -> None:
     """The cluster as 0.1.0 makes it: its `delayq init` (layout, no feature level), then its nodes."""
-    init = subprocess.run([str(env.python), "-m", "delayq", "init"], env={**os.environ, **settings_env(settings)},
-                          cwd=cluster.root, capture_output=True, text=True, timeout=120)
-    assert init.returncode == 0, f"delayq {env.release.version} init failed:\n{init.stderr}"
+    init_cluster(settings, cluster.root, python=str(env.python))
     for node_id in NODES:
         cluster.start(node_id, python=str(env.python), wait=False)
     for node in cluster.nodes.values():
