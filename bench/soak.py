@@ -21,6 +21,10 @@ from the seed, every kind at least once. The judge (:mod:`.soak_check`) applies 
 product's rules to every message, and to the buffer, read once the nodes have stopped.
 The seed is printed first: the same seed replays the same traffic and fault plan (the
 timings of a real cluster still vary).
+
+With ``--upgrade-from <release>`` the cluster starts as that release (its ``delayq init``
+and its nodes, run from an environment built from its recorded commit) and the fault
+``upgrade_roll`` rolls it to this code and finalizes it, early in the run (:mod:`.soak_faults`).
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ from delayq.delay_service import ensure_shards
 from delayq.delay_service.topics import committed_end_offsets
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
+from delayq.release_env import ensure_release_env
+from delayq.releases import find_release
 from delayq.settings import Settings
-from delayq.testing import LocalCluster, NodeError, free_stack_ports, settings_env
+from delayq.testing import InitError, LocalCluster, NodeError, free_stack_ports, init_cluster, settings_env
 
 from .soak_brokers import LeaderMover
 from .soak_check import (
@@ -66,7 +72,7 @@ from .soak_check import (
     missing_by_buffer_partition,
     owed_versions,
 )
-from .soak_faults import Chaos, fault_kinds, log_excerpt, log_warnings, plan_faults
+from .soak_faults import Chaos, UpgradeRoll, fault_kinds, log_excerpt, log_warnings, plan_faults
 from .soak_workload import Recorder, Watcher, Workload, WorkloadOptions, now_ms, read_buffer
 
 # Anomalies shown per kind in the summary and in --json (soak-report.json has them all).
@@ -107,16 +113,22 @@ class SoakOptions:
     keep_runs: int = 3
     # Kafka brokers: 1 (the stack's one combined broker) or 2 and more (a replicated cluster, its own fault kinds).
     brokers: int = 1
+    # A release (delayq/releases.toml) the cluster starts as; the fault upgrade_roll rolls it to this code.
+    upgrade_from: str | None = None
 
     def __post_init__(self) -> None:
         from delayq.dev.stack import MAX_BROKERS
 
         if not 1 <= self.brokers <= MAX_BROKERS:
             raise ValueError(f"--brokers {self.brokers}: give 1 (one broker) to {MAX_BROKERS}")
-        shortest = 60 if self.brokers == 1 else 180
+        if self.upgrade_from is not None:
+            find_release(self.upgrade_from)  # an UnknownRelease (a ValueError) names the releases there are
+        # Three minutes fit a roll of the nodes (about a minute) early on, and the rest of the run after it.
+        shortest = 60 if self.brokers == 1 and self.upgrade_from is None else 180
         if self.duration_s < shortest:
             raise ValueError(f"--duration {self.duration_s:g}s is too short to fit every fault kind"
                              + (f" of {self.brokers} brokers" if self.brokers > 1 else "")
+                             + (" with the upgrade roll" if self.upgrade_from is not None else "")
                              + f": give {shortest // 60}m or more")
         if self.rate <= 0:
             raise ValueError(f"--rate must be positive, got {self.rate:g}")
@@ -200,7 +212,8 @@ class Soak:
         self.workload: Workload | None = None
         self.watcher: Watcher | None = None
         self.topics = [f"soak-{self.seed}-target-{i}" for i in range(options.target_topics)]
-        self.kinds = fault_kinds(options.brokers)
+        self.kinds = fault_kinds(options.brokers, upgrade=options.upgrade_from is not None)
+        self.roll: UpgradeRoll | None = None  # with --upgrade-from, once the release's environment is there
         self.leader_mover: LeaderMover | None = None
         self.started = time.monotonic()  # of the traffic, once it starts
         self.phase = "starting"
@@ -216,7 +229,8 @@ class Soak:
         o = self.options
         self.err.print(f"[bold]soak seed {self.seed}[/] (replay: delayq soak --seed {self.seed} "
                        f"--duration {o.duration_s:g}s --rate {o.rate:g} --nodes {o.nodes} --shards {o.shards} "
-                       f"--replicas {o.replicas}" + (f" --brokers {o.brokers}" if o.brokers > 1 else "") + ")",
+                       f"--replicas {o.replicas}" + (f" --brokers {o.brokers}" if o.brokers > 1 else "")
+                       + (f" --upgrade-from {o.upgrade_from}" if o.upgrade_from else "") + ")",
                        highlight=False)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -229,8 +243,23 @@ class Soak:
         finally:
             self._tear_down()
 
+    def _release_python(self) -> str:
+        """With --upgrade-from, the release's interpreter (its environment built first if it is not cached)."""
+        o = self.options
+        if o.upgrade_from is None:
+            return sys.executable
+        try:
+            env = ensure_release_env(find_release(o.upgrade_from), console=self.err)
+        except DelayqError as err:
+            raise SoakError(f"--upgrade-from {o.upgrade_from}: {err}") from err
+        self.roll = UpgradeRoll(o.upgrade_from, sys.executable)
+        self.err.print(f"the cluster starts as delayq {o.upgrade_from} ({env.root}); upgrade_roll rolls it to "
+                       f"this code ({sys.executable})", highlight=False)
+        return str(env.python)
+
     def _start_cluster(self) -> Settings:
         o = self.options
+        python = self._release_python()
         kafka_port, zk_port = _free_ports(o.brokers)
         if o.brokers > 1:
             # Compiled before anything starts: a missing JDK fails the run at once, not at its first leader_move.
@@ -258,53 +287,68 @@ class Soak:
                                            for t in self.topics]).values():
             future.result(30)
         self.cluster = LocalCluster(settings, self.run_dir / "nodes")  # creates the buffer and dead-letter topics
-        ensure_shards(settings)  # what `delayq init --shards N` records
+        version = f" of delayq {o.upgrade_from}" if o.upgrade_from else ""
+        if o.upgrade_from is None:
+            ensure_shards(settings)  # what `delayq init --shards N` records
+        else:
+            try:
+                with self.err.status(f"delayq {o.upgrade_from} init (the cluster as that release makes it)"):
+                    init_cluster(settings, self.cluster.root, python=python)
+            except InitError as err:
+                raise SoakError(f"the soak's cluster was not set up: {err}") from err
         try:
-            with self.err.status(f"starting {o.nodes} nodes"):
+            with self.err.status(f"starting {o.nodes} nodes{version}"):
                 for i in range(o.nodes):
-                    self.cluster.start(f"node-{chr(ord('a') + i)}")
+                    self.cluster.start(f"node-{chr(ord('a') + i)}", python=python)
                 master = self.cluster.master(60)
         except NodeError as err:
             raise SoakError(f"the soak's nodes did not start: {err}") from err
         shards = f"{o.shards} shard{'s' if o.shards > 1 else ''}"
         holders = f"each on {o.replicas} nodes" if o.replicas else "each on every node"
-        self.err.print(f"{o.nodes} nodes up, {shards} {holders}, {master.node_id} is a master; "
+        self.err.print(f"{o.nodes} nodes{version} up, {shards} {holders}, {master.node_id} is a master; "
                        f"logs in {self.run_dir / 'nodes'}")
         return settings
 
     def _start_traffic(self, settings: Settings) -> None:
         o = self.options
         assert self.stack is not None and self.cluster is not None
-        plan = plan_faults(self.seed, o.duration_s, o.session_timeout_s, o.brokers)
+        plan = plan_faults(self.seed, o.duration_s, o.session_timeout_s, o.brokers, upgrade=self.roll is not None)
         first_round = ", ".join(f.describe() for f in plan[:len(self.kinds)])
         self.err.print(f"faults (first round, in order): {first_round}", highlight=False)
         self.started = time.monotonic()
         self.watcher = Watcher(settings.bootstrap_servers, self.topics, self.recorder)
         self.watcher.start()
-        # As the README shows a user: the brokers and the cluster, nothing that would make the buffer's order
-        # the soak's doing rather than delayq's. librdkafka's complaints while Kafka is down go to a file.
-        producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster},
-                            logger=self._producer_log())
+        # As the README shows a user: the brokers, the cluster and its ZooKeeper (which a put of level 2 asks for
+        # the finalized level), nothing that would make the buffer's order the soak's doing rather than delayq's.
+        # librdkafka's complaints while Kafka is down go to a file.
+        producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "delayq.cluster": settings.cluster,
+                             "delayq.zk.connect": settings.zk_connect}, logger=self._producer_log())
         options = WorkloadOptions(rate=o.rate, produce_s=o.produce_s, max_delay_s=o.max_delay_s,
                                   latest_due_ms=now_ms() + round(o.duration_s * 1000))
-        self.workload = Workload(producer, self.topics, options, self.seed, self.recorder)
+        self.workload = Workload(producer, self.topics, options, self.seed, self.recorder,
+                                 level_two=self.roll.finalized if self.roll is not None else None)
         self.workload.start()
         self.chaos = Chaos(plan, self.stack, self.cluster, session_timeout_s=o.session_timeout_s,
                            heal_limit_s=o.heal_limit_s, warmup_s=o.warmup_s, deadline=self.started + o.duration_s,
                            say=self._say, brokers=o.brokers, target_topics=self.topics,
-                           leader_mover=self.leader_mover)
+                           leader_mover=self.leader_mover, roll=self.roll)
         self.chaos.start()
         self.phase = "running"
 
     def _producer_log(self) -> logging.Logger:
-        """The workload producer's librdkafka log, to ``producer.log`` in the run's folder (not the terminal)."""
+        """The workload producer's librdkafka log, to ``producer.log`` in the run's folder (not the terminal).
+
+        Its ZooKeeper client's (kazoo's, once a put of level 2 asked for the finalized level) goes there too:
+        it complains of every ZooKeeper fault.
+        """
         logger = logging.getLogger(f"delayq.soak.producer.{self.seed}")
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
         self._producer_log_handler = logging.FileHandler(self.run_dir / "producer.log")
         # The nodes' timestamp format: log_excerpt reads both.
         self._producer_log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        logger.addHandler(self._producer_log_handler)
+        for each in (logger, logging.getLogger("kazoo")):
+            each.propagate = False
+            each.setLevel(logging.INFO)
+            each.addHandler(self._producer_log_handler)
         return logger
 
     def _watch(self) -> int:
@@ -401,6 +445,10 @@ class Soak:
             self.stack.down()
         if self._producer_log_handler is not None:
             logging.getLogger(f"delayq.soak.producer.{self.seed}").removeHandler(self._producer_log_handler)
+            kazoo = logging.getLogger("kazoo")
+            kazoo.removeHandler(self._producer_log_handler)
+            kazoo.propagate = True
+            kazoo.setLevel(logging.NOTSET)
             self._producer_log_handler.close()
         _clean_runs(self.options.state_dir, self.options.keep_runs)
 
@@ -501,17 +549,18 @@ class Soak:
         missing_kinds = [k for k in self.kinds if not chaos.done[k]]
         scan = self.buffer_scan
         reasons = failures(findings, crashes=len(crashes), stall_limit_s=o.stall_limit_s, comparison=comparison,
-                           missing_fault_kinds=missing_kinds, buffer_error=scan.error if scan else "not read")
+                           missing_fault_kinds=missing_kinds, buffer_error=scan.error if scan else "not read",
+                           upgrade_problems=self.roll.problems() if self.roll is not None else ())
         counts = findings.counts
         anomalies = {kind: [a.as_dict() for a in findings.by_kind(kind)] for kind in ANOMALY_KINDS}
         document: dict[str, Any] = {
             "seed": self.seed,
             "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "shards": o.shards, "replicas": o.replicas,
-            "brokers": o.brokers,
+            "brokers": o.brokers, "upgrade_from": o.upgrade_from,
             "max_delay_s": o.max_delay_s,
             "started_ms": started_ms, "judged_until_ms": until_ms,
             "sent": counts["messages"], "cancelled": counts["cancelled"], "rescheduled": counts["rescheduled"],
-            "series": counts["series"], "write_errors": self.recorder.write_errors,
+            "series": counts["series"], "expiring": counts["expiring"], "write_errors": self.recorder.write_errors,
             "versions": {"total": counts["versions"], "must": counts["must"], "may": counts["may"],
                          "must_not": counts["must_not"]},
             "delivered": counts["delivered"], "delivered_records": counts["delivered_records"],
@@ -539,6 +588,7 @@ class Soak:
                               for w in chaos.windows],
             "node_crashes": crashes,
             "faults_skipped": chaos.skipped,
+            "upgrade": self.roll.as_dict() if self.roll is not None else None,
             "node_log_warnings": {folder.name: log_warnings(folder / f"{folder.name}.log")
                                   for folder in sorted((self.run_dir / "nodes").glob("node-*"))},
             "reconcile": comparison.as_dict() if comparison else None,
@@ -573,6 +623,8 @@ class Soak:
             ("cancelled", f"{doc['cancelled']:,}", _show(rec.get("cancelled"))),
             ("rescheduled", f"{doc['rescheduled']:,}", ""),
             ("repeating (series)", f"{doc.get('series', 0):,}", ""),
+            *([("with expire_after (level 2, after finalize)", f"{doc['expiring']:,}", "")]
+              if doc["upgrade"] else []),
             ("delivered (versions)", f"{doc['delivered']:,}", _show(rec.get("delivered"))),
             ("duplicated", bad(doc["duplicated"]), _show(rec.get("duplicated"))),
             ("missing", bad(doc["missing"]), _show(rec.get("missing"))),
@@ -603,6 +655,11 @@ class Soak:
                       bad(scan.get("error") or "not read") if scan.get("error") or not scan
                       else f"{scan['records']:,} records, {scan['producer_puts']:,} puts", "")
         table.add_row("unexplained node crashes", bad(doc["crashes"]), "")
+        upgrade = doc["upgrade"]
+        if upgrade:
+            table.add_row(f"upgrade from {upgrade['from']}",
+                          "finalized" if upgrade["finalized"] else bad("not finalized"), "")
+            table.add_row("stores rebuilt in the roll (nodes not wiped)", bad(upgrade["stores_rebuilt_unwiped"]), "")
         if comparison is not None:
             verdict = (f"exit {comparison.exit_code}, " + ("agrees" if comparison.agrees else "[bold red]disagrees[/]")
                        if comparison.ran else f"[bold red]did not run[/]: {comparison.error}")

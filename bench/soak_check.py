@@ -112,6 +112,8 @@ class Message:
     versions: list[Version]
     cancel: Write | None = None
     series: bool = False  # the versions are a repeating message's occurrences, not reschedules
+    # Put with expire_after= (feature level 2, --upgrade-from), long enough never to expire: judged as any other.
+    expiring: bool = False
 
     def ender(self, index: int) -> Write | None:
         """The write that replaced or cancelled version ``index``, if any."""
@@ -400,8 +402,8 @@ def judge(history: History) -> Findings:
             continue
         by_version[(message.delay_id, due)].append(delivery)
 
-    counts = dict.fromkeys(("messages", "versions", "cancelled", "rescheduled", "series", "must", "may", "must_not",
-                            "delivered", "delivered_records", "twice_written", *ANOMALY_KINDS), 0)
+    counts = dict.fromkeys(("messages", "versions", "cancelled", "rescheduled", "series", "expiring", "must", "may",
+                            "must_not", "delivered", "delivered_records", "twice_written", *ANOMALY_KINDS), 0)
     counts["messages"] = len(history.messages)
     counts["delivered_records"] = len(history.deliveries)
     inside: list[int] = []
@@ -411,6 +413,7 @@ def judge(history: History) -> Findings:
         counts["cancelled"] += message.cancel is not None
         counts["rescheduled"] += len(message.versions) > 1 and not message.series
         counts["series"] += message.series
+        counts["expiring"] += message.expiring
         for index, version in enumerate(message.versions):
             counts["versions"] += 1
             fate = message.fate(index)
@@ -820,8 +823,11 @@ def compare_with_reconcile(findings: Findings, report: Mapping[str, Any] | None,
 
 
 def failures(findings: Findings, *, crashes: int, stall_limit_s: float, comparison: Comparison | None,
-             missing_fault_kinds: Iterable[str] = (), buffer_error: str | None = None) -> list[str]:
+             missing_fault_kinds: Iterable[str] = (), buffer_error: str | None = None,
+             upgrade_problems: Iterable[str] = ()) -> list[str]:
     """Why the soak fails, one line each; empty when it passes.
+
+    ``upgrade_problems``: what went wrong with the upgrade roll (``UpgradeRoll.problems``), one line each.
 
     ``buffer_error``: why the buffer could not be read after the run (:attr:`BufferScan.error`):
     the puts it holds twice were then not counted.
@@ -845,4 +851,4 @@ def failures(findings: Findings, *, crashes: int, stall_limit_s: float, comparis
     missing = list(missing_fault_kinds)
     if missing:
         reasons.append(f"faults never injected: {', '.join(missing)}")
-    return reasons
+    return reasons + list(upgrade_problems)

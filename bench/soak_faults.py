@@ -36,6 +36,24 @@ broker of N, as ``broker_kill`` and ``broker_pause`` do, choosing it better); th
   not fail or lose a record. After 5-15 s (3-8 s) one is restarted, and once the cluster
   serves again (or 30 s on), the other.
 
+With ``--upgrade-from <release>`` (``delayq soak --upgrade-from 0.1.0``) the cluster starts as
+that release (its ``delayq init`` and its nodes, from :func:`delayq.release_env.ensure_release_env`),
+and one more kind runs once, as the first or the second fault of the first round (drawn from
+the seed), so that most of the run is on the upgraded cluster:
+
+* ``upgrade_roll``: each node in turn stopped cleanly (SIGTERM) and started again with this
+  code on the same data folder (:meth:`delayq.testing.LocalCluster.replace`), ready and the
+  cluster healthy (below) before the next; then ``delayq upgrade finalize``. From the
+  finalize on, a tenth of the workload's plain puts carry ``expire_after=`` (feature level
+  2), far longer than any lateness the soak allows: they must be delivered as any other
+  message. The stores each new process rebuilt from the buffer (its log's "will be
+  rebuilt from the buffer") are counted: any, on a node no ``standby_wipe`` wiped, fails
+  the run, as does a roll that did not finish with the level finalized
+  (:meth:`UpgradeRoll.problems`).
+
+Every restart of a node (after a kill, a crash, a wipe) runs the node's version of the time:
+the release before its replacement, this code after it.
+
 During a broker fault a watch reads the metadata every half second: while some partition of
 the buffer, the targets or ``__transaction_state`` cannot take an acknowledged write (no
 leader, a leader that is down, fewer in-sync replicas than min.insync.replicas, or a
@@ -61,17 +79,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import shutil
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -80,7 +100,7 @@ from confluent_kafka import KafkaException
 
 from delayq.clock import now_ms
 from delayq.dev import DevStack
-from delayq.testing import LocalCluster, NodeProcess, mastered_shards
+from delayq.testing import LocalCluster, NodeError, NodeProcess, mastered_shards, settings_env
 
 from .soak_brokers import (
     TRANSACTION_STATE_TOPIC,
@@ -94,25 +114,30 @@ from .soak_brokers import (
     serving_problems,
 )
 from .soak_check import FaultWindow
-from .suites import BROKER_FAULTS, FAULT_TEXT, ONE_BROKER_FAULTS
+from .suites import BROKER_FAULTS, FAULT_TEXT, ONE_BROKER_FAULTS, UPGRADE_FAULTS
 
 # The one-broker stack's kinds (the default); fault_kinds(N) gives a replicated cluster's.
-FAULT_KINDS = tuple(kind for kind in FAULT_TEXT if kind not in BROKER_FAULTS)
+FAULT_KINDS = tuple(kind for kind in FAULT_TEXT if kind not in BROKER_FAULTS and kind not in UPGRADE_FAULTS)
 DESCRIPTIONS = FAULT_TEXT
 # How long a rolling restart waits for every partition's full ISR after restarting a broker.
 FULL_ISR_WITHIN_S = 90.0
 
 
-def fault_kinds(brokers: int = 1) -> tuple[str, ...]:
-    """The kinds of a run on ``brokers`` brokers, each at least once (module docstring)."""
+def fault_kinds(brokers: int = 1, *, upgrade: bool = False) -> tuple[str, ...]:
+    """The kinds of a run on ``brokers`` brokers, each at least once (module docstring); ``upgrade``: a run
+    with ``--upgrade-from``, which has ``upgrade_roll`` too (last here; the plan puts it early)."""
     if brokers <= 1:
-        return FAULT_KINDS
-    return tuple(kind for kind in FAULT_TEXT
-                 if kind not in ONE_BROKER_FAULTS and BROKER_FAULTS.get(kind, 0) <= brokers)
+        kinds = FAULT_KINDS
+    else:
+        kinds = tuple(kind for kind in FAULT_TEXT if kind not in ONE_BROKER_FAULTS and kind not in UPGRADE_FAULTS
+                      and BROKER_FAULTS.get(kind, 0) <= brokers)
+    return kinds + UPGRADE_FAULTS if upgrade else kinds
 # A node that crashes this often is left down: restarting it again only repeats the crash.
 MAX_RESTARTS_AFTER_CRASH = 5
 LOG_TAIL_LINES = 40
 READY_WITHIN_S = 3.0
+# How long the upgrade roll watches the nodes after its finalize: they read the finalized level every 5 s.
+FINALIZE_FOLLOWED_S = 10.0
 
 
 
@@ -135,14 +160,15 @@ class PlannedFault:
                               "standby_wipe": 8, "kafka_kill": 20, "zookeeper_kill": 10,
                               "kafka_pause": 12, "zookeeper_pause": session_timeout_s + 6,
                               "broker_kill": 25, "broker_pause": 20, "rolling_restart": 30 * brokers,
-                              "leader_move": 20, "two_brokers_down": 45}[self.kind]
+                              "leader_move": 20, "two_brokers_down": 45, "upgrade_roll": 60}[self.kind]
 
     def describe(self) -> str:
         held = f", held {self.hold_s:.1f}s" if self.hold_s else ""
         return f"{self.kind} after {self.gap_s:.1f}s{held}"
 
 
-def plan_faults(seed: int, duration_s: float, session_timeout_s: float, brokers: int = 1) -> list[PlannedFault]:
+def plan_faults(seed: int, duration_s: float, session_timeout_s: float, brokers: int = 1, *,
+                upgrade: bool = False) -> list[PlannedFault]:
     """The faults of a run: rounds of every kind (:func:`fault_kinds`) in a seeded order, more rounds than a run
     can use.
 
@@ -153,6 +179,10 @@ def plan_faults(seed: int, duration_s: float, session_timeout_s: float, brokers:
     (5-8 s), past the session; a broker of a replicated cluster is paused 10-14 s (past its
     9 s broker session) and killed for 5-15 s (3-8 s), as are the two of ``two_brokers_down``.
     On one broker the plan is the same as before replicated clusters had kinds of their own.
+
+    ``upgrade`` (``--upgrade-from``): ``upgrade_roll`` joins the first round, once, as its first
+    or second fault, drawn from the seed apart from the rest: the other faults are those of
+    the same run without it.
     """
     rng = random.Random(f"{seed}/faults")
     kinds_of_run = fault_kinds(brokers)
@@ -179,6 +209,11 @@ def plan_faults(seed: int, duration_s: float, session_timeout_s: float, brokers:
             else:
                 hold = 0.0
             plan.append(PlannedFault(kind, round(gap, 1), round(hold, 1), rng.random()))
+    if upgrade:
+        draw = random.Random(f"{seed}/upgrade")
+        slot = draw.randrange(2)
+        plan.insert(slot, PlannedFault("upgrade_roll", round(draw.uniform(gap_max / 2, gap_max), 1), 0.0,
+                                       draw.random()))
     return plan
 
 
@@ -201,6 +236,87 @@ class NodeCrash:
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node_id, "pid": self.pid, "exit_code": self.exit_code, "at_ms": self.at_ms,
                 "during_fault": self.during_fault, "cause": self.cause, "log_tail": self.log_tail}
+
+
+@dataclass
+class Replacement:
+    """One node of an ``upgrade_roll``: the release's process stopped, this code's started on the same data.
+
+    ``settled_s``: from the stop until the cluster was healthy again (None: it was not, within the heal
+    limit). ``stores_rebuilt``: the lines of the node's log, from the new process's start to the roll's
+    end, saying a store will be rebuilt from the buffer. From the node's ``/metrics`` then (None: it
+    did not answer): ``rebuilds_metric`` (``delayq_store_rebuilds_total``), ``migrations``
+    (``delayq_store_migrations_total``: stores migrated in place, as a finalize brings a new store
+    format) and ``store_formats``, each held store's (``delayq_store_format``).
+    """
+
+    node_id: str
+    old_pid: int
+    new_pid: int | None = None
+    ready_s: float | None = None
+    settled_s: float | None = None
+    problem: str | None = None
+    stores_rebuilt: int | None = None
+    rebuilds_metric: float | None = None
+    migrations: float | None = None
+    store_formats: tuple[int, ...] = ()
+    wiped_before: bool = False  # a standby_wipe emptied its data folder earlier: a rebuild is by design
+    process: NodeProcess | None = field(default=None, repr=False)
+
+    @property
+    def rebuilt(self) -> int:
+        return max(self.stores_rebuilt or 0, round(self.rebuilds_metric or 0))
+
+    def describe(self) -> str:
+        if self.new_pid is None:
+            return f"{self.node_id} (pid {self.old_pid}) NOT replaced: {self.problem}"
+        settled = (f"the cluster healthy {self.settled_s:.1f}s" if self.settled_s is not None
+                   else f"the cluster NOT healthy within the heal limit ({self.problem})")
+        return (f"{self.node_id} pid {self.old_pid} -> {self.new_pid}: ready {self.ready_s:.1f}s and {settled} "
+                "after its SIGTERM")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node_id, "old_pid": self.old_pid, "new_pid": self.new_pid, "ready_s": self.ready_s,
+                "settled_s": self.settled_s, "problem": self.problem, "stores_rebuilt": self.stores_rebuilt,
+                "rebuilds_metric": self.rebuilds_metric, "migrations": self.migrations,
+                "store_formats": list(self.store_formats), "wiped_before": self.wiped_before}
+
+
+@dataclass
+class UpgradeRoll:
+    """The ``upgrade_roll`` of a run with ``--upgrade-from``: the nodes it replaced, one at a time, and the finalize.
+
+    ``python``: the interpreter of this code, which replaces the release's. ``finalized`` is set once
+    ``delayq upgrade finalize`` succeeded: the workload then puts with ``expire_after=``.
+    """
+
+    from_version: str
+    python: str
+    finalized: threading.Event = field(default_factory=threading.Event)
+    replaced: list[Replacement] = field(default_factory=list)
+    finalize: str | None = None  # what finalize printed (its last lines, joined)
+    finalize_exit: int | None = None
+    stopped: str | None = None  # why the roll stopped before its last node
+
+    def problems(self) -> list[str]:
+        """Why the roll fails the run, one line each: not finalized, or a store rebuilt on a node not wiped."""
+        found = []
+        if not self.finalized.is_set():
+            why = self.stopped or (f"finalize exited {self.finalize_exit}: {self.finalize}" if self.finalize
+                                   else "it never ran")
+            found.append(f"the upgrade from {self.from_version} did not end finalized: {why}")
+        rebuilt = [f"{r.node_id} {r.rebuilt}" for r in self.replaced if r.rebuilt and not r.wiped_before]
+        if rebuilt:
+            found.append(f"stores rebuilt from the buffer in the upgrade roll: {', '.join(rebuilt)}")
+        return found
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"from": self.from_version, "replaced": [r.as_dict() for r in self.replaced],
+                "stores_rebuilt": sum(r.rebuilt for r in self.replaced),
+                "stores_rebuilt_unwiped": sum(r.rebuilt for r in self.replaced if not r.wiped_before),
+                "stores_migrated": sum(round(r.migrations or 0) for r in self.replaced),
+                "finalize": self.finalize,
+                "finalize_exit": self.finalize_exit, "finalized": self.finalized.is_set(), "stopped": self.stopped}
 
 
 class OutageWatch(threading.Thread):
@@ -319,18 +435,21 @@ class Chaos(threading.Thread):
         brokers: the stack's brokers; from 2 on, the replicated cluster's kinds (:func:`fault_kinds`).
         target_topics: the soak's target topics (a replicated cluster's faults watch their partitions).
         leader_mover: what ``leader_move`` moves leaders with (prepared by the soak; a replicated cluster).
+        roll: a run with ``--upgrade-from``: what ``upgrade_roll`` replaces the nodes with, and its record.
     """
 
     def __init__(self, plan: list[PlannedFault], stack: DevStack, cluster: LocalCluster, *,
                  session_timeout_s: float, heal_limit_s: float, warmup_s: float, deadline: float,
                  say: Callable[[str], None], brokers: int = 1, target_topics: Iterable[str] = (),
-                 leader_mover: LeaderMover | None = None):
+                 leader_mover: LeaderMover | None = None, roll: UpgradeRoll | None = None):
         super().__init__(name="soak-chaos", daemon=True)
         self.plan = plan
         self.stack = stack
         self.cluster = cluster
         self.brokers = brokers
-        self.kinds = fault_kinds(brokers)
+        self.kinds = fault_kinds(brokers, upgrade=roll is not None)
+        self.roll = roll
+        self.wiped: set[str] = set()  # nodes whose data folder a standby_wipe deleted
         self.target_topics = list(target_topics)
         self.leader_mover = leader_mover
         self.session_timeout_s = session_timeout_s
@@ -498,6 +617,7 @@ class Chaos(threading.Thread):
         code = self.stop_node(standby, signal.SIGTERM)
         if wipe:
             shutil.rmtree(standby.data_dir, ignore_errors=True)
+            self.wiped.add(standby.node_id)
         restarted = self._restart(standby.node_id)
         if wipe:
             return (f"{what}, pid {pid}, stopped (exit {code}), {standby.data_dir} deleted; "
@@ -569,6 +689,87 @@ class Chaos(threading.Thread):
         self.stack.start(name, say=lambda _text: None)
         self._outage = (killed_at, now_ms())
         return f"SIGKILL to {name}, down {down_s:.1f}s, answering {time.monotonic() - began:.1f}s after its restart"
+
+    # -- the rolling upgrade (--upgrade-from) -----------------------------------
+
+    def _upgrade_roll(self, fault: PlannedFault) -> str:
+        """Each node of the release, in turn, replaced by this code (:meth:`_replace`); then the finalize."""
+        roll = self.roll
+        if roll is None:
+            raise FaultSkipped("the run has no --upgrade-from")
+        if roll.finalized.is_set():
+            raise FaultSkipped("the cluster is upgraded and finalized already")
+        for node_id in sorted(self.cluster.nodes):
+            if self.cluster.nodes[node_id].python == roll.python:
+                continue  # replaced by an earlier try of this fault
+            if self.stop.is_set():
+                roll.stopped = "the soak is stopping"
+                break
+            step = self._replace(node_id, roll.python)
+            roll.replaced.append(step)
+            self.say(f"upgrade_roll: {step.describe()}")
+            if step.settled_s is None:
+                roll.stopped = f"{step.node_id}: {step.problem}"
+                break
+        else:
+            roll.stopped = None
+            self._finalize(roll)
+            if roll.finalized.is_set():
+                # The nodes follow a finalize within seconds (a store format it brings, migrated in place): what
+                # that does to the stores is the roll's too.
+                self._idle(FINALIZE_FOLLOWED_S)
+        for step in roll.replaced:
+            if step.process is not None:
+                step.stores_rebuilt = step.process.stores_rebuilt()
+            step.rebuilds_metric, step.migrations, step.store_formats = store_figures(self.cluster.nodes[step.node_id])
+            step.wiped_before = step.node_id in self.wiped
+        steps = "; ".join(step.describe() for step in roll.replaced)
+        end = (f"the roll stops there ({roll.stopped})" if roll.stopped
+               else f"`delayq upgrade finalize` exit {roll.finalize_exit}: {roll.finalize}")
+        formats = sorted({f for step in roll.replaced for f in step.store_formats})
+        return (f"nodes of delayq {roll.from_version} replaced by this code one at a time: {steps}; {end}; stores "
+                f"rebuilt {sum(step.rebuilt for step in roll.replaced)}, migrated in place "
+                f"{sum(round(step.migrations or 0) for step in roll.replaced)}, store formats now "
+                f"{', '.join(map(str, formats)) or '?'}")
+
+    def _replace(self, node_id: str, python: str) -> Replacement:
+        """Stop ``node_id`` cleanly, start ``python``'s delayq on its data, wait until the cluster is healthy."""
+        node = self.cluster.nodes[node_id]
+        step = Replacement(node_id, node.running.pid)
+        began = time.monotonic()
+        try:
+            new = self.cluster.replace(node_id, python, stop=self.stop_node,
+                                       ready_within_s=max(60.0, self.heal_limit_s))
+        except NodeError as err:
+            step.problem = str(err).splitlines()[0]
+            if self.cluster.nodes[node_id] is node:  # it did not stop cleanly (a crash, recorded): run it again
+                self._restart(node_id)
+            else:  # the new process exited or was not ready: the crash watch restarts an exited one
+                step.new_pid = self.cluster.nodes[node_id].running.pid
+                step.process = self.cluster.nodes[node_id]
+            return step
+        step.new_pid, step.process = new.running.pid, new
+        step.ready_s = round(time.monotonic() - began, 1)
+        healthy, problems = self._wait_healthy(self.heal_limit_s)
+        if healthy:
+            step.settled_s = round(time.monotonic() - began, 1)
+        else:
+            step.problem = problems[:300]
+        return step
+
+    def _finalize(self, roll: UpgradeRoll) -> None:
+        """``delayq upgrade finalize`` of this code; sets ``roll.finalized`` when it exits 0."""
+        env = {**os.environ, **settings_env(self.cluster.settings), "COLUMNS": "200"}
+        try:
+            done = subprocess.run([roll.python, "-m", "delayq", "upgrade", "finalize"], env=env,
+                                  cwd=self.cluster.root, capture_output=True, text=True, timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            roll.finalize = "no answer within 60s"
+            return
+        roll.finalize_exit = done.returncode
+        roll.finalize = " ".join((done.stdout + done.stderr).split()) or "no output"
+        if done.returncode == 0:
+            roll.finalized.set()
 
     # -- a replicated cluster's kinds ------------------------------------------
 
@@ -986,6 +1187,27 @@ def held_shards(metrics: str) -> tuple[int, ...]:
         if line.startswith('delayq_is_master{shard="'):
             found.add(int(line.split('"', 2)[1]))
     return tuple(sorted(found))
+
+
+def store_figures(node: NodeProcess, timeout_s: float = 2.0) -> tuple[float | None, float | None, tuple[int, ...]]:
+    """A node's stores as its ``/metrics`` says: rebuilds and in-place migrations (counts since its process
+    started), and each held store's format; (None, None, ()) when it does not answer."""
+    try:
+        with urllib.request.urlopen(node.url + "/metrics", timeout=timeout_s) as response:
+            metrics = response.read().decode()
+    except OSError:
+        return None, None, ()
+    rebuilds = migrations = 0.0
+    formats = []
+    for line in metrics.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("delayq_store_rebuilds_total{"):
+            rebuilds += float(value)
+        elif name.startswith("delayq_store_migrations_total{"):
+            migrations += float(value)
+        elif name.startswith("delayq_store_format{"):
+            formats.append(round(float(value)))
+    return rebuilds, migrations, tuple(sorted(formats))
 
 
 def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:

@@ -3,7 +3,8 @@
 :class:`Workload` produces with the public ``delayq.Producer`` at a steady rate and
 records every write with the time its acknowledgement came back; :class:`Watcher`
 reads the target topics with ``read_committed``, as a user would, and records every
-delivery. Both write into one :class:`Recorder`, which the judge
+delivery. In a run with ``--upgrade-from``, once the roll has finalized the cluster, a share of
+the plain puts carry ``expire_after=`` (feature level 2). Both write into one :class:`Recorder`, which the judge
 (:mod:`delayq.bench.soak_check`) reads at the end. :func:`read_buffer` reads the
 buffer once the nodes have stopped, for the puts it holds twice.
 """
@@ -25,6 +26,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from delayq import Every, Producer
 from delayq import wire as env
 from delayq.clock import now_ms
+from delayq.errors import UnavailableError
+from delayq.proxy.feature_gate import LevelNotFinalized
+from delayq.proxy.producer import EXPIRY_LEVEL
 
 from .soak_check import BufferScan, Delivery, History, Version, Write
 from .soak_check import Message as Delayed
@@ -77,13 +81,19 @@ class WorkloadOptions:
     # second after it (the race the rules spell out).
     well_before_share: float = 0.5
     just_before_share: float = 0.25
+    # Once the cluster is finalized at level 2 (--upgrade-from): plain puts with expire_after=, and how much:
+    # ten minutes, beyond any lateness the soak lets pass, so each must be delivered as any other.
+    expiring_share: float = 0.10
+    expire_after_s: float = 600.0
 
 
 class Workload(threading.Thread):
     """Delayed messages at ``rate`` per second for ``produce_s``; then their cancels and reschedules; then flush."""
 
     def __init__(self, producer: Producer, topics: list[str], options: WorkloadOptions, seed: int,
-                 recorder: Recorder):
+                 recorder: Recorder, level_two: threading.Event | None = None):
+        """``level_two``: set once the cluster is finalized at feature level 2; from then on, puts with
+        ``expire_after=`` (as soon as the producer's gate has seen the level)."""
         super().__init__(name="soak-workload", daemon=True)
         self.producer = producer
         self.topics = topics
@@ -95,6 +105,9 @@ class Workload(threading.Thread):
         # (when ms, sequence, "cancel" or "reschedule", delay id, message number)
         self._later: list[tuple[int, int, str, str, int]] = []
         self._sequence = 0
+        self.level_two = level_two
+        self._expiry_allowed = False
+        self._expiry_asked = 0.0  # monotonic: when the gate was last asked
 
     def run(self) -> None:
         try:
@@ -139,9 +152,12 @@ class Workload(threading.Thread):
                 self._put_series(number, topic, sent, due, interval, times)
                 return
         write = Write(sent)
+        expiring = self._expiry_allowed_now() and self.rng.random() < o.expiring_share
+        expire_after = o.expire_after_s if expiring else None
         delay_id = self._send(lambda report: self.producer.produce(
-            topic, _value(number), key=_key(number), deliver_at=due, on_delivery=report), write)
-        self.recorder.messages[delay_id] = Delayed(delay_id, topic, [Version(due, write)])
+            topic, _value(number), key=_key(number), deliver_at=due, on_delivery=report, expire_after=expire_after),
+            write)
+        self.recorder.messages[delay_id] = Delayed(delay_id, topic, [Version(due, write)], expiring=expiring)
         self.recorder.puts += 1
         self.recorder.last_due_ms = max(self.recorder.last_due_ms, due)
         draw = self.rng.random()
@@ -149,6 +165,25 @@ class Workload(threading.Thread):
             self._later_at(self._race_time(sent, due), "cancel", delay_id, number)
         elif draw < o.cancel_share + o.reschedule_share:
             self._later_at(self._race_time(sent, due), "reschedule", delay_id, number)
+
+    def _expiry_allowed_now(self) -> bool:
+        """Whether puts may carry expire_after=: the cluster is finalized and the producer's gate says so.
+
+        The gate follows the finalize with a ZooKeeper watch; until it lets the level through, it
+        is asked at most once a second (each asking may wait for ZooKeeper), and the puts go without.
+        Once let through, a level is not asked again.
+        """
+        if self._expiry_allowed:
+            return True
+        if self.level_two is None or not self.level_two.is_set() or time.monotonic() - self._expiry_asked < 1.0:
+            return False
+        self._expiry_asked = time.monotonic()
+        try:
+            self.producer.level_gate.require_level(EXPIRY_LEVEL, "expire_after")
+        except (LevelNotFinalized, UnavailableError):
+            return False
+        self._expiry_allowed = True
+        return True
 
     def _put_series(self, number: int, topic: str, sent: int, due: int, interval_ms: int, times: int) -> None:
         """A repeating message: ``times`` occurrences, ``interval_ms`` apart from ``due``; maybe cancelled."""

@@ -26,7 +26,7 @@ OPT_IN_SUITES = frozenset({"capacity-100m"})
 
 # The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run. On one broker (the default)
 # every kind but the replicated cluster's; with --brokers N (2 or more) those instead of the two that hit "the"
-# broker (ONE_BROKER_FAULTS), and two_brokers_down from three brokers on.
+# broker (ONE_BROKER_FAULTS), and two_brokers_down from three brokers on; upgrade_roll only with --upgrade-from.
 FAULT_TEXT: dict[str, str] = {
     "master_kill": "SIGKILL a shard's master, restart it",
     "master_pause": "SIGSTOP a shard's master past the session timeout, SIGCONT",
@@ -45,7 +45,12 @@ FAULT_TEXT: dict[str, str] = {
                    "reassignment), a preferred election (needs javac)",
     "two_brokers_down": "(3+ brokers) SIGKILL two brokers at once (ISR below min ISR 2), restart one after "
                         "5-15 s (3-8 s), then the other",
+    "upgrade_roll": "(--upgrade-from) once, as the first or second fault: replace the nodes of the release, one at "
+                    "a time, by this code on their data (each ready, shards settled, before the next), then "
+                    "`delayq upgrade finalize`; puts with expire_after= (level 2) from then on",
 }
+# The kinds of a run started with --upgrade-from <release> only, beside those of its brokers.
+UPGRADE_FAULTS = ("upgrade_roll",)
 # The kinds that act on the one broker of a one-broker stack; a replicated one has the broker_* kinds instead.
 ONE_BROKER_FAULTS = ("kafka_kill", "kafka_pause")
 # The replicated cluster's kinds (--brokers 2 or more), and the least brokers each needs.

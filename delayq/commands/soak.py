@@ -33,6 +33,8 @@ def register(subparsers) -> None:
                     "controllers; the buffer and the target topics at RF min(N, 3), min.insync.replicas one less)\n"
                     "and the broker faults below replace kafka_kill and kafka_pause; during them the times no\n"
                     "acknowledged write was possible count as outages, and every figure is also given per fault kind.\n"
+                    "With --upgrade-from RELEASE the cluster starts as that release (built from its recorded commit)\n"
+                    "and the fault upgrade_roll replaces its nodes by this code one at a time, then finalizes.\n"
                     "Exit code 0 when every rule held, 1 when one broke, 2 when the soak could not run.\n\n"
                     f"faults (each of the run's kinds at least once, never two at once):\n{faults}")
     soak.add_argument("--duration", type=_seconds, default=1800.0, metavar="DURATION",
@@ -47,6 +49,9 @@ def register(subparsers) -> None:
     soak.add_argument("--brokers", type=int, default=1,
                       help="Kafka brokers of the soak's own stack (default 1; 2 or more: a replicated cluster with "
                            "its own broker faults, 3 for all of them; needs a JDK's javac for leader_move)")
+    soak.add_argument("--upgrade-from", metavar="RELEASE",
+                      help="start the cluster as this release (e.g. 0.1.0; delayq/releases.toml) and roll it to this "
+                           "code as a fault (upgrade_roll), then finalize; needs --duration 3m or more")
     soak.add_argument("--seed", type=int, help="seed of the traffic and the fault plan (default: random, printed)")
     soak.add_argument("--json", action="store_true", help="print one JSON object instead of the summary table")
     soak.add_argument("--no-reconcile", dest="reconcile", action="store_false",
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
                               reconcile=args.reconcile, shards=args.shards, replicas=args.replicas,
-                              brokers=args.brokers)
+                              brokers=args.brokers, upgrade_from=args.upgrade_from)
     except (ValueError, TypeError) as err:  # options that do not fit together (a duration too short, ...)
         raise CommandError(str(err)) from None
     if args.state_dir is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from datetime import datetime
@@ -17,6 +18,8 @@ from delayq.bench.soak_faults import (
     OutageWatch,
     PlannedFault,
     Probe,
+    Replacement,
+    UpgradeRoll,
     fault_kinds,
     held_shards,
     log_excerpt,
@@ -24,6 +27,7 @@ from delayq.bench.soak_faults import (
     plan_faults,
     shard_problems,
     standbys,
+    store_figures,
 )
 from delayq.testing import mastered_shards
 
@@ -507,3 +511,187 @@ def test_the_soaks_ports_lie_outside_the_kernels_ephemeral_range(monkeypatch):
 
             assert all(not 32768 <= port <= 60999 for port in (*range(kafka, kafka + span), zk))
             assert not kafka <= zk < kafka + span
+
+
+# -- the rolling upgrade (--upgrade-from) ---------------------------------------------------
+
+
+def test_a_plan_with_an_upgrade_rolls_once_as_its_first_or_second_fault_and_one_without_never():
+    for seed in range(50):
+        for duration in (180, 1800):
+            for brokers in (1, 3):
+                rolled = plan_faults(seed, duration, 5, brokers, upgrade=True)
+                plain = plan_faults(seed, duration, 5, brokers)
+
+                kinds = [f.kind for f in rolled]
+                assert kinds.count("upgrade_roll") == 1 and kinds.index("upgrade_roll") in (0, 1)
+                assert "upgrade_roll" not in {f.kind for f in plain}
+                # The other faults are those of the same run without the roll.
+                assert [f for f in rolled if f.kind != "upgrade_roll"] == plain
+
+
+def test_the_first_round_of_an_upgrade_plan_holds_every_kind_of_the_run_once():
+    kinds = fault_kinds(1, upgrade=True)
+    assert kinds == (*FAULT_KINDS, "upgrade_roll") and "upgrade_roll" not in fault_kinds(3)
+    for seed in range(50):
+        plan = plan_faults(seed, 180, 5, upgrade=True)
+
+        assert sorted(f.kind for f in plan[:len(kinds)]) == sorted(kinds)
+    assert plan_faults(7, 180, 5, upgrade=True) == plan_faults(7, 180, 5, upgrade=True)
+    assert PlannedFault("upgrade_roll", 1, 0, 0).estimate_s(5) > 30
+
+
+class RollingCluster:
+    """Three nodes of a release that LocalCluster.replace swaps for new ones, as the real one does."""
+
+    def __init__(self, refuse: str | None = None):
+        self.settings = SimpleNamespace(shards=3, replicas=2)
+        self.root = "/nowhere"
+        self.refuse = refuse  # a node whose stop is not clean
+        self.nodes = {node_id: self.node(node_id, "old-python", pid) for pid, node_id in
+                      enumerate(("node-a", "node-b", "node-c"), start=100)}
+        self.replaced: list[str] = []
+
+    @staticmethod
+    def node(node_id: str, python: str, pid: int) -> SimpleNamespace:
+        return SimpleNamespace(node_id=node_id, python=python, running=SimpleNamespace(pid=pid),
+                               stores_rebuilt=lambda: 0, url="http://127.0.0.1:9")  # /metrics: no answer
+
+    def replace(self, node_id: str, python: str, *, stop, ready_within_s: float):
+        if node_id == self.refuse:
+            from delayq.testing import NodeError
+            raise NodeError(f"node {node_id} exited with -9 when stopped, not 0 (a clean stop):\nlog")
+        self.replaced.append(node_id)
+        self.nodes[node_id] = self.node(node_id, python, 200 + len(self.replaced))
+        return self.nodes[node_id]
+
+
+def rolling_chaos(cluster: RollingCluster, finalize_exit: int = 0) -> tuple[Chaos, UpgradeRoll, list[str]]:
+    roll = UpgradeRoll("0.1.0", "new-python")
+    chaos = Chaos([], FakeStack(), cluster, session_timeout_s=5, heal_limit_s=1, warmup_s=0,  # type: ignore[arg-type]
+                  deadline=0, say=lambda _text: None, roll=roll)
+    chaos._wait_healthy = lambda _limit: (True, "")  # type: ignore[method-assign]
+    chaos._idle = lambda _seconds: None  # type: ignore[method-assign]
+    restarted: list[str] = []
+    chaos._restart = lambda node_id: restarted.append(node_id) or 0  # type: ignore[method-assign]
+
+    def finalize(roll: UpgradeRoll) -> None:
+        roll.finalize_exit, roll.finalize = finalize_exit, "raised from 1 to 2" if finalize_exit == 0 else "refused"
+        if finalize_exit == 0:
+            roll.finalized.set()
+
+    chaos._finalize = finalize  # type: ignore[method-assign]
+    return chaos, roll, restarted
+
+
+def test_an_upgrade_roll_replaces_every_node_in_turn_then_finalizes():
+    cluster = RollingCluster()
+    chaos, roll, restarted = rolling_chaos(cluster)
+
+    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))
+
+    assert cluster.replaced == ["node-a", "node-b", "node-c"] and restarted == []
+    assert {node.python for node in cluster.nodes.values()} == {"new-python"}
+    assert roll.finalized.is_set() and roll.problems() == []
+    assert [r.as_dict()["old_pid"] for r in roll.replaced] == [100, 101, 102]
+    window, = chaos.windows
+    assert window.kind == "upgrade_roll" and "raised from 1 to 2" in window.detail
+    assert "stores rebuilt 0, migrated in place 0" in window.detail
+    assert chaos.done["upgrade_roll"] == 1
+    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))  # never twice
+    assert chaos.done["upgrade_roll"] == 1 and "finalized already" in chaos.skipped[0]
+
+
+def test_a_node_that_does_not_stop_cleanly_stops_the_roll_before_the_finalize_and_fails_the_run():
+    cluster = RollingCluster(refuse="node-b")
+    chaos, roll, restarted = rolling_chaos(cluster)
+
+    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))
+
+    assert cluster.replaced == ["node-a"] and restarted == ["node-b"]  # node-b runs again, as the release
+    assert cluster.nodes["node-c"].python == "old-python" and not roll.finalized.is_set()
+    problem, = roll.problems()
+    assert problem.startswith("the upgrade from 0.1.0 did not end finalized: node-b: node node-b exited with -9")
+
+
+def test_a_refused_finalize_and_a_store_rebuilt_on_a_node_not_wiped_fail_the_run():
+    chaos, roll, _ = rolling_chaos(RollingCluster(), finalize_exit=2)
+    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))
+    assert roll.problems() == ["the upgrade from 0.1.0 did not end finalized: finalize exited 2: refused"]
+
+    roll = UpgradeRoll("0.1.0", "new-python")
+    roll.finalized.set()
+    roll.replaced = [Replacement("node-a", 1, 2, stores_rebuilt=1), Replacement("node-b", 3, 4, rebuilds_metric=2.0),
+                     Replacement("node-c", 5, 6, stores_rebuilt=3, wiped_before=True)]
+    assert roll.problems() == ["stores rebuilt from the buffer in the upgrade roll: node-a 1, node-b 2"]
+    assert (roll.as_dict()["stores_rebuilt"], roll.as_dict()["stores_rebuilt_unwiped"]) == (6, 3)
+
+
+def test_a_nodes_store_figures_are_read_from_its_metrics(monkeypatch):
+    from delayq.bench import soak_faults
+
+    metrics = ('delayq_store_rebuilds_total{reason="stale",shard="0"} 1.0\n'
+               'delayq_store_rebuilds_created{reason="stale",shard="0"} 1.7e9\n'
+               'delayq_store_migrations_total{shard="0"} 1.0\ndelayq_store_migrations_total{shard="2"} 1.0\n'
+               'delayq_store_format{shard="2"} 5.0\ndelayq_store_format{shard="0"} 5.0\n')
+
+    class Answer:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return metrics.encode()
+
+    monkeypatch.setattr(soak_faults.urllib.request, "urlopen", lambda url, timeout: Answer())
+    assert store_figures(SimpleNamespace(url="http://node")) == (1.0, 2.0, (5, 5))  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert store_figures(SimpleNamespace(url="http://127.0.0.1:9")) == (None, None, ())  # type: ignore[arg-type]
+
+
+def test_soak_options_name_the_releases_there_are_and_want_three_minutes_for_a_roll():
+    from delayq.bench.soak import SoakOptions
+
+    assert SoakOptions(duration_s=180, upgrade_from="0.1.0").upgrade_from == "0.1.0"
+    with pytest.raises(ValueError, match=r"^no release '0\.0\.9' in releases\.toml: give one of 0\.1\.0"):
+        SoakOptions(duration_s=180, upgrade_from="0.0.9")
+    with pytest.raises(ValueError, match="not cut yet"):
+        SoakOptions(duration_s=180, upgrade_from="0.2.0")
+    with pytest.raises(ValueError, match="too short to fit every fault kind with the upgrade roll: give 3m"):
+        SoakOptions(duration_s=120, upgrade_from="0.1.0")
+    assert SoakOptions(duration_s=120).upgrade_from is None
+
+
+def test_the_soak_command_takes_upgrade_from_and_refuses_an_unknown_release_in_one_line(capsys):
+    from delayq.cli import main
+
+    assert main(["soak", "--duration", "3m", "--upgrade-from", "9.9.9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no release '9.9.9'" in err and "0.1.0" in err
+
+
+def test_a_restarted_node_keeps_its_interpreter_and_a_replaced_one_takes_the_new_one(monkeypatch, tmp_path):
+    # A fault's restart (LocalCluster.start without python) runs the node's version of the time: the release's
+    # before its replacement, this code's after it.
+    from delayq import testing
+
+    monkeypatch.setattr(testing.NodeProcess, "start", lambda node: node)
+    monkeypatch.setattr(testing.NodeProcess, "wait_ready", lambda node, timeout_s=60.0: None)
+    cluster = testing.LocalCluster(SimpleNamespace(), tmp_path, create_topics=False)  # type: ignore[arg-type]
+
+    assert cluster.start("node-a", python="/release/bin/python").python == "/release/bin/python"
+    assert cluster.start("node-a").python == "/release/bin/python"
+    assert cluster.start("node-b").python == sys.executable
+    for node in cluster.nodes.values():  # what start() opens, closed by replace()
+        node.data_dir.mkdir(parents=True)
+        node.log = open(node.data_dir.parent / f"{node.node_id}.log", "ab")  # noqa: SIM115
+    old = cluster.nodes["node-a"]
+
+    new = cluster.replace("node-a", "/this/bin/python", stop=lambda _node: 0)
+
+    assert old.log.closed and new.python == "/this/bin/python" and cluster.start("node-a").python == "/this/bin/python"
+    with pytest.raises(testing.NodeError, match="node-b exited with 1 when stopped, not 0"):
+        cluster.replace("node-b", "/this/bin/python", stop=lambda _node: 1)
+    assert cluster.nodes["node-b"].python == sys.executable
