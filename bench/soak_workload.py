@@ -23,8 +23,7 @@ from datetime import timedelta
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from delayq import Every, Producer
-from delayq import wire as env
+from delayq import Every, Producer, wire
 from delayq.clock import now_ms
 from delayq.errors import UnavailableError
 from delayq.proxy.feature_gate import LevelNotFinalized
@@ -330,13 +329,13 @@ class Watcher(threading.Thread):
             if isinstance(header[1], bytes):
                 headers[header[0]] = header[1]
         delivery = Delivery(
-            delay_id=_text(headers.get(env.ID)),
-            due_ms=_number(headers.get(env.DELIVER_AT)),
+            delay_id=_text(headers.get(wire.ID)),
+            due_ms=_number(headers.get(wire.DELIVER_AT)),
             timestamp_ms=record.timestamp()[1],
             # A consumed record without an error always has these; the stubs allow None.
             topic=record.topic() or "", partition=record.partition() or 0, offset=record.offset() or 0,
-            epoch=_number(headers.get(env.EPOCH)),
-            version=_number(headers.get(env.VERSION)),
+            epoch=_number(headers.get(wire.EPOCH)),
+            version=_number(headers.get(wire.VERSION)),
             received_ms=received,
         )
         recorder = self.recorder

@@ -1,5 +1,7 @@
 """A rolling upgrade from the previous release under load (issue 30 item 4): three nodes of 0.1.0, replaced one at a
-time by this code on the same data folders, then `delayq upgrade finalize`, then messages of the new level.
+time by this code on the same data folders, then `delayq upgrade finalize` (every store migrated in place to the
+new level's store format), then messages of the new level; last, a node of 0.1.0 on a finalized node's data
+refuses to run instead of rebuilding its stores.
 
 The release's nodes run from an environment built from its recorded commit (delayq.release_env). The judges
 are evidence delayq did not produce: the producer's delivery reports (when a cancel was acknowledged), the
@@ -10,6 +12,7 @@ this test chose.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -24,10 +27,8 @@ import delayq
 from delayq import Settings, wire
 from delayq.clock import now_ms
 from delayq.delay_service import cluster_status
-from delayq.errors import DelayqError
 from delayq.proxy.feature_gate import LevelNotFinalized
-from delayq.release_env import ReleaseEnv, ensure_release_env
-from delayq.releases import previous_release
+from delayq.release_env import ReleaseEnv
 from delayq.testing import LocalCluster, NodeProcess, init_cluster
 
 pytestmark = pytest.mark.integration
@@ -42,14 +43,6 @@ HANDOVER_BOUND_S = 5.0
 # Each shard gets a message due every TICK_MS throughout, so the gaps between its delivered records show
 # how long it had no master (to within one tick).
 TICK_MS = 100
-
-
-@pytest.fixture(scope="module")
-def release_env() -> ReleaseEnv:
-    try:
-        return ensure_release_env(previous_release())
-    except DelayqError as err:
-        pytest.fail(f"the previous release's environment could not be built: {err}", pytrace=False)
 
 
 @dataclass
@@ -186,6 +179,7 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load_loses_replays_an
                                 "delayq.zk.connect": settings.zk_connect})
     try:
         start_old_cluster(cluster, settings, release_env)
+        assert_level_2_refused(producer, target)  # a new producer against a cluster all of 0.1.0
         with Traffic(producer, target, expected):
             time.sleep(5)
             roll_began = now_ms()
@@ -195,9 +189,13 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load_loses_replays_an
                     assert_half_upgraded_cluster_refuses_level_2(settings, producer, target)
             roll_ended = now_ms()
             assert registered_versions(settings) == dict.fromkeys(NODES, delayq.__version__)
+            assert store_formats(cluster) == {4}, "before the finalize a node keeps 0.1.0's store format (a way back)"
             finalized = run_delayq("upgrade", "finalize", settings=settings)
             assert finalized.returncode == 0, f"finalize refused once every node is new:\n{finalized.stderr}"
             assert wait_until(lambda: level_2_allowed(producer), timeout_s=10), "the producer did not see the finalize"
+            assert wait_until(lambda: store_formats(cluster) == {5}, timeout_s=20), (
+                f"stores not migrated to format 5 after the finalize: {store_formats(cluster)}")
+            migrated = sum(n.metric("delayq_store_migrations_total") for n in cluster.nodes.values())
             stale = producer.produce(target, b"stale", b"k", deliver_at=now_ms() - 10_000, expire_after=5)
             fresh_due = now_ms() + 1000
             fresh = producer.produce(target, b"fresh", b"k", deliver_at=fresh_due, expire_after=60)
@@ -210,7 +208,8 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load_loses_replays_an
         letters = read_topic(settings.bootstrap_servers, settings.dead_letter_topic, expect=1, timeout_s=20,
                              idle_s=3)
         assert_acked_cancels_are_in_the_buffer(settings, expected)
-        judge(cluster, settings, expected, records, letters, stale, roll_began, roll_ended)
+        judge(cluster, settings, expected, records, letters, stale, roll_began, roll_ended, migrated)
+        assert_previous_release_refuses_a_finalized_nodes_data(cluster, settings, release_env)
     finally:
         producer.close()
         cluster.close()
@@ -229,9 +228,46 @@ def assert_half_upgraded_cluster_refuses_level_2(settings: Settings, producer: d
     refused = run_delayq("upgrade", "finalize", settings=settings)
     assert refused.returncode == 2 and "node-c" in refused.stderr, refused.stderr
     assert refused.stderr.count("\n") == 1, refused.stderr
+    assert_level_2_refused(producer, target)
+
+
+def assert_level_2_refused(producer: delayq.Producer, target: str) -> None:
+    """A request of level 2 is refused before anything is sent, in one line that says how to get the level."""
     with pytest.raises(LevelNotFinalized) as raised:
         producer.produce(target, b"too soon", b"k", delay=5, expire_after=60)
     assert "\n" not in str(raised.value) and "delayq upgrade finalize" in str(raised.value), str(raised.value)
+
+
+def store_formats(cluster: LocalCluster) -> set[float]:
+    """The store formats of every shard store the nodes hold (their delayq_store_format{shard} series)."""
+    formats: set[float] = set()
+    for node in cluster.nodes.values():
+        _, body = node.get("/metrics")
+        formats.update(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                       if line.startswith("delayq_store_format{"))
+    return formats
+
+
+def assert_previous_release_refuses_a_finalized_nodes_data(cluster: LocalCluster, settings: Settings,
+                                                           env: ReleaseEnv) -> None:
+    """After the finalize a node of 0.1.0 (which predates the level check) started on a node's data stops in one
+    line instead of rebuilding its stores (their format-5 families are unknown to it); this code starts there
+    again without a rebuild."""
+    node_id = NODES[0]
+    stopped = cluster.nodes[node_id].stop()
+    assert stopped == 0, f"{node_id} did not stop cleanly ({stopped})"
+    old = cluster.start(node_id, python=str(env.python), wait=False)
+    try:
+        code = old.running.wait(120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"delayq {env.release.version} started on {node_id}'s finalized data:\n{old.log_tail()}")
+    said = old.own_log()
+    refusals = [line for line in said.splitlines() if "not a delayq store" in line]
+    print(f"\ndelayq {env.release.version} on {node_id}'s data after the finalize: exit {code}, {refusals[:1]}")
+    assert code != 0 and len(refusals) == 1 and "Traceback" not in said and old.stores_rebuilt() == 0, said[-3000:]
+    again = cluster.start(node_id, python=sys.executable, wait=False)
+    again.wait_ready(120)
+    assert again.stores_rebuilt() == 0 and store_formats(cluster) == {5}, again.log_tail()
 
 
 def assert_acked_cancels_are_in_the_buffer(settings: Settings, expected: Expected) -> None:
@@ -249,7 +285,7 @@ def shards_taken(cluster: LocalCluster) -> int:
 
 
 def judge(cluster: LocalCluster, settings: Settings, expected: Expected, records, letters, stale: str, roll_began: int,
-          roll_ended: int) -> None:
+          roll_ended: int, migrated: float) -> None:
     delivered = Counter((dict(r.headers())[wire.ID].decode(), int(dict(r.headers()).get(wire.OCCURRENCE, b"1")))
                         for r in records)
     duplicates = {key: n for key, n in delivered.items() if n > 1}
@@ -268,8 +304,9 @@ def judge(cluster: LocalCluster, settings: Settings, expected: Expected, records
     reasons = [dict(r.headers()).get(wire.DEAD_LETTER_REASON, b"").decode() for r in letters]
     print(f"\nrolling upgrade: {len(expected.due)} expected deliveries, {in_flight} in flight during the roll "
           f"({(roll_ended - roll_began) / 1000:.1f} s); longest gap per shard (s) {gaps}, bound {HANDOVER_BOUND_S}; "
-          f"stores migrated {SHARDS * settings.replicas - sum(rebuilds.values()):.0f} vs rebuilt {sum(rebuilds.values()):.0f} "
-          f"{rebuilds}, replica stores built by placement while a node was away {shards_taken(cluster)}; dead letters {len(letters)} {reasons}; duplicates/missing/early {len(duplicates)}/"
+          f"stores migrated in place at the finalize {migrated:.0f} vs rebuilt {sum(rebuilds.values()):.0f} {rebuilds}, "
+          f"replica stores built by placement while a node was away {shards_taken(cluster)}; dead letters "
+          f"{len(letters)} {reasons}; duplicates/missing/early {len(duplicates)}/"
           f"{len(missing)}/{len(early)}; cancels acked before due {len(expected.cancel_acked)}, ignored "
           f"{len(ignored_cancels)}; unexpected {len(unexpected)}")
     assert not duplicates and not missing and not unexpected and not early and not ignored_cancels, (
@@ -278,5 +315,6 @@ def judge(cluster: LocalCluster, settings: Settings, expected: Expected, records
     assert [(r.key(), wire.Reason.of(reason)) for r, reason in zip(letters, reasons, strict=True)] == [
         (stale.encode(), wire.Reason.EXPIRED)], f"dead letters other than the expected expired one: {reasons}"
     assert sum(rebuilds.values()) == 0 and not rebuilt_logs, f"stores rebuilt from the buffer: {rebuilds} {rebuilt_logs}"
+    assert migrated == SHARDS * settings.replicas, f"{migrated:.0f} stores migrated, not every one held"
     assert sorted(gaps) == list(range(SHARDS)) and max(gaps.values()) < HANDOVER_BOUND_S, (
         f"a shard without a master longer than a graceful handover: {gaps}")
