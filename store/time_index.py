@@ -77,8 +77,9 @@ _META_MALFORMED = b"sys/malformed/"
 _META_NEWEST = b"sys/newest/"
 _META_WRITTEN = b"sys/written/"  # store format 4's place of the producer writes
 _META_WRITTEN_END = b"sys/written0"  # the first key after them ("/" + 1)
-# Producer writes moved to the written family per batch by a migration (a batch of ~1 MB).
-_MIGRATE_BATCH = 20_000
+# Producer writes moved to the written family per batch by a migration (a batch of ~1 MB, some milliseconds
+# of apply() waiting).
+MIGRATE_BATCH = 20_000
 _USER_META = b"user/"
 
 
@@ -531,8 +532,10 @@ class TimeIndex:
         self._writes_pruned_to = 0
         # A migration to 5 that stopped half way (the family is there, the marker still says 4) goes on
         # whatever the format asked for: the cluster was finalized at the level of format 5 when it began.
-        if self._format < store_format or (self._format == 4 and WRITTEN_CF in self._cfs):
-            self._migrate(max(store_format, 5 if WRITTEN_CF in self._cfs else store_format))
+        if self._format < store_format or self._moving:
+            self._begin_move()
+            while not self._move_some():
+                pass
 
     def _stored_format(self, marker: bytes) -> int:
         """The store format ``marker`` names, if this code opens it.
@@ -556,8 +559,10 @@ class TimeIndex:
         return found
 
     def _place_written(self) -> None:
-        """Where the producer writes live in this store's format: meta under sys/written/ (4), or their family (5)."""
-        if self._format >= 5:
+        """Where the producer writes live: meta under sys/written/ (format 4), or their family (5, and while a
+        migration to 5 moves them, when those still in meta are looked up there too: ``_moving``)."""
+        self._moving = self._format == 4 and WRITTEN_CF in self._cfs
+        if self._format >= 5 or self._moving:
             self._written_family, self._written_prefix = WRITTEN_CF, b""
         else:
             self._written_family, self._written_prefix = META_CF, _META_WRITTEN
@@ -568,60 +573,87 @@ class TimeIndex:
         return self._format
 
     @property
+    def migrating(self) -> bool:
+        """Whether a migration to a newer format is under way (:meth:`upgrade_format`, between its batches)."""
+        return self._moving
+
+    @property
     def found_format(self) -> int:
         """The format the store had when it was opened (older than :attr:`store_format` if the open migrated it)."""
         return self._found_format
 
-    def upgrade_format(self, store_format: int) -> int | None:
+    def upgrade_format(self, store_format: int, *, batch: int = MIGRATE_BATCH) -> int | None:
         """Migrate the store in place to ``store_format``, while other threads use it.
 
-        Format 4 to 5 moves the producer writes from meta to their own column family: a
-        few hundred thousand small entries at most (the last minutes' writes), during
-        which :meth:`apply` waits. Crash-safe: the format marker changes in the last batch
-        (with the deletion of the old entries), and a store opened with the family there and
-        the marker at 4 finishes the migration.
+        Format 4 to 5 moves the producer writes (the last minutes' of them) from meta to
+        their own column family. New writes go to the family at once, and a lookup finds
+        the ones not moved yet in meta; the move takes batches of ``batch`` entries,
+        each under the write lock, so :meth:`apply` waits for one batch at a time, never
+        for the whole move. Crash-safe: each batch puts entries in the family and deletes
+        them from meta together, through the WAL; the format marker changes with the last,
+        and a store opened with the family there and the marker at 4 finishes the move.
 
         Returns:
             The format the store had, or None when it is at ``store_format`` or newer already.
 
         Raises:
-            TypeError, ValueError: ``store_format`` is not one this code writes.
+            TypeError, ValueError: ``store_format`` is not one this code writes, or ``batch`` is below 1.
             StoreError: the store is closed or RocksDB failed (the store is still of its old format).
         """
         _check_format(store_format)
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch must be an int of at least 1, got {batch!r}")
         with self._write_lock:
             self._check_open()
             if self._format >= store_format:
                 return None
             before = self._format
-            self._migrate(store_format)
-            return before
+            self._begin_move()
+        done = False
+        while not done:
+            with self._write_lock:
+                self._check_open()
+                done = self._move_some(batch)
+        return before
 
-    def _migrate(self, store_format: int) -> None:
-        """Format 4 to 5 (the only step there is): the producer writes into the written family (under _write_lock)."""
-        if self._format == 4 and store_format >= 5:
+    def _begin_move(self) -> None:
+        """Format 4 to 5 (the only step there is), first part: the written family, where new writes go from now on."""
+        if WRITTEN_CF not in self._cfs:
             try:
-                if WRITTEN_CF not in self._cfs:
-                    self._db.create_column_family(WRITTEN_CF, self.options.column_families()[WRITTEN_CF])
-                    self._cfs[WRITTEN_CF] = cast(_Family, self._db.get_column_family(WRITTEN_CF))
-                    self._handles[WRITTEN_CF] = self._db.get_column_family_handle(WRITTEN_CF)
-                written_cf, meta_cf = self._handles[WRITTEN_CF], self._handles[META_CF]
-                batch, size = rocksdict.WriteBatch(raw_mode=True), 0
-                for key, place in self._meta_items(_META_WRITTEN):
-                    batch.put(key[len(_META_WRITTEN):], place, written_cf)
-                    size += 1
-                    if size == _MIGRATE_BATCH:
-                        # Through the WAL as the last batch: a crash never keeps the marker without the writes.
-                        self._db.write(batch, self._meta_write_opts)
-                        batch, size = rocksdict.WriteBatch(raw_mode=True), 0
-                batch.delete_range(_META_WRITTEN, _META_WRITTEN_END, meta_cf)
-                batch.put(_META_FORMAT, _format_marker(5), meta_cf)
-                self._db.write(batch, self._meta_write_opts)
+                self._db.create_column_family(WRITTEN_CF, self.options.column_families()[WRITTEN_CF])
             except Exception as err:
                 raise StoreError(f"migrating the store {self.path} from format 4 to 5 failed, it is still of format "
-                                 f"4 (the next open goes on with it): {err}") from err
-            self._format = 5
-            self._place_written()
+                                 f"4: {err}") from err
+            self._cfs[WRITTEN_CF] = cast(_Family, self._db.get_column_family(WRITTEN_CF))
+            self._handles[WRITTEN_CF] = self._db.get_column_family_handle(WRITTEN_CF)
+        self._place_written()
+
+    def _move_some(self, limit: int = MIGRATE_BATCH) -> bool:
+        """Move up to ``limit`` producer writes from meta to their family in one batch; when none is left,
+        mark the store format 5. Whether the move is done."""
+        written_cf, meta_cf = self._handles[WRITTEN_CF], self._handles[META_CF]
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        last = None
+        for count, (key, place) in enumerate(self._meta_items(_META_WRITTEN), start=1):
+            batch.put(key[len(_META_WRITTEN):], place, written_cf)
+            last = key
+            if count == limit:
+                break
+        if last is not None:
+            batch.delete_range(_META_WRITTEN, last + b"\0", meta_cf)
+        else:
+            batch.put(_META_FORMAT, _format_marker(5), meta_cf)
+        try:
+            # Through the WAL: a crash keeps each batch whole, and never the marker without the writes moved.
+            self._db.write(batch, self._meta_write_opts)
+        except Exception as err:
+            raise StoreError(f"migrating the store {self.path} from format 4 to 5 failed, it is still of format 4 "
+                             f"(the next open goes on with it): {err}") from err
+        if last is not None:
+            return False
+        self._format = 5
+        self._place_written()
+        return True
 
     # -- writing -------------------------------------------------------------
 
@@ -885,6 +917,11 @@ class TimeIndex:
         newest = writes.newest = dict(self._newest)
         prefix = self._written_prefix
         found = self._multi_get(self._written_family, [prefix + written[_WRITTEN_PLACE:] for _, written in indexed])
+        if self._moving:  # a migration to format 5 under way: the writes not moved yet are in meta
+            missed = [i for i, place in enumerate(found) if place is None]
+            in_meta = self._multi_get(META_CF, [_META_WRITTEN + indexed[i][1][_WRITTEN_PLACE:] for i in missed])
+            for i, place in zip(missed, in_meta, strict=True):
+                found[i] = place
         in_batch: dict[bytes, bytes] = {}
         for (index, written), stored_place in zip(indexed, found, strict=True):
             partition, _, timestamp_ms, _ = _written.unpack(written)
@@ -918,6 +955,8 @@ class TimeIndex:
         if prune_to - self._writes_pruned_to < COPY_WINDOW_MS // 10:
             return self._writes_pruned_to
         batch.delete_range(prefix, prefix + _u64(prune_to), written_cf)
+        if self._moving:
+            batch.delete_range(_META_WRITTEN, _META_WRITTEN + _u64(prune_to), meta_cf)
         return prune_to
 
     def _multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:

@@ -498,35 +498,48 @@ def test_a_format_4_store_opened_for_format_5_is_migrated_in_place_keeping_every
         assert index.store_format == 5 and state_of(index)["due"] == before["due"]
 
 
-def test_upgrade_format_migrates_an_open_store_while_it_is_written_and_read(tmp_path):
+def test_upgrade_format_moves_in_batches_between_which_writes_go_on_and_every_copy_is_still_known(tmp_path):
     a_format_4_store_with_history(tmp_path / "s")
     with TimeIndex(tmp_path / "s", store_format=4) as index:
         index.apply([put_written(f"x{i}", 100 + i, digest=b"%08d" % i) for i in range(30_000)], {0: 30_100})
         stop, failures = threading.Event(), []
+        during: list[int] = []  # offsets of the writes applied while the move was under way
 
         def ingest():
             offset = 40_000
             while not stop.is_set():
                 try:
-                    index.apply([put_written(f"y{offset}", offset, digest=b"%08d" % offset)], {0: offset + 1})
+                    moving = index.migrating
+                    index.apply([put_written(f"y{offset}", offset, digest=b"%08d" % offset),
+                                 put_written(f"x{offset % 30_000}", offset + 1, digest=b"%08d" % (offset % 30_000))],
+                                {0: offset + 2})
                     index.due(T0 + 10**9, 10)
+                    if moving and index.migrating:
+                        during.append(offset)
                 except Exception as err:  # the test reports whatever a writer met
                     failures.append(err)
-                offset += 1
+                offset += 2
 
         writer = threading.Thread(target=ingest)
         writer.start()
         try:
-            assert index.upgrade_format(5) == 4
+            assert index.upgrade_format(5, batch=500) == 4
         finally:
             stop.set()
             writer.join()
         assert not failures, failures[:3]
+        assert during, "no write went on while the move was under way: it held the store for its whole length"
         assert index.store_format == 5 and index.upgrade_format(5) is None
-        assert index.apply([put_written("x7", 99_999, digest=b"%08d" % 7)], {}).copies == 1
-        assert index.apply([put_written("a", 99_998)], {}).copies == 1
+        first_during = during[0]
+        result = index.apply([put_written(f"y{first_during}", 99_999, digest=b"%08d" % first_during),
+                              put_written("x7", 99_998, digest=b"%08d" % 7), put_written("a", 99_997)], {})
+        assert result.copies == 3, "writes recorded before, during and after the move are all known"
         pending = index.pending_count()
+    # Every x was copied by the writer at least once (copies record nothing); a, b and each y have one write.
     assert len(producer_writes_kept(tmp_path / "s")) == pending - 1, "every write kept once (c, a master's put: none)"
+    with TimeIndex(tmp_path / "other", store_format=4) as other, \
+            pytest.raises(ValueError, match="batch must be an int of at least 1"):
+        other.upgrade_format(5, batch=0)
 
 
 def test_a_migration_stopped_half_way_is_finished_by_the_next_open_whatever_format_it_asks(tmp_path):
