@@ -759,7 +759,7 @@ class Producer(confluent_kafka.Producer):
         topic, ``msg.key()`` is the delay id as ASCII bytes (match it with
         ``msg.key().decode() == delay_id``), ``msg.value()`` the buffer record's
         value: the envelope's frame line, then your key and payload
-        (``delayq.proxy.parse_buffer_record`` reads it back). Success means delayq
+        (``delayq.wire.parse_buffer_record`` reads it back). Success means delayq
         holds the message durably.
 
         ``timestamp`` of a delayed message is the timestamp of its **buffer** record
