@@ -12,9 +12,9 @@ Everything lives under one state folder::
     <state>/stack.json     the ports the last ``up`` was asked for (Kafka's first, ZooKeeper's), the
                            broker count, and whether the stack is secured
     <state>/secure/        a secured stack's credentials and certificates (dev/secure.py)
-    <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log, kafka.pid}   (one broker)
+    <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log (rolled), kafka.out, kafka.pid}   (one broker)
     <state>/kafka-<i>/..., <state>/controller-<j>/...                                   (N brokers)
-    <state>/zookeeper/{zoo.cfg, logback.xml, data/, zookeeper.log, zookeeper.pid}
+    <state>/zookeeper/{zoo.cfg, logback.xml, data/, zookeeper.log (rolled), zookeeper.out, zookeeper.pid}
 
 ``up`` starts what is not running (after one broker died, just that one) and returns when every
 service answers; ``down``
@@ -62,6 +62,10 @@ CONTROLLER_ID_BASE = 100
 MAX_BROKERS = 9
 # Where `up` records the ports it was asked for, in the state folder.
 RECORD = "stack.json"
+# Each service's log rolls at this size, and this many rolled files are kept beside it (<name>.log.1, ...): a
+# stack that runs for weeks of test sessions holds at most (1 + LOG_FILES_KEPT) * LOG_FILE_MB per service.
+LOG_FILE_MB = 64
+LOG_FILES_KEPT = 3
 
 
 def default_state_dir(secure: bool = False) -> Path:
@@ -604,10 +608,16 @@ class DevStack:
             # every session's pings queued behind it until the nodes' ZooKeeper connections dropped.
             "forceSync=no\n"
         )
+        log = self._log_file("zookeeper")
         (home / "logback.xml").write_text(
-            '<configuration><appender name="OUT" class="ch.qos.logback.core.ConsoleAppender">'
+            '<configuration><appender name="FILE" class="ch.qos.logback.core.rolling.RollingFileAppender">'
+            f"<file>{log}</file>"
+            '<rollingPolicy class="ch.qos.logback.core.rolling.FixedWindowRollingPolicy">'
+            f"<fileNamePattern>{log}.%i</fileNamePattern><minIndex>1</minIndex><maxIndex>{LOG_FILES_KEPT}</maxIndex>"
+            '</rollingPolicy><triggeringPolicy class="ch.qos.logback.core.rolling.SizeBasedTriggeringPolicy">'
+            f"<maxFileSize>{LOG_FILE_MB}MB</maxFileSize></triggeringPolicy>"
             "<encoder><pattern>%d{ISO8601} %-5level [%thread] %logger{36} - %msg%n</pattern></encoder>"
-            '</appender><root level="INFO"><appender-ref ref="OUT"/></root></configuration>\n'
+            '</appender><root level="INFO"><appender-ref ref="FILE"/></root></configuration>\n'
         )
         self._spawn(
             "zookeeper",
@@ -654,11 +664,17 @@ class DevStack:
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(self._kafka_properties(node, data))
+        log = self._log_file(node.name)
         (home / "log4j2.properties").write_text(
-            "status = warn\nappender.out.type = Console\nappender.out.name = OUT\n"
-            "appender.out.layout.type = PatternLayout\n"
-            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
-            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
+            "status = warn\nappender.file.type = RollingFile\nappender.file.name = FILE\n"
+            f"appender.file.fileName = {log}\nappender.file.filePattern = {log}.%i\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "appender.file.policies.type = Policies\n"
+            "appender.file.policies.size.type = SizeBasedTriggeringPolicy\n"
+            f"appender.file.policies.size.size = {LOG_FILE_MB}MB\n"
+            f"appender.file.strategy.type = DefaultRolloverStrategy\nappender.file.strategy.max = {LOG_FILES_KEPT}\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
             "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
             "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
         )
@@ -826,7 +842,12 @@ class DevStack:
         return self.folder / name / f"{name}.pid"
 
     def _log_file(self, name: str) -> Path:
+        """The service's log, written by its logging library, which rolls it (LOG_FILE_MB, LOG_FILES_KEPT)."""
         return self.folder / name / f"{name}.log"
+
+    def _out_file(self, name: str) -> Path:
+        """What the JVM itself prints (a class it cannot load, an out-of-memory), outside its logging library."""
+        return self.folder / name / f"{name}.out"
 
     def _pid(self, name: str) -> int | None:
         try:
@@ -848,9 +869,9 @@ class DevStack:
         return pid is not None and self._is_ours(name, pid)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        with open(self._log_file(name), "ab") as log:
+        with open(self._out_file(name), "wb") as out:
             process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self._home(name),
             )
         try:
@@ -883,12 +904,18 @@ class DevStack:
         )
 
     def _log_says(self, name: str, lines: int = 200) -> str:
-        """The log's line that best says what went wrong: its last error, else its last line."""
-        try:
-            tail = self._log_file(name).read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
+        """The line that best says what went wrong: the last error of the log or of the JVM's own output, else
+        the log's last line."""
+        tails = []
+        for path in (self._log_file(name), self._out_file(name)):
+            try:
+                tails.append(path.read_text(errors="replace").splitlines()[-lines:])
+            except OSError:
+                tails.append([])
+        if not any(tails):
             return "nothing (no log written)"
-        return _telling_line(tail) or "nothing"
+        log, out = tails
+        return _telling_line(out + log) or "nothing"
 
 
 # Probing a server that is still starting fails by design; kazoo would log every attempt.

@@ -62,6 +62,7 @@ def test_a_second_stack_on_other_ports_comes_up_and_goes_down_twice(tmp_path, de
         assert stack.up(say=lambda _: None) == ["zookeeper", "kafka"]
         assert all(s.healthy for s in stack.status())
         assert (tmp_path / "stack" / "kafka" / "data" / "meta.properties").exists()
+        assert_logs_are_bounded_and_written_by_the_logging_library(tmp_path / "stack")
     finally:
         first = stack.down()
         second = stack.down()
@@ -81,3 +82,22 @@ def test_up_fails_clearly_when_a_port_is_taken_by_a_stranger(tmp_path):
     [line] = result.stderr.splitlines()
     assert f"port {port}" in line and "taken" in line and "--zk-port" in line
     assert not list((tmp_path / "s").glob("*/*.pid"))
+
+
+def assert_logs_are_bounded_and_written_by_the_logging_library(folder) -> None:
+    """Each service logs through its logging library into <name>.log, rolled at LOG_FILE_MB with LOG_FILES_KEPT
+    kept (the dev stack's Kafka log once grew to 3.4 GB); what the JVM itself prints goes to <name>.out."""
+    from delayq.dev.stack import LOG_FILE_MB, LOG_FILES_KEPT
+
+    configs = {"kafka": (folder / "kafka" / "log4j2.properties").read_text(),
+               "zookeeper": (folder / "zookeeper" / "logback.xml").read_text()}
+    assert f"policies.size.size = {LOG_FILE_MB}MB" in configs["kafka"]
+    assert f"strategy.max = {LOG_FILES_KEPT}" in configs["kafka"]
+    assert f"<maxFileSize>{LOG_FILE_MB}MB</maxFileSize>" in configs["zookeeper"]
+    assert f"<maxIndex>{LOG_FILES_KEPT}</maxIndex>" in configs["zookeeper"]
+    started = {"kafka": "Kafka Server started", "zookeeper": "binding to port"}
+    for service, line in started.items():
+        log = (folder / service / f"{service}.log").read_text(errors="replace")
+        out = (folder / service / f"{service}.out").read_text(errors="replace")
+        assert line in log, f"{service}.log lacks {line!r}: {log[-2000:]}"
+        assert "StatusLogger" not in out and "ERROR in ch.qos.logback" not in out, f"{service}.out: {out[-2000:]}"

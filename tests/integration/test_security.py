@@ -364,7 +364,8 @@ def test_no_password_appears_in_any_output_log_or_report(secured):
     files = [path for path in secured.root.rglob("*") if path.is_file()
              and path.suffix in (".log", ".html", ".json", ".txt", ".csv", "")
              and "secure" not in path.parts]  # the stack's own credential store holds them by design
-    files += [secured.stack.folder / "kafka" / "kafka.log", secured.stack.folder / "zookeeper" / "zookeeper.log"]
+    files += [secured.stack.folder / service / f"{service}{kind}" for service in ("kafka", "zookeeper")
+              for kind in (".log", ".out")]
     assert files and secured.stack.folder.joinpath("kafka", "kafka.log").exists()
     for path in files:
         texts[str(path)] = path.read_text(errors="replace")
