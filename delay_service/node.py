@@ -551,7 +551,8 @@ class Node:
                           pending=sum(seat.store.pending_count() for seat in seats),
                           epoch=self.epoch, updated_at_ms=now_ms(),
                           shards=tuple(seat.shard for seat in seats),
-                          ready=tuple(seat.shard for seat in seats if seat.feed.ready), masters=masters)
+                          ready=tuple(seat.shard for seat in seats if seat.feed.ready), masters=masters,
+                          store_format=min((seat.store.store_format for seat in seats), default=None))
 
     def _publish_once(self) -> None:
         try:

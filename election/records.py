@@ -50,6 +50,10 @@ class NodeRecord:
     # The highest feature level the node speaks (delayq/features.py), which `delayq upgrade finalize` checks:
     # this code's by default; None when read from a node of 0.1.0, which lacks the field and speaks level 1.
     feature_level: int | None = SUPPORTED_LEVEL
+    # The oldest store format among the stores it holds (delayq.store): after a finalize that brings a new
+    # store format, the node's stores are migrated once this reaches it. None: it holds no store, or it is of
+    # 0.1.0, which does not say (its stores are of format 4).
+    store_format: int | None = None
 
     @property
     def highest_level(self) -> int:
@@ -82,9 +86,10 @@ class NodeRecord:
             return None
         # An older node's record lacks these: not this code's version and level.
         values.setdefault("version", None)
-        level = values.setdefault("feature_level", None)
-        if level is not None and (type(level) is not int or level < 1):
-            return None
+        for name in ("feature_level", "store_format"):
+            number = values.setdefault(name, None)
+            if number is not None and (type(number) is not int or number < 1):
+                return None
         if not isinstance(values.get("epoch", 0), int):
             return None
         for name in ("shards", "ready", "masters"):

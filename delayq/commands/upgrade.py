@@ -56,8 +56,8 @@ def run_status(args: argparse.Namespace) -> int:
             "cluster": settings.cluster,
             "features": finalized.as_dict(),
             "supported_level": SUPPORTED_LEVEL,
-            "nodes": [{"node_id": node.node_id, "version": node.version, "highest_level": node.highest_level}
-                      for node in nodes],
+            "nodes": [{"node_id": node.node_id, "version": node.version, "highest_level": node.highest_level,
+                       "store_format": node.store_format} for node in nodes],
             "finalize": {"action": plan.action.value, "level": plan.level, "text": plan.text,
                          "adds": [{"level": added.level, "release": added.release, "adds": added.adds}
                                   for added in plan.adds]},
@@ -65,9 +65,10 @@ def run_status(args: argparse.Namespace) -> int:
         return 0
     console.print(f"cluster [bold]{escape(settings.cluster)}[/]: {escape(finalized.describe())}; this delayq "
                   f"({__version__}) speaks up to level {SUPPORTED_LEVEL}", highlight=False)
-    table = Table("node", "version", "speaks up to level")
+    table = Table("node", "version", "speaks up to level", "store format")
     for node in nodes:
-        table.add_row(escape(node.node_id), escape(version_text(node.version)), str(node.highest_level))
+        table.add_row(escape(node.node_id), escape(version_text(node.version)), str(node.highest_level),
+                      "-" if node.store_format is None else str(node.store_format))
     console.print(table)
     console.print(escape(plan.text), highlight=False)
     for added in plan.adds:

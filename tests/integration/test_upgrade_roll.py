@@ -11,6 +11,7 @@ this test chose.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -190,12 +191,15 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load_loses_replays_an
             roll_ended = now_ms()
             assert registered_versions(settings) == dict.fromkeys(NODES, delayq.__version__)
             assert store_formats(cluster) == {4}, "before the finalize a node keeps 0.1.0's store format (a way back)"
+            assert upgrade_status_store_formats(settings) == dict.fromkeys(NODES, 4)
             finalized = run_delayq("upgrade", "finalize", settings=settings)
             assert finalized.returncode == 0, f"finalize refused once every node is new:\n{finalized.stderr}"
             assert wait_until(lambda: level_2_allowed(producer), timeout_s=10), "the producer did not see the finalize"
             assert wait_until(lambda: store_formats(cluster) == {5}, timeout_s=20), (
                 f"stores not migrated to format 5 after the finalize: {store_formats(cluster)}")
             migrated = sum(n.metric("delayq_store_migrations_total") for n in cluster.nodes.values())
+            assert wait_until(lambda: upgrade_status_store_formats(settings) == dict.fromkeys(NODES, 5),
+                              timeout_s=10), f"`delayq upgrade status` says {upgrade_status_store_formats(settings)}"
             stale = producer.produce(target, b"stale", b"k", deliver_at=now_ms() - 10_000, expire_after=5)
             fresh_due = now_ms() + 1000
             fresh = producer.produce(target, b"fresh", b"k", deliver_at=fresh_due, expire_after=60)
@@ -236,6 +240,13 @@ def assert_level_2_refused(producer: delayq.Producer, target: str) -> None:
     with pytest.raises(LevelNotFinalized) as raised:
         producer.produce(target, b"too soon", b"k", delay=5, expire_after=60)
     assert "\n" not in str(raised.value) and "delayq upgrade finalize" in str(raised.value), str(raised.value)
+
+
+def upgrade_status_store_formats(settings: Settings) -> dict[str, int | None]:
+    """Each registered node's oldest store format, as `delayq upgrade status --json` shows it to an operator."""
+    shown = run_delayq("upgrade", "status", "--json", settings=settings)
+    assert shown.returncode == 0, shown.stderr
+    return {node["node_id"]: node["store_format"] for node in json.loads(shown.stdout)["nodes"]}
 
 
 def store_formats(cluster: LocalCluster) -> set[float]:

@@ -58,3 +58,11 @@ def test_a_record_of_0_1_0_has_no_feature_level_which_means_level_1():
 def test_a_feature_level_that_is_not_a_level_makes_the_record_unreadable_not_a_crash():
     for level in ("2", 2.0, True, 0, -1, [2]):
         assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "feature_level": level}).encode()) is None, level
+
+
+def test_a_record_says_the_oldest_store_format_the_node_holds_and_0_1_0s_says_none():
+    record = NodeRecord.from_json(NodeRecord("node-a", Role.STANDBY, store_format=4).to_json())
+    assert record is not None and record.store_format == 4 and record.as_dict()["store_format"] == 4
+    assert NodeRecord.from_json(json.dumps(RECORD_OF_0_1_0).encode()).store_format is None
+    for bad in (0, "5", True, 4.5):
+        assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "store_format": bad}).encode()) is None, bad

@@ -20,7 +20,7 @@ from delayq.features import SUPPORTED_LEVEL
 
 ROOT = "/delayq/t-upgrade"
 PATH = f"{ROOT}/features"
-NEW = NodeRecord("node-new", Role.MASTER)
+NEW = NodeRecord("node-new", Role.MASTER, store_format=4)
 # As a node of 0.1.0 writes its registration: without version and feature_level.
 OLD = json.dumps({"node_id": "node-old", "role": "standby", "epoch": 0, "shards": [], "ready": [],
                   "masters": []}).encode()
@@ -50,14 +50,20 @@ def test_upgrade_status_json_lists_the_level_each_node_and_what_finalize_would_d
         "features": {"level": 1, "record": None, "problem": None,
                                   "text": "feature level 1 (none recorded: a cluster that ran delayq 0.1.0)"},
         "supported_level": SUPPORTED_LEVEL,
-        "nodes": [{"node_id": "node-new", "version": delayq.__version__, "highest_level": SUPPORTED_LEVEL},
-                  {"node_id": "node-old", "version": None, "highest_level": 1}],
+        "nodes": [{"node_id": "node-new", "version": delayq.__version__, "highest_level": SUPPORTED_LEVEL,
+                   "store_format": 4},
+                  {"node_id": "node-old", "version": None, "highest_level": 1, "store_format": None}],
         "finalize": {"action": "refused", "level": 2, "text": status["finalize"]["text"], "adds": []},
     }
     assert "node-old (delayq 0.1.0 or older, up to level 1)" in status["finalize"]["text"]
 
 
-def test_upgrade_status_says_what_the_raise_would_add(znodes, capsys):
+def test_upgrade_status_says_what_the_raise_would_add_and_each_nodes_store_format(znodes, capsys):
+    znodes[f"{ROOT}/nodes/node-old"] = OLD
+    assert main(["upgrade", "status"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "│ node-new │ " in out and "│ 2 │ 4 │" in out and "│ 1 │ - │" in out, out
+    del znodes[f"{ROOT}/nodes/node-old"]
     assert main(["upgrade", "status"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "cluster t-upgrade: feature level 1 (none recorded: a cluster that ran delayq 0.1.0)" in out
