@@ -38,6 +38,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 from collections.abc import Container, Generator, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
@@ -611,9 +612,13 @@ class TimeIndex:
             self._begin_move()
         done = False
         while not done:
+            started = time.monotonic()
             with self._write_lock:
                 self._check_open()
                 done = self._move_some(batch)
+            # A lock is not fair: re-taken at once, a waiting apply() would seldom get it. Waiting as long as the
+            # batch took lets the writers have at least half the time until the move is done.
+            time.sleep(min(time.monotonic() - started, 0.05))
         return before
 
     def _begin_move(self) -> None:
