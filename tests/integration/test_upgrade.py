@@ -72,8 +72,8 @@ def test_finalize_is_refused_while_a_node_of_0_1_0_is_registered_and_accepted_on
                                   "text": "feature level 1 (none recorded: a cluster that ran delayq 0.1.0)"}
         assert status["supported_level"] == SUPPORTED_LEVEL
         assert status["nodes"] == [
-            {"node_id": "node-new", "version": __version__, "highest_level": SUPPORTED_LEVEL},
-            {"node_id": "node-old", "version": None, "highest_level": 1}]
+            {"node_id": "node-new", "version": __version__, "highest_level": SUPPORTED_LEVEL, "store_format": 4},
+            {"node_id": "node-old", "version": None, "highest_level": 1, "store_format": None}]
         assert (status["finalize"]["action"], status["finalize"]["level"]) == ("refused", SUPPORTED_LEVEL)
 
         refused = delayq(settings, "upgrade", "finalize")
@@ -89,6 +89,9 @@ def test_finalize_is_refused_while_a_node_of_0_1_0_is_registered_and_accepted_on
         assert f"cluster {settings.cluster}: feature level raised from 1 to 2" in accepted.stdout
         finalized = Features(zk, settings.zk_root).read()
         assert finalized.level == 2 and finalized.record is not None and finalized.record.finalized_by == __version__
+        # The node follows the finalize: its store migrated in place to level 2's format, as its registration says.
+        assert wait_until(lambda: [node["store_format"] for node in json.loads(
+            delayq(settings, "upgrade", "status", "--json").stdout)["nodes"]] == [5], timeout_s=15)
 
         lowered = delayq(settings, "upgrade", "finalize", "--level", "1")
         assert lowered.returncode == 2
