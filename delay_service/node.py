@@ -402,16 +402,17 @@ class Node:
         if level is None or level > SUPPORTED_LEVEL:
             return
         wanted = feature_level(level).store_format
-        if wanted <= self.store_format:
-            return
-        log.info("cluster %s is finalized at feature level %d: store format %d from now on", self.settings.cluster,
-                 level, wanted)
-        self.store_format = wanted
+        if wanted > self.store_format:
+            log.info("cluster %s is finalized at feature level %d: store format %d from now on",
+                     self.settings.cluster, level, wanted)
+            self.store_format = wanted
+        # Every reading, not only the one that saw the level rise: a store whose migration failed is tried again.
         for seat in list(self.seats.values()):
-            started = time.monotonic()
-            found = seat.store.upgrade_format(wanted)
-            if found is not None:
-                self._migrated(seat.shard, seat.store, found, time.monotonic() - started)
+            if seat.store.store_format < self.store_format:
+                started = time.monotonic()
+                found = seat.store.upgrade_format(self.store_format)
+                if found is not None:
+                    self._migrated(seat.shard, seat.store, found, time.monotonic() - started)
 
     def _migrated(self, shard: int, store: TimeIndex, found: int, took_s: float) -> None:
         log.info("store %s migrated in place from store format %d to %d in %.2fs (no rebuild)", store.path, found,
