@@ -2,7 +2,8 @@
 
 Public surface::
 
-    from delayq.delay_service import Node, ensure_topics, ensure_shards, cluster_status, kafka_status
+    from delayq.delay_service import Node, MemberProcesses, ensure_topics, ensure_shards
+    from delayq.delay_service import cluster_status, kafka_status
     from delayq.delay_service import required_acls, apply_acls   # the Kafka ACLs of each role
 
 Nodes as child processes, for tests, bench and the demo, are scaffolding: ``delayq.testing``.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .acls import AclLine, apply_acls, required_acls
     from .layout import ensure_shards
+    from .members import MemberProcesses, die_with_parent
     from .node import Node
     from .status import cluster_status, kafka_status
     from .topics import TRANSACTION_STATE_TOPIC, TopicCheck, coordinator_partition, ensure_topics, java_string_hash
@@ -25,10 +27,10 @@ if TYPE_CHECKING:
 _HOMES = {"AclLine": ".acls", "apply_acls": ".acls", "required_acls": ".acls", "Node": ".node",
           "cluster_status": ".status", "kafka_status": ".status", "TopicCheck": ".topics", "ensure_topics": ".topics",
           "TRANSACTION_STATE_TOPIC": ".topics", "coordinator_partition": ".topics", "java_string_hash": ".topics",
-          "ensure_shards": ".layout"}
-__all__ = ["TRANSACTION_STATE_TOPIC", "AclLine", "Node", "TopicCheck", "apply_acls", "cluster_status",
-           "coordinator_partition", "ensure_shards", "ensure_topics", "java_string_hash", "kafka_status",
-           "required_acls"]
+          "ensure_shards": ".layout", "MemberProcesses": ".members", "die_with_parent": ".members"}
+__all__ = ["TRANSACTION_STATE_TOPIC", "AclLine", "MemberProcesses", "Node", "TopicCheck", "apply_acls",
+           "cluster_status", "coordinator_partition", "die_with_parent", "ensure_shards", "ensure_topics",
+           "java_string_hash", "kafka_status", "required_acls"]
 
 
 def __getattr__(name: str) -> Any:

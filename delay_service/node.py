@@ -202,8 +202,9 @@ class Node:
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
         # A registration of this id left by this node's previous process goes when its session expires.
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)
-        members = [m.node_id for m in Membership.members(self.zk, s.zk_root)]
-        targets = holders(s.cluster, layout.shards, {*members, s.node_id}, s.replicas)
+        members = {m.node_id: m for m in Membership.members(self.zk, s.zk_root)}
+        members[s.node_id] = self._record()
+        targets = holders(s.cluster, layout.shards, members, s.replicas, _groups(members))
         self._remove_legacy_store()
         for shard in sorted(k for k, nodes in targets.items() if s.node_id in nodes):
             self.seats[shard] = Seat(self, shard, self._open_store(shard), ingest)
@@ -310,7 +311,7 @@ class Node:
             return
         records = {m.node_id: m for m in Membership.members(self.zk, s.zk_root)}
         records[s.node_id] = self._record()  # this node as it is now, not as last published
-        targets = holders(s.cluster, layout.shards, records, s.replicas)
+        targets = holders(s.cluster, layout.shards, records, s.replicas, _groups(records))
         self._hold(targets, records)
         ready = {k: [n for n, r in records.items() if k in r.ready] for k in range(layout.shards)}
         eligible = {k: [n for n in targets[k] if n in ready[k]] or ready[k] for k in range(layout.shards)}
@@ -553,7 +554,8 @@ class Node:
                           epoch=self.epoch, updated_at_ms=now_ms(),
                           shards=tuple(seat.shard for seat in seats),
                           ready=tuple(seat.shard for seat in seats if seat.feed.ready), masters=masters,
-                          store_format=min((seat.store.store_format for seat in seats), default=None))
+                          store_format=min((seat.store.store_format for seat in seats), default=None),
+                          group=self.settings.node_group)
 
     def _publish_once(self) -> None:
         try:
@@ -639,3 +641,8 @@ class Node:
         mastered = [seat.shard for seat in seats if seat.mastering]
         return True, (f"caught up on shards {[seat.shard for seat in seats]} "
                       + (f"(master of {mastered})" if mastered else f"({Role.STANDBY.value})"))
+
+
+def _groups(records: dict[str, NodeRecord]) -> dict[str, str]:
+    """Member process -> the node it is a member of, for the registrations that say (placement.holders)."""
+    return {node_id: record.group for node_id, record in records.items() if record.group is not None}

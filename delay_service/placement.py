@@ -7,7 +7,11 @@ election lock of each shard keeps one master at a time, whatever they think.
 - :func:`holders`: with ``replicas`` 0, every live node holds every shard. With R > 0,
   each shard is held by R live nodes, chosen in R balanced rounds (the least loaded
   node first, rendezvous hashing breaking ties: each node scores each shard), so no
-  node holds more than R * ceil(S / N) shards.
+  node holds more than R * ceil(S / N) shards. Nodes of one **group** (the member
+  processes one ``delayq node`` runs with ``DELAYQ_PROCESSES`` > 1, docs/DESIGN.md
+  "Member processes") count as one node in those rules, and split what their group
+  holds between them: each shard of the group's goes to one member, balanced, so a
+  machine holds a shard once however many processes it runs.
 - :func:`masters`: among the nodes that may master a shard (they hold it and have
   caught up on it), the current master keeps it while its count is within its quota
   (S = q * N + r: r nodes may master q + 1 shards, the others q); the rest go to the
@@ -28,13 +32,35 @@ def score(cluster: str, shard: int, node_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def holders(cluster: str, shards: int, nodes: Iterable[str], replicas: int) -> dict[int, list[str]]:
+def holders(cluster: str, shards: int, nodes: Iterable[str], replicas: int,
+            groups: Mapping[str, str] | None = None) -> dict[int, list[str]]:
     """Shard -> the live nodes that should hold it (sorted): all of them, or ``replicas`` of them.
 
     With R > 0, R rounds each give every shard one more holder, as :func:`masters` gives
     masters (balanced, the rendezvous score breaking ties): no node holds more than
     R * ceil(S / N) shards.
+
+    ``groups``: node -> its group, for the nodes that are member processes of one node (a
+    node not in it is a group of its own). The rules above place shards on groups; each
+    group's shards are then split between its live members, one member each, balanced.
     """
+    live = sorted(set(nodes))
+    members: dict[str, list[str]] = {}
+    for node in live:
+        members.setdefault((groups or {}).get(node, node), []).append(node)
+    if all(len(listed) == 1 for listed in members.values()):
+        return _holders(cluster, shards, live, replicas)
+    by_group = _holders(cluster, shards, members, replicas)
+    placed: dict[int, list[str]] = {shard: [] for shard in range(shards)}
+    for group, listed in members.items():
+        held = {shard: listed if group in holding else [] for shard, holding in by_group.items()}
+        for shard, member in masters(f"{cluster}\0group\0{group}", shards, held, {}).items():
+            if member is not None:
+                placed[shard].append(member)
+    return {shard: sorted(nodes_) for shard, nodes_ in placed.items()}
+
+
+def _holders(cluster: str, shards: int, nodes: Iterable[str], replicas: int) -> dict[int, list[str]]:
     live = sorted(set(nodes))
     if replicas == 0 or replicas >= len(live):
         return {shard: list(live) for shard in range(shards)}

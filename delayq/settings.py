@@ -216,6 +216,15 @@ class Settings(BaseSettings):
 
     # This node.
     node_id: str = Field(default_factory=socket.gethostname)
+    processes: int = Field(
+        default=1, ge=1, le=256,
+        description="member processes this node runs, each a node of its own (`<node_id>-<i>`, HTTP port "
+                    "http_port + i, data in data_dir/members/<i>) with its own GIL: the node's shards are split "
+                    "between them, so its delivery and ingest use that many cores")
+    node_group: str | None = Field(
+        default=None,
+        description="set by a node for its member processes: the node id they are members of (placement "
+                    "counts a group as one node)")
     data_dir: Path = Path("./delayq-data")
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)

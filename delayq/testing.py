@@ -75,6 +75,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports (a node of member processes listens on all of them).
+
+    Raises:
+        RuntimeError: no such ports were found.
+    """
+    for _ in range(200):
+        first = free_port()
+        if first + count <= 65_536 and all(_port_free(first + i) for i in range(1, count)):
+            return first
+    raise RuntimeError(f"found no {count} free consecutive loopback ports")
+
+
+def child_processes(parent: int) -> list[int]:
+    """Pids of ``parent``'s live children (zombies left out)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread or the parent ended meanwhile
+            continue
+    alive = []
+    for child in children:
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.append(child)
+        except OSError:
+            continue
+    return alive
+
+
 class NodeError(RuntimeError):
     """A local node exited, did not get ready, or ignored SIGTERM; the message carries its log's tail."""
 
@@ -110,17 +141,10 @@ def init_cluster(settings: Settings, cwd: Path, python: str = sys.executable, ti
 
 def reader_processes(parent: int) -> list[int]:
     """Pids of ``parent``'s children running the buffer reader (delayq.delay_service.reader), zombies left out."""
-    children: list[int] = []
-    for task in Path(f"/proc/{parent}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:  # the thread or the parent ended meanwhile
-            continue
     found = []
-    for child in children:
+    for child in child_processes(parent):
         try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z" and b"delayq.delay_service.reader" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"delayq.delay_service.reader" in Path(f"/proc/{child}/cmdline").read_bytes():
                 found.append(child)
         except OSError:
             continue
@@ -148,6 +172,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "DELAYQ_DELIVERY_MAX_ATTEMPTS": str(settings.delivery_max_attempts),
         "DELAYQ_DELIVERY_RETRY_BACKOFF_MS": str(settings.delivery_retry_backoff_ms),
     }
+    if settings.processes != 1:
+        env["DELAYQ_PROCESSES"] = str(settings.processes)
     if settings.dispatch_limits:
         env["DELAYQ_DISPATCH_LIMITS"] = json.dumps(
             {topic: limit.model_dump(exclude_none=True) for topic, limit in settings.dispatch_limits.items()})
@@ -264,6 +290,19 @@ class NodeProcess:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait(10)
+
+    def members(self) -> dict[str, int]:
+        """A node of member processes (``DELAYQ_PROCESSES`` > 1): member node id -> its pid."""
+        found = {}
+        for child in child_processes(self.running.pid):
+            try:
+                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for entry in environ:
+                if entry.startswith(b"DELAYQ_NODE_ID="):
+                    found[entry.split(b"=", 1)[1].decode()] = child
+        return found
 
     def readers(self) -> list[int]:
         """Pids of this node's buffer reader processes."""

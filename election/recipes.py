@@ -388,6 +388,47 @@ class Membership:
         return found
 
 
+def evict(client: KazooClient, root: str, node_id: str) -> list[str]:
+    """Remove the traces of ``node_id``, a process known to be gone, before its session expires: the paths removed.
+
+    Its registration and its places in the shards' election lines. Only for a process whose
+    exit was seen (a node's member process, reaped by the node that ran it): nothing of it can
+    act any more, so its shards move at once instead of a session timeout later. The next
+    master of each shard it led bumps the epoch and fences its transactional producer as
+    after any failover. Removing the traces of a live process would let a second master in.
+
+    Raises:
+        KazooException: ZooKeeper did not answer (some traces may be gone already).
+    """
+    removed = []
+    registration = f"{root}/nodes/{node_id}"
+    try:
+        client.delete(registration)
+        removed.append(registration)
+    except NoNodeError:
+        pass
+    try:
+        shards = client.get_children(f"{root}/shards")
+    except NoNodeError:
+        shards = []
+    for shard in shards:
+        line = f"{root}/shards/{shard}/election"
+        try:
+            children = client.get_children(line)
+        except NoNodeError:
+            continue
+        for child in children:
+            path = f"{line}/{child}"
+            try:
+                data, _ = client.get(path)
+                if data.decode("utf-8", "replace") == node_id:
+                    client.delete(path)
+                    removed.append(path)
+            except NoNodeError:
+                continue
+    return removed
+
+
 class Leadership:
     """Contend for the mastership of one shard; while master, ``lead(term)`` runs until the term ends.
 

@@ -54,6 +54,9 @@ class NodeRecord:
     # store format, the node's stores are migrated once this reaches it. None: it holds no store, or it is of
     # 0.1.0, which does not say (its stores are of format 4).
     store_format: int | None = None
+    # The node whose member process this is (DELAYQ_PROCESSES > 1): placement counts a group as one node and
+    # splits its shards between its members. None: a node of its own.
+    group: str | None = None
 
     @property
     def highest_level(self) -> int:
@@ -82,7 +85,7 @@ class NodeRecord:
         if not all(isinstance(values.get(k), (int, type(None))) and not isinstance(values.get(k), bool)
                    for k in ("lag", "pending", "updated_at_ms")):
             return None
-        if not all(isinstance(values.get(k), (str, type(None))) for k in ("http", "host", "version")):
+        if not all(isinstance(values.get(k), (str, type(None))) for k in ("http", "host", "version", "group")):
             return None
         # An older node's record lacks these: not this code's version and level.
         values.setdefault("version", None)

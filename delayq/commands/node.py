@@ -23,13 +23,19 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         os.environ["DELAYQ_CONFIG"] = args.config
     settings = Settings(**({"log_level": args.log_level} if args.log_level else {}))
+    # A member process's lines say which member wrote them: they share the node's output.
+    member = f"{settings.node_id} " if settings.node_group is not None else ""
     logging.basicConfig(level=settings.log_level, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
+                        format=f"%(asctime)s %(levelname)s %(name)s [{member}%(threadName)s] %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    from delayq.delay_service import Node
+    from delayq.delay_service import MemberProcesses, Node, die_with_parent
     from delayq.election import LevelNotSpoken
 
     try:
+        if settings.processes > 1:
+            return MemberProcesses(settings).run()
+        if settings.node_group is not None:
+            die_with_parent()
         return Node(settings).run()
     except DelayqError as err:
         # A node that cannot start says why in one line and exits 1 (an orchestrator restarts it); one too old

@@ -94,3 +94,35 @@ def test_masters_are_chosen_only_among_the_nodes_that_may_master_each_shard():
     placed = holders(CLUSTER, 6, nodes(3), 1)
     plan = masters(CLUSTER, 6, placed, {})
     assert all(plan[k] == placed[k][0] for k in range(6))
+
+
+def grouped(machines: int, processes: int) -> tuple[list[str], dict[str, str]]:
+    """``processes`` member processes on each of ``machines`` nodes: their ids and their groups."""
+    members = {f"m{i}-{j}": f"m{i}" for i in range(machines) for j in range(processes)}
+    return sorted(members), members
+
+
+@pytest.mark.parametrize(("machines", "processes", "shards", "replicas"),
+                         [(1, 2, 2, 0), (1, 3, 6, 0), (2, 2, 6, 0), (3, 2, 6, 2), (3, 4, 12, 1), (2, 3, 4, 1)])
+def test_member_processes_split_their_groups_shards_one_member_each_balanced(machines, processes, shards, replicas):
+    live, groups = grouped(machines, processes)
+    placed = holders(CLUSTER, shards, live, replicas, groups)
+    by_machine = holders(CLUSTER, shards, [f"m{i}" for i in range(machines)], replicas)
+    for shard, held in placed.items():
+        # Each machine that holds the shard as a node would holds it in exactly one of its processes.
+        assert sorted(groups[member] for member in held) == by_machine[shard]
+    for machine in range(machines):
+        mine = Counter(m for held in placed.values() for m in held if groups[m] == f"m{machine}")
+        share = sum(f"m{machine}" in held for held in by_machine.values())
+        assert sum(mine.values()) == share
+        assert max(mine.values(), default=0) <= math.ceil(share / processes), "a process holds more than its share"
+
+
+def test_a_dead_members_shards_go_to_its_siblings_and_nodes_without_groups_place_as_before():
+    live, groups = grouped(1, 2)
+    both = holders(CLUSTER, 2, live, 0, groups)
+    assert sorted(len(held) for held in both.values()) == [1, 1] and both[0] != both[1]
+    survivor = [m for m in live if m != both[0][0]]
+    assert holders(CLUSTER, 2, survivor, 0, groups) == {0: survivor, 1: survivor}
+    assert holders(CLUSTER, 6, nodes(3), 2, {}) == holders(CLUSTER, 6, nodes(3), 2)
+    assert holders(CLUSTER, 6, nodes(3), 2, {n: n for n in nodes(3)}) == holders(CLUSTER, 6, nodes(3), 2)

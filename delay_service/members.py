@@ -1,0 +1,192 @@
+"""A node of several member processes (``DELAYQ_PROCESSES`` = K > 1): one GIL per member, the node's shards split.
+
+A node's masters and ingest share its one Python GIL: a node holding several shards
+delivers no faster on 16 cores than on 2. With K > 1, ``delayq node`` runs K member
+processes instead of one, each a whole node of its own (its buffer reader, stores,
+elections, transactional producers, HTTP port): ``<node_id>-<i>``, HTTP port
+``http_port + i`` (0: any), data in ``<data_dir>/members/<i>``, registered with the
+node id as their **group**. Placement (placement.holders) counts a group as one node
+and splits its shards between its live members, one each, so the machine still holds
+each shard once, and each master runs in a process of its own (with K >= the shards the
+node masters). Nothing of delivery changes: every rule a node keeps, a member keeps.
+
+This process is their supervisor, and does nothing else:
+
+- SIGTERM/SIGINT reach every member, which stops as a node does (hands its shards
+  over); it exits 0 once they all have.
+- A member that exits while the node runs is started again at once, after its traces in
+  ZooKeeper are removed (election.evict: its registration and its places in the
+  election lines): its process is gone, so its shards move to a sibling (or back to it,
+  restarted) within a placement round instead of a ZooKeeper session timeout. Its open
+  transaction is aborted by the next master's fencing, as after any failover.
+- A member that cannot start (exits 1 or 2 within :data:`START_GRACE_S`, having said why in
+  one line) stops the node with its exit code: another start would fail the same way.
+- A member exits when this process dies (``PR_SET_PDEATHSIG``: :func:`die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+
+from delayq.election import connect_for, evict
+from delayq.errors import UnavailableError
+from delayq.settings import Settings
+
+log = logging.getLogger("delayq.node")
+
+# A member exiting 1 or 2 this soon after its start could not start: the node stops with it.
+START_GRACE_S = 20.0
+# How long members have to stop after SIGTERM (their batches in flight commit) before they are killed.
+STOP_WAIT_S = 60.0
+# How often the supervisor looks at its members.
+WATCH_EVERY_S = 0.1
+# A member restarted this often within RESTART_WINDOW_S is started again only after RESTART_BACKOFF_S.
+RESTARTS_BEFORE_BACKOFF = 5
+RESTART_WINDOW_S = 60.0
+RESTART_BACKOFF_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def member_id(node_id: str, index: int) -> str:
+    """The node id of member ``index`` of node ``node_id``."""
+    return f"{node_id}-{index}"
+
+
+def member_environment(settings: Settings, index: int, base: dict[str, str]) -> dict[str, str]:
+    """The environment of member ``index``: the node's, with its own id, group, HTTP port and data folder."""
+    env = dict(base)
+    env.update({
+        "DELAYQ_NODE_ID": member_id(settings.node_id, index),
+        "DELAYQ_NODE_GROUP": settings.node_id,
+        "DELAYQ_PROCESSES": "1",
+        "DELAYQ_HTTP_PORT": str(settings.http_port + index if settings.http_port else 0),
+        "DELAYQ_DATA_DIR": str(settings.data_dir / "members" / str(index)),
+        "DELAYQ_LOG_LEVEL": settings.log_level,
+    })
+    return env
+
+
+def die_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when the process that started it dies (Linux; elsewhere nothing).
+
+    Called by a member at its start; if its node is gone already, it stops at once.
+    """
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@dataclass
+class Member:
+    index: int
+    node_id: str
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restarts: list[float] = field(default_factory=list)
+
+
+class MemberProcesses:
+    """Run and watch the member processes of one node (``Settings.processes`` of them)."""
+
+    def __init__(self, settings: Settings, *, command: list[str] | None = None):
+        self.settings = settings
+        self.command = command or [sys.executable, "-m", "delayq", "node"]
+        self.members = [Member(i, member_id(settings.node_id, i)) for i in range(settings.processes)]
+        self.stopping = threading.Event()
+        self._zk: KazooClient | None = None
+
+    def run(self) -> int:
+        """Start the members, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        s = self.settings
+        log.info("node %s: starting %d member processes (%s), HTTP ports %s, data in %s", s.node_id,
+                 len(self.members), ", ".join(m.node_id for m in self.members),
+                 f"{s.http_port}-{s.http_port + len(self.members) - 1}" if s.http_port else "any",
+                 s.data_dir / "members")
+        for member in self.members:
+            self._start(member)
+        code = 0
+        try:
+            while not self.stopping.wait(WATCH_EVERY_S):
+                failed = self._watch()
+                if failed is not None:
+                    code = failed
+                    break
+        finally:
+            self._stop_all()
+            if self._zk is not None:
+                self._zk.stop()
+                self._zk.close()
+        return code
+
+    def _start(self, member: Member) -> None:
+        env = member_environment(self.settings, member.index, dict(os.environ))
+        member.process = subprocess.Popen(self.command, env=env)
+        member.started_at = time.monotonic()
+
+    def _watch(self) -> int | None:
+        """Start again each member that exited; an exit code if one could not start (the node stops then)."""
+        for member in self.members:
+            process = member.process
+            if process is None or process.poll() is None:
+                continue
+            code = process.returncode
+            lived = time.monotonic() - member.started_at
+            if code in (1, 2) and lived < START_GRACE_S:
+                log.error("node %s: member %s could not start (exit %d, said why above); stopping the node",
+                          self.settings.node_id, member.node_id, code)
+                member.process = None
+                return code
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            log.warning("node %s: member %s stopped (%s) after %.1fs; removing its ZooKeeper traces and starting it "
+                        "again", self.settings.node_id, member.node_id, how, lived)
+            self._evict(member)
+            now = time.monotonic()
+            member.restarts = [t for t in member.restarts if now - t < RESTART_WINDOW_S] + [now]
+            if len(member.restarts) > RESTARTS_BEFORE_BACKOFF and self.stopping.wait(RESTART_BACKOFF_S):
+                member.process = None
+                return None
+            self._start(member)
+        return None
+
+    def _evict(self, member: Member) -> None:
+        """Its shards move now, not a session timeout later (its process is reaped: nothing of it can act)."""
+        try:
+            if self._zk is None:
+                self._zk = connect_for(self.settings)
+            removed = evict(self._zk, self.settings.zk_root, member.node_id)
+            log.info("node %s: removed %d ZooKeeper traces of member %s", self.settings.node_id, len(removed),
+                     member.node_id)
+        except (KazooException, UnavailableError) as err:
+            # Its session expires by itself: the shards move then, a session timeout later.
+            log.warning("node %s: could not remove the ZooKeeper traces of member %s (%s); they go when its session "
+                        "expires", self.settings.node_id, member.node_id, str(err) or type(err).__name__)
+
+    def _stop_all(self) -> None:
+        running = [m.process for m in self.members if m.process is not None and m.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for process in running:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

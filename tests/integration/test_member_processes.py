@@ -1,0 +1,104 @@
+"""A node of member processes (``DELAYQ_PROCESSES=2``): each shard's master in a process of its own.
+
+One ``delayq node`` with two member processes on a 2-shard cluster: each member holds and
+masters one shard (its own pid, its own GIL). The member mastering shard 0 is SIGKILLed
+while messages fall due on both shards: the node evicts its ZooKeeper traces and starts it
+again, and shard 0 delivers again within seconds, exactly once, never early. The judge is a
+read_committed consumer of the target topic and the broker's append times (LogAppendTime).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+import urllib.request
+from collections import Counter
+
+import pytest
+from kafka_testing import create_topics, read_topic
+from process_testing import wait_until
+from service_testing import Feeder, now_ms
+
+from delayq import Settings, wire
+from delayq.delay_service import cluster_status, ensure_shards, ensure_topics
+from delayq.testing import NodeProcess, free_ports
+
+pytestmark = pytest.mark.integration
+
+SHARDS = 2
+PARTITIONS = 4
+COUNT = 3_000
+# From the kill to its shard delivering again: the member's restart (a Python start, its store opened), the
+# fencing of its open transaction (librdkafka's PID timer, 0.5 s) and reading the shard to its end.
+RESUMED_WITHIN_S = 5.0
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def masters(settings: Settings) -> dict[int, str | None]:
+    return {s["shard"]: s["master"] for s in cluster_status(settings)["shards"]}
+
+
+def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exactly_once(settings, names, tmp_path):
+    settings = settings.model_copy(update={"shards": SHARDS, "buffer_partitions": PARTITIONS, "processes": 2})
+    target = names.topic("target")
+    create_topics(settings.bootstrap_servers, [target], partitions=2,
+                  config={"message.timestamp.type": "LogAppendTime"})
+    ensure_topics(settings)
+    ensure_shards(settings)
+    port = free_ports(2)
+    node = NodeProcess(settings, "box", tmp_path / "box", http_port=port).start()
+    try:
+        assert wait_until(lambda: ready(port) and ready(port + 1), timeout_s=90), node.log_tail()
+        members = node.members()
+        assert sorted(members) == ["box-0", "box-1"] and len(set(members.values())) == 2, members
+        assert wait_until(lambda: sorted(filter(None, masters(settings).values())) == ["box-0", "box-1"],
+                          timeout_s=30, interval_s=0.2), f"each member masters one shard: {masters(settings)}"
+        registrations = {n["node_id"]: n for n in cluster_status(settings)["nodes"]}
+        assert {n: registrations[n]["group"] for n in members} == {"box-0": "box", "box-1": "box"}
+        assert sorted(len(registrations[n]["shards"]) for n in members) == [1, 1], "the machine holds a shard once"
+
+        start = now_ms() + 3_000
+        feeder = Feeder(settings)
+        due = {}
+        for i in range(COUNT):
+            at = start + i * 8_000 // COUNT
+            due[feeder.put(target, f"m{i}".encode(), at, key=f"k{i}".encode())] = at
+        feeder.flush()
+        victim = masters(settings)[0]
+        assert victim is not None
+        time.sleep(max(0.0, (start + 3_000 - now_ms()) / 1000))  # shard 0 in the middle of its deliveries
+        killed_at = now_ms()
+        os.kill(node.members()[victim], signal.SIGKILL)
+
+        records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=5)
+        ids = [dict(r.headers())[wire.ID].decode() for r in records]
+        counts = Counter(ids)
+        assert not {i for i, n in counts.items() if n > 1}, "a message delivered twice"
+        assert not due.keys() - counts.keys(), f"{len(due.keys() - counts.keys())} messages never delivered"
+        appended = {delay_id: r.timestamp()[1] for delay_id, r in zip(ids, records, strict=True)}
+        assert not [i for i, at in appended.items() if at < due[i]], "a message delivered before its due time"
+
+        # Shard 0's messages falling due after the kill: the latest of them waited for the member's return.
+        shard_0 = [i for i in due if wire.shard_of(wire.buffer_partition(i, PARTITIONS), SHARDS) == 0]
+        after = [appended[i] - max(due[i], killed_at) for i in shard_0 if due[i] >= killed_at - 1_000]
+        assert after, "no message of shard 0 fell due around the kill"
+        resumed_s = max(after) / 1000
+        assert resumed_s <= RESUMED_WITHIN_S, f"shard 0 delivered again only {resumed_s:.1f}s after the kill"
+        log = node.own_log()
+        assert f"member {victim} stopped (signal 9)" in log and f"ZooKeeper traces of member {victim}" in log, log
+        print(f"shard 0 delivered again {resumed_s:.2f}s after its master member was killed")
+        assert wait_until(lambda: set(node.members()) == {"box-0", "box-1"}, timeout_s=30)
+        members = node.members()
+    finally:
+        code = node.stop()
+    assert code == 0, node.log_tail()
+    assert not [pid for pid in members.values() if Path(f"/proc/{pid}").exists()], "a member outlived its node"
