@@ -52,8 +52,8 @@ def iso_ms(epoch_ms: int) -> str | None:
 
 
 class NodeHTTPServer:
-    def __init__(self, node: NodeView, host: str, port: int):
-        handler = type("Handler", (_Handler,), {"node": node})
+    def __init__(self, node: NodeView, host: str, port: int, handler_base: type[NodeHandler] | None = None):
+        handler = type("Handler", (handler_base or NodeHandler,), {"node": node})
         self.server = ThreadingHTTPServer((host, port), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
@@ -70,7 +70,9 @@ class NodeHTTPServer:
         self.server.server_close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class NodeHandler(BaseHTTPRequestHandler):
+    """The endpoints; a node of member processes answers /v1/messages/ through its members (members.py)."""
+
     node: NodeView
     protocol_version = "HTTP/1.1"
 
@@ -88,18 +90,18 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/livez":
             alive = self.node.alive()
-            self._send(200 if alive else 503, b"ok\n" if alive else b"loops stopped\n", "text/plain")
+            self.send(200 if alive else 503, b"ok\n" if alive else b"loops stopped\n", "text/plain")
         elif path == "/readyz":
             ready, reason = self.node.ready()
             self._json(200 if ready else 503, {"ready": ready, "reason": reason})
         elif path == "/metrics":
-            self._send(200, generate_latest(self.node.registry), CONTENT_TYPE_LATEST)
+            self.send(200, generate_latest(self.node.registry), CONTENT_TYPE_LATEST)
         elif path.startswith(MESSAGES):
-            self._message(path[len(MESSAGES):])
+            self.message(path[len(MESSAGES):])
         else:
             self._json(404, {"error": f"no such endpoint {path}"})
 
-    def _message(self, delay_id: str) -> None:
+    def message(self, delay_id: str) -> None:
         try:
             check_delay_id(delay_id, "id")
         except (TypeError, ValueError) as err:
@@ -131,9 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, answer)
 
     def _json(self, status: int, body: dict) -> None:
-        self._send(status, json.dumps(body).encode() + b"\n", "application/json")
+        self.send(status, json.dumps(body).encode() + b"\n", "application/json")
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def send(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

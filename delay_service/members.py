@@ -22,26 +22,43 @@ This process is their supervisor, and does nothing else:
 - A member that cannot start (exits 1 or 2 within :data:`START_GRACE_S`, having said why in
   one line) stops the node with its exit code: another start would fail the same way.
 - A member exits when this process dies (``PR_SET_PDEATHSIG``: :func:`die_with_parent`).
+- It answers the node's HTTP port for the group (:class:`GroupView`), so probes and
+  scrapes configured for a node need no change: ``/livez`` (it runs), ``/readyz`` (200
+  once every member is ready; else the first one that is not, and why), ``/metrics``
+  (every member's series, each with a ``member`` label), ``/v1/messages/{id}`` (answered
+  by the member holding the id's shard). The members listen on the ports after it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.election import connect_for, evict
-from delayq.errors import UnavailableError
+from delayq.errors import ConfigurationError, UnavailableError
 from delayq.settings import Settings
+from delayq.store import StoredEntry
+
+from .http import MESSAGES, NodeHandler, NodeHTTPServer
 
 log = logging.getLogger("delayq.node")
 
@@ -55,6 +72,8 @@ WATCH_EVERY_S = 0.1
 RESTARTS_BEFORE_BACKOFF = 5
 RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 5.0
+# How long the front waits for a member's answer (a probe, a scrape, a lookup).
+MEMBER_ANSWER_S = 2.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -63,14 +82,19 @@ def member_id(node_id: str, index: int) -> str:
     return f"{node_id}-{index}"
 
 
-def member_environment(settings: Settings, index: int, base: dict[str, str]) -> dict[str, str]:
+def member_port(settings: Settings, index: int) -> int:
+    """The HTTP port of member ``index``: the ones after the node's (0, any, if the node's is)."""
+    return settings.http_port + 1 + index if settings.http_port else 0
+
+
+def member_environment(settings: Settings, index: int, port: int, base: dict[str, str]) -> dict[str, str]:
     """The environment of member ``index``: the node's, with its own id, group, HTTP port and data folder."""
     env = dict(base)
     env.update({
         "DELAYQ_NODE_ID": member_id(settings.node_id, index),
         "DELAYQ_NODE_GROUP": settings.node_id,
         "DELAYQ_PROCESSES": "1",
-        "DELAYQ_HTTP_PORT": str(settings.http_port + index if settings.http_port else 0),
+        "DELAYQ_HTTP_PORT": str(port),
         "DELAYQ_DATA_DIR": str(settings.data_dir / "members" / str(index)),
         "DELAYQ_LOG_LEVEL": settings.log_level,
     })
@@ -96,6 +120,7 @@ def die_with_parent() -> None:
 class Member:
     index: int
     node_id: str
+    port: int
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     restarts: list[float] = field(default_factory=list)
@@ -107,19 +132,29 @@ class MemberProcesses:
     def __init__(self, settings: Settings, *, command: list[str] | None = None):
         self.settings = settings
         self.command = command or [sys.executable, "-m", "delayq", "node"]
-        self.members = [Member(i, member_id(settings.node_id, i)) for i in range(settings.processes)]
+        self.members = [Member(i, member_id(settings.node_id, i), member_port(settings, i) or _free_port())
+                        for i in range(settings.processes)]
         self.stopping = threading.Event()
         self._zk: KazooClient | None = None
+        self.http: NodeHTTPServer | None = None
 
     def run(self) -> int:
         """Start the members, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
         s = self.settings
-        log.info("node %s: starting %d member processes (%s), HTTP ports %s, data in %s", s.node_id,
-                 len(self.members), ", ".join(m.node_id for m in self.members),
-                 f"{s.http_port}-{s.http_port + len(self.members) - 1}" if s.http_port else "any",
-                 s.data_dir / "members")
+        try:
+            self.http = NodeHTTPServer(GroupView(self), s.http_host, s.http_port, GroupHandler)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            raise ConfigurationError(f"HTTP port {s.http_port} on {s.http_host} is taken (DELAYQ_HTTP_PORT="
+                                     f"{s.http_port}): give this node another DELAYQ_HTTP_PORT, or stop what "
+                                     "listens there") from None
+        self.http.start()
+        log.info("node %s: starting %d member processes (%s), HTTP on %s:%d (members on %s), data in %s", s.node_id,
+                 len(self.members), ", ".join(m.node_id for m in self.members), s.http_host, self.http.port,
+                 ", ".join(str(m.port) for m in self.members), s.data_dir / "members")
         for member in self.members:
             self._start(member)
         code = 0
@@ -131,13 +166,15 @@ class MemberProcesses:
                     break
         finally:
             self._stop_all()
+            if self.http is not None:
+                self.http.stop()
             if self._zk is not None:
                 self._zk.stop()
                 self._zk.close()
         return code
 
     def _start(self, member: Member) -> None:
-        env = member_environment(self.settings, member.index, dict(os.environ))
+        env = member_environment(self.settings, member.index, member.port, dict(os.environ))
         member.process = subprocess.Popen(self.command, env=env)
         member.started_at = time.monotonic()
 
@@ -190,3 +227,90 @@ class MemberProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _member_get(member: Member, path: str) -> tuple[int, bytes]:
+    """A member's answer to GET ``path``: status and body (status 0: it did not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{member.port}{path}", timeout=MEMBER_ANSWER_S) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except OSError:
+        return 0, b""
+
+
+class _MembersMetrics:
+    """A collector of every member's series, each with a ``member`` label: one scrape of the node covers all."""
+
+    def __init__(self, members: list[Member]):
+        self.members = members
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for member in self.members:
+            status, body = _member_get(member, "/metrics")
+            if status != 200:
+                continue
+            for family in text_string_to_metric_families(body.decode()):
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+                into.samples += [sample._replace(labels={**sample.labels, "member": member.node_id})
+                                 for sample in family.samples]
+        yield from merged.values()
+
+
+class GroupView:
+    """The node's HTTP answers for its member processes (http.NodeView)."""
+
+    def __init__(self, members: MemberProcesses):
+        self.processes = members
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_MembersMetrics(members.members))
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self._registry
+
+    def alive(self) -> bool:
+        return not self.processes.stopping.is_set()
+
+    def ready(self) -> tuple[bool, str]:
+        for member in self.processes.members:
+            status, body = _member_get(member, "/readyz")
+            if status != 200:
+                try:
+                    reason = json.loads(body)["reason"]
+                except (ValueError, KeyError, TypeError):
+                    reason = "not answering" if status == 0 else f"HTTP {status}"
+                return False, f"member {member.node_id}: {reason}"
+        return True, f"all {len(self.processes.members)} members ready"
+
+    def shard_of(self, delay_id: str) -> tuple[int, bool]:  # GroupHandler asks the members instead
+        raise NotImplementedError
+
+    def entry(self, delay_id: str) -> StoredEntry | None:  # GroupHandler asks the members instead
+        raise NotImplementedError
+
+
+class GroupHandler(NodeHandler):
+    """A lookup is answered by the member that holds the id's shard (the others answer 421)."""
+
+    def message(self, delay_id: str) -> None:
+        view = self.node
+        assert isinstance(view, GroupView)
+        last: tuple[int, bytes] = (503, json.dumps({"id": delay_id, "error": "no member answered"}).encode())
+        for member in view.processes.members:
+            status, body = _member_get(member, MESSAGES + delay_id)
+            if status in (0, 421):
+                last = (status or 503, body or last[1])
+                continue
+            self.send(status, body, "application/json")
+            return
+        self.send(last[0], last[1], "application/json")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from kafka_testing import create_topics, read_topic
@@ -54,10 +54,11 @@ def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exa
                   config={"message.timestamp.type": "LogAppendTime"})
     ensure_topics(settings)
     ensure_shards(settings)
-    port = free_ports(2)
+    port = free_ports(3)  # the node's, then its members'
     node = NodeProcess(settings, "box", tmp_path / "box", http_port=port).start()
     try:
-        assert wait_until(lambda: ready(port) and ready(port + 1), timeout_s=90), node.log_tail()
+        assert wait_until(lambda: ready(port), timeout_s=90), node.log_tail()
+        assert ready(port + 1) and ready(port + 2), "the node said ready before its members"
         members = node.members()
         assert sorted(members) == ["box-0", "box-1"] and len(set(members.values())) == 2, members
         assert wait_until(lambda: sorted(filter(None, masters(settings).values())) == ["box-0", "box-1"],
@@ -73,6 +74,13 @@ def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exa
             at = start + i * 8_000 // COUNT
             due[feeder.put(target, f"m{i}".encode(), at, key=f"k{i}".encode())] = at
         feeder.flush()
+        # The node's own port answers for its members: a lookup, and every member's series in one scrape.
+        some_id = next(iter(due))
+        assert wait_until(lambda: node.get(f"/v1/messages/{some_id}")[0] == 200, timeout_s=10)
+        assert node.get_json(f"/v1/messages/{some_id}")[1]["deliver_at_ms"] == due[some_id]
+        scrape = node.get("/metrics")[1].decode()
+        series = [line for line in scrape.splitlines() if line.startswith("delayq_is_master{")]
+        assert all(any(f'member="{m}"' in line for line in series) for m in members), series
         victim = masters(settings)[0]
         assert victim is not None
         time.sleep(max(0.0, (start + 3_000 - now_ms()) / 1000))  # shard 0 in the middle of its deliveries

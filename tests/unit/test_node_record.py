@@ -66,3 +66,10 @@ def test_a_record_says_the_oldest_store_format_the_node_holds_and_0_1_0s_says_no
     assert NodeRecord.from_json(json.dumps(RECORD_OF_0_1_0).encode()).store_format is None
     for bad in (0, "5", True, 4.5):
         assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "store_format": bad}).encode()) is None, bad
+
+
+def test_a_member_process_says_its_group_and_a_record_without_one_is_a_node_of_its_own():
+    record = NodeRecord.from_json(NodeRecord("box-1", Role.STANDBY, group="box").to_json())
+    assert record is not None and record.group == "box" and record.as_dict()["group"] == "box"
+    assert NodeRecord.from_json(json.dumps(RECORD_OF_0_1_0).encode()).group is None
+    assert NodeRecord.from_json(json.dumps({**RECORD_OF_0_1_0, "group": 7}).encode()) is None
