@@ -430,6 +430,7 @@ def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets)
     (["config.shards=0"], "/config/shards"),
     (["config.shards=1025"], "/config/shards"),
     (["config.replicas=-1"], "/config/replicas"),
+    (["config.processes=0"], "/config/processes"),
     (["config.extraSettings.shards=2"], "config.extraSettings.shards is set by the chart itself"),
     (["config.extraSettings.replicas=2"], "config.extraSettings.replicas is set by the chart itself"),
     (["config.targetTopics={orders/eu}"], "/config/targetTopics/0"),
@@ -465,15 +466,16 @@ def test_shards_dividing_the_partitions_and_replicas_up_to_the_node_count_are_ac
 # --- what the nodes rely on -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values,shards,replicas", [
-    ("default", "1", "0"),
-    ("production", "6", "2"),
-    ("set", "4", "2"),
+@pytest.mark.parametrize("values,shards,replicas,processes", [
+    ("default", "1", "0", "1"),
+    ("production", "6", "2", "1"),
+    ("set", "4", "2", "2"),
 ])
-def test_shards_and_replicas_reach_the_node_and_init_containers(helm, value_args, values, shards, replicas):
+def test_shards_replicas_and_processes_reach_the_node_and_init_containers(helm, value_args, values, shards, replicas,
+                                                                          processes):
     if values == "set":
         docs = template(helm, *value_args["default"], "--set", "config.shards=4", "--set", "config.bufferPartitions=8",
-                        "--set", "config.replicas=2")
+                        "--set", "config.replicas=2", "--set", "config.processes=2")
     else:
         docs = template(helm, *value_args[values])
     init = the(docs, "Job", "dq-delayq-init")["spec"]["template"]["spec"]["containers"][0]
@@ -482,6 +484,7 @@ def test_shards_and_replicas_reach_the_node_and_init_containers(helm, value_args
         env = container_env(docs, container, pod_name)
         assert env["DELAYQ_SHARDS"] == shards, container["name"]
         assert env["DELAYQ_REPLICAS"] == replicas, container["name"]
+        assert env["DELAYQ_PROCESSES"] == processes, container["name"]
 
 
 def test_statefulset_has_one_pvc_template_per_pod_mounted_at_the_data_dir(rendered):

@@ -168,6 +168,7 @@ DELAYQ_DEAD_LETTER_TOPIC: {{ . | quote }}
 DELAYQ_BUFFER_PARTITIONS: {{ .Values.config.bufferPartitions | int64 | quote }}
 DELAYQ_SHARDS: {{ .Values.config.shards | int64 | quote }}
 DELAYQ_REPLICAS: {{ .Values.config.replicas | int64 | quote }}
+DELAYQ_PROCESSES: {{ .Values.config.processes | int64 | quote }}
 {{- if gt (int64 .Values.config.bufferReplicationFactor) 0 }}
 DELAYQ_BUFFER_REPLICATION_FACTOR: {{ .Values.config.bufferReplicationFactor | int64 | quote }}
 {{- end }}
@@ -233,7 +234,7 @@ DELAYQ_KAFKA__SSL_KEY_LOCATION: {{ printf "/etc/delayq/kafka-tls/%s" .Values.kaf
 {{- fail (printf "config.extraSettings key %q: use the settings field name in snake_case, e.g. --set config.extraSettings.max_delay_ms=86400000" $key) }}
 {{- else if eq $key "kafka" }}
 {{- fail "config.extraSettings.kafka: librdkafka settings go in kafka.extraConfig, e.g. --set kafka.extraConfig.client\\.rack=eu-west-1a" }}
-{{- else if or (hasKey $managed $name) (eq $key "node_id") }}
+{{- else if or (hasKey $managed $name) (eq $key "node_id") (eq $key "node_group") }}
 {{- fail (printf "config.extraSettings.%s is set by the chart itself: use its own value (see values.yaml) instead" $key) }}
 {{- else if eq $key "target_topics" }}
 {{- /* Refused even when config.targetTopics is empty: a list here would reach the node as JSON, which DELAYQ_TARGET_TOPICS (comma-separated) does not read. */}}
