@@ -26,8 +26,10 @@ RUN groupadd --system --gid 10001 delayq \
  && mkdir -p /data \
  && chown 10001:10001 /data
 COPY --from=wheel /tmp/dist/ /tmp/dist/
-RUN pip install /tmp/dist/delayq-*.whl \
- && rm -rf /tmp/dist
+COPY constraints.txt /tmp/constraints.txt
+# A node and the reconciliation (extras node and reconcile), at the versions CI passed with.
+RUN pip install -c /tmp/constraints.txt "$(ls /tmp/dist/delayq-*.whl)[node,reconcile]" \
+ && rm -rf /tmp/dist /tmp/constraints.txt
 WORKDIR /home/delayq
 ENV DELAYQ_DATA_DIR=/data \
     DELAYQ_HTTP_HOST=0.0.0.0 \

@@ -5,15 +5,25 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install up down status lint test test-fast demo bench soak clean
+.PHONY: install lock up down status lint test test-fast demo bench soak clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Every part of delayq (extras dev: node, reconcile, the local stack; test), at the versions CI passed with:
+# constraints.txt pins them, so a fresh clone does not get whatever was released this morning.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,test]"
 	@touch $(STAMP)
+
+# Newer versions within pyproject.toml's ranges, into the lock files (then `make test` before committing them).
+UV_COMPILE = $(BIN)/uv pip compile -q --upgrade --python-version 3.11 --no-annotate --no-header pyproject.toml
+lock: install
+	$(BIN)/pip install -q uv
+	{ sed -n '/^#/p' constraints.txt; $(UV_COMPILE) --extra dev --extra test; } > constraints.txt.new
+	{ sed -n '/^#/p' constraints-quix.txt; $(UV_COMPILE) --extra quix; } > constraints-quix.txt.new
+	mv constraints.txt.new constraints.txt && mv constraints-quix.txt.new constraints-quix.txt
 
 up: install
 	$(BIN)/delayq dev up

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from delayq import __version__
 from delayq.errors import DelayqError
+from delayq.extras import require_for_command
 
 # Every module in delayq.commands registers its own sub-commands; these come first in --help.
 FIRST_COMMANDS = ("dev", "init", "node", "status", "produce", "reconcile", "demo", "bench")
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Only errors a user can act on are one line; anything else is a bug and keeps its traceback.
     try:
+        require_for_command(args.command)
         return int(args.func(args) or 0)
     except DelayqError as err:
         return _user_error(args.command, str(err))

@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from delayq.errors import DelayqError, UnavailableError
+from delayq.extras import require
 from delayq.features import UNRECORDED_LEVEL, introduced_by
 from delayq.settings import Settings
 
@@ -74,6 +75,7 @@ class FeatureGate:
         Raises:
             LevelNotFinalized: the cluster is finalized below ``level``, or its record is damaged.
             UnavailableError: ZooKeeper did not answer within the timeout (the next request asks again).
+            MissingExtra: kazoo, which reads the level, is not installed (``delayq[zookeeper]``).
         """
         if level <= UNRECORDED_LEVEL:
             return
@@ -102,13 +104,15 @@ class FeatureGate:
 
         Raises:
             UnavailableError: ZooKeeper did not answer (the next request connects again).
+            MissingExtra: kazoo is not installed.
         """
+        settings = self._settings
+        require("zookeeper", f"{what} (feature level {level}, which the producer checks in ZooKeeper first)")
         from kazoo.client import KazooState
         from kazoo.exceptions import KazooException
 
         from delayq.election import Features, connect_for
 
-        settings = self._settings
         unanswered = (f"{what} needs feature level {level}, and whether cluster {settings.cluster} is finalized at "
                       "it is recorded in ZooKeeper, which did not answer")
         if self._client is None:

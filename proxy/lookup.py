@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from delayq.errors import DelayqError
+from delayq.extras import require
 from delayq.settings import Settings
 from delayq.wire import buffer_partition, check_delay_id, shard_of
 
@@ -72,9 +73,11 @@ def node_urls(settings: Settings, timeout: float = 3.0, delay_id: str | None = N
 
     Raises:
         NodeUnreachable: ZooKeeper did not answer, or no node is registered there.
+        MissingExtra: no ``lookup_urls``, and kazoo is not installed (``delayq[zookeeper]``).
     """
     if settings.lookup_urls:
         return [url.rstrip("/") for url in settings.lookup_urls]
+    require("zookeeper", "finding the nodes through ZooKeeper", instead="or name the nodes with DELAYQ_LOOKUP_URLS")
     from delayq.election import Layout, Membership, Role, connect_for
 
     try:

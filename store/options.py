@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 try:
     import rocksdict
-except ImportError as err:  # pragma: no cover - rocksdict is a hard dependency of delayq
-    raise ImportError(
-        "delayq.store needs rocksdict (it bundles RocksDB): pip install 'rocksdict>=0.3.25', "
-        "or reinstall delayq with `pip install -e .`"
-    ) from err
+except ImportError as err:
+    from delayq.extras import MissingExtra
+
+    raise MissingExtra("delayq.store needs delayq's 'node' extra (rocksdict, which bundles RocksDB, is not "
+                       "installed): pip install 'delayq[node]'") from err
 
 TIME_CF = "time"
 IDS_CF = "ids"

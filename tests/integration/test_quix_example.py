@@ -3,7 +3,8 @@
 quixstreams pins confluent-kafka below 2.13 and pydantic below 2.14, and delayq's own
 environment has newer ones (confluent_kafka.aio): the example runs in a virtualenv of
 its own, made once with ``pip install -e .[quix]`` (what a user's ``pip install
-"delayq[quix]"`` resolves) and kept in the delayq cache, keyed by pyproject.toml.
+"delayq[quix]"`` resolves, at constraints-quix.txt's versions) and kept in the delayq cache, keyed by
+pyproject.toml and that lock.
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ EXAMPLE = ROOT / "examples" / "order_timeouts_quix.py"
 
 @pytest.fixture(scope="session")
 def quix_python() -> str:
-    """The python of a virtualenv with ``delayq[quix]`` installed from this clone; made once per clone and pyproject."""
-    # Per clone and pyproject: the virtualenv holds an editable install of this clone.
-    stamp = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + str(ROOT).encode()).hexdigest()[:16]
+    """The python of a virtualenv with ``delayq[quix]`` installed from this clone, at constraints-quix.txt's versions.
+
+    Made once per clone, pyproject and lock: the virtualenv holds an editable install of this clone.
+    """
+    lock = ROOT / "constraints-quix.txt"
+    stamp = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + lock.read_bytes() + str(ROOT).encode()
+                           ).hexdigest()[:16]
     venv = cache_dir() / f"venv-quix-{stamp}"
     python = venv / "bin" / "python"
     done = venv / ".installed"
     if not done.exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[quix]"],
+        installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(lock), "-e", f"{ROOT}[quix]"],
                                    capture_output=True, text=True, timeout=900)
         if installed.returncode != 0:
             pytest.fail(f"pip install -e '.[quix]' failed (exit {installed.returncode}): "

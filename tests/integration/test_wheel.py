@@ -7,7 +7,9 @@ delayq.commands in the wheel, and `delayq --help` ended in ModuleNotFoundError).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kafka_testing import read_topic
+
+from delayq import wire
+from delayq.delay_service import ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +107,72 @@ def test_the_installed_wheel_creates_a_clusters_topics_and_reports_its_status(in
     status = run(installed, "status", "--json", env=env)
     assert status.returncode == 0, status.stderr
     assert settings.cluster in status.stdout
+
+
+# What `pip install delayq` must not bring: the node's, the reconciliation's and the local stack's parts.
+NOT_IN_THE_BARE_INSTALL = ("pyspark", "pandas", "matplotlib", "pyarrow", "rocksdict", "kazoo", "prometheus_client",
+                           "redis")
+
+
+@pytest.fixture(scope="module")
+def bare(wheel, tmp_path_factory) -> Path:
+    """A fresh virtualenv with ``pip install delayq`` (the wheel, its dependencies from PyPI at the locked versions)."""
+    env_dir = tmp_path_factory.mktemp("venv-bare") / "bare"
+    venv.create(env_dir, with_pip=True)
+    done = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                           "-c", str(ROOT / "constraints.txt"), str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.fail(f"pip install of the bare wheel failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}",
+                    pytrace=False)
+    return env_dir
+
+
+def test_the_bare_install_is_the_producer_side_only(bare):
+    check = "import importlib.util, json, sys; print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m)]))"
+    found = subprocess.run([str(bare / "bin" / "python"), "-c", check, *NOT_IN_THE_BARE_INSTALL], capture_output=True,
+                           text=True, check=True, cwd=bare)
+    assert json.loads(found.stdout) == [], f"pip install delayq brought {found.stdout.strip()}"
+
+
+@pytest.mark.parametrize(("command", "extra"), [("node", "node"), ("status", "node"), ("init", "node"),
+                                                ("reconcile", "reconcile"), ("dev", "dev"), ("bench", "dev")])
+def test_a_command_of_a_missing_extra_says_in_one_line_which_to_install(bare, command, extra):
+    done = run(bare, command, *(["up"] if command == "dev" else []))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert f"needs delayq's {extra!r} extra" in line and f"pip install 'delayq[{extra}]'" in line, line
+
+
+def test_the_bare_install_produces_delays_and_cancels_on_the_real_stack(bare, settings, names):
+    """The library and the CLI of `pip install delayq` write what a node reads; lookup needs nodes' URLs or kazoo."""
+    ensure_topics(settings)
+    target = names.topic("target")
+    env = {"DELAYQ_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "DELAYQ_ZK_CONNECT": settings.zk_connect,
+           "DELAYQ_CLUSTER": settings.cluster}
+    script = ("import delayq, sys\n"
+              "p = delayq.Producer({'bootstrap.servers': sys.argv[1], 'delayq.cluster': sys.argv[2]})\n"
+              "i = p.produce(sys.argv[3], b'from the library', key=b'k', delay=3600)\n"
+              "p.flush(30)\n"
+              "print(i)\n")
+    produced = subprocess.run([str(bare / "bin" / "python"), "-c", script, settings.bootstrap_servers,
+                               settings.cluster, target], capture_output=True, text=True, timeout=120, cwd=bare,
+                              env={**os.environ, **env})
+    assert produced.returncode == 0, produced.stderr
+    library_id = produced.stdout.strip().splitlines()[-1]
+    cli = run(bare, "produce", "--topic", target, "--delay", "1h", "from the cli", env=env)
+    assert cli.returncode == 0, cli.stderr
+    cli_id = re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", cli.stdout).group(0)
+    cancelled = run(bare, "cancel", cli_id, env=env)
+    assert cancelled.returncode == 0, cancelled.stderr
+
+    records = read_topic(settings.bootstrap_servers, settings.buffer_topic, expect=3, timeout_s=30)
+    parsed = [wire.parse_buffer_record(r.key(), r.value(), r.headers(), r.timestamp()[1], partition=r.partition(),
+                                       partitions=settings.buffer_partitions) for r in records]
+    assert sorted((p.delay_id, p.op) for p in parsed) == sorted(
+        [(library_id, wire.OP_PUT), (cli_id, wire.OP_PUT), (cli_id, wire.OP_CANCEL)])
+    assert {p.envelope.topic for p in parsed if p.envelope is not None} == {target}
+
+    lookup = run(bare, "get", library_id, env=env)
+    assert lookup.returncode == 2 and "pip install 'delayq[zookeeper]', or name the nodes with DELAYQ_LOOKUP_URLS" \
+        in lookup.stderr, lookup.stderr

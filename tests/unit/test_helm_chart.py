@@ -1196,7 +1196,10 @@ def test_the_image_runs_a_node_as_the_chart_expects():
     # The image installs the wheel built from the tree (tests/integration/test_wheel.py runs that wheel), not the tree.
     assert re.search(r"^RUN pip wheel --no-deps --wheel-dir /tmp/dist /tmp/src$", text.split("AS wheel")[1], re.M)
     base = text.split("AS base")[1].split("FROM")[0]
-    assert "COPY --from=wheel /tmp/dist/ /tmp/dist/" in base and "pip install /tmp/dist/delayq-*.whl" in base
+    assert "COPY --from=wheel /tmp/dist/ /tmp/dist/" in base
+    # With what a node and the reconciliation need (extras), at the locked versions make install uses.
+    assert 'pip install -c /tmp/constraints.txt "$(ls /tmp/dist/delayq-*.whl)[node,reconcile]"' in base
+    assert "COPY constraints.txt /tmp/constraints.txt" in base and (ROOT / "constraints.txt").is_file()
     assert "/tmp/src" not in base
 
 
