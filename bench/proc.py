@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User plus system CPU seconds of ``pids`` so far (a pid that is gone counts 0)."""
+    """User plus system CPU seconds of ``pids`` so far, all their threads (a pid that is gone counts 0)."""
+    return _stat_seconds(Path(f"/proc/{pid}/stat") for pid in pids)
+
+
+def thread_cpu_seconds(tids: list[int]) -> float:
+    """User plus system CPU seconds of this process's threads ``tids`` (native ids) so far (one gone counts 0)."""
+    return _stat_seconds(Path(f"/proc/self/task/{tid}/stat") for tid in tids)
+
+
+def threads_named(prefix: str) -> set[int]:
+    """Native ids of this process's threads whose name starts with ``prefix`` (librdkafka's: ``rdk:``)."""
+    found = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith(prefix):
+                found.add(int(task.name))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return found
+
+
+def _stat_seconds(paths: Iterable[Path]) -> float:
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    for pid in pids:
+    for path in paths:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = path.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)

@@ -39,6 +39,7 @@ from delayq.dev import DevStack
 from delayq.errors import DelayqError
 from delayq.testing import free_port
 
+from .proc import cpu_seconds, thread_cpu_seconds, threads_named
 from .service_bench import (
     bench_cluster,
     create_target,
@@ -299,6 +300,16 @@ def peer_throughput(server: RedisServer, stack: DevStack, count: int, progress: 
 
     Timed as delayq's is: from the first to the last record's broker timestamp on the target.
     """
+    return peer_delivery(server, stack, count, progress)["msg_s"]
+
+
+def peer_delivery(server: RedisServer, stack: DevStack, count: int, progress: Progress) -> dict:
+    """:func:`peer_throughput`'s run: ``msg_s``, and the CPU seconds the move took (``cpu_s``) by part.
+
+    The CPU window runs from the poller's start until it has moved ``count``: ``client`` is the
+    poller's thread and its producer's librdkafka threads (the bench's other threads, its progress
+    display and the loop watching the count, are not in it), ``redis-server`` the server process.
+    """
     client = server.client()
     with bench_cluster(stack) as settings:
         target = f"{settings.cluster}-target"
@@ -306,16 +317,25 @@ def peer_throughput(server: RedisServer, stack: DevStack, count: int, progress: 
         client.delete(QUEUE_KEY)
         due = now_ms() - 1000
         schedule(client, target, count, lambda i: due, progress)
+        others = threads_named("rdk:")
         poller = Poller(client, settings.bootstrap_servers)
+        librdkafka = threads_named("rdk:") - others  # the poller's producer's threads
+        redis_pid = [server.process.pid] if server.process is not None else []
+        before = thread_cpu_seconds(sorted(librdkafka)), cpu_seconds(redis_pid)
         started_ms = now_ms()
         poller.start()
+        polling = [poller.thread.native_id] if poller.thread and poller.thread.native_id else []
         try:
             wait_for(progress, "Redis: moving to Kafka", count, poller.moved_count, 120 + count / 1000,
                      interval_s=0.02)
+            # The poller's thread began with the window: all its CPU is the move's.
+            cpu = {"client": thread_cpu_seconds(sorted(librdkafka)) - before[0] + thread_cpu_seconds(polling),
+                   "redis-server": cpu_seconds(redis_pid) - before[1]}
         finally:
             poller.stop()
         records = read_append_times(settings, target, count, timeout_s=60, due_header=DUE_HEADER)
-    return delivery_rate([appended for appended, _, _ in records], count, started_ms)
+    return {"msg_s": delivery_rate([appended for appended, _, _ in records], count, started_ms),
+            "cpu_s": {part: round(seconds, 3) for part, seconds in cpu.items()}}
 
 
 def peer_capacity(server: RedisServer, stack: DevStack, count: int, progress: Progress) -> dict:

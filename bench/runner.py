@@ -32,6 +32,7 @@ from rich.table import Table
 
 from delayq.dev import KAFKA_VERSION, ZOOKEEPER_VERSION, DevStack
 
+from . import scale_bench as scale
 from . import service_bench as service
 from .report import PEER, Figure, render_markdown, write_markdown
 from .suites import OPT_IN_SUITES, SUITE_TEXT
@@ -428,59 +429,90 @@ def suite_reconcile(ctx: Context) -> list[Figure]:
                    f"{deliveries:,} deliveries), `delayq reconcile` on local[2]", "s", "lower", values)]
 
 
+def _say_invalid(text: str) -> None:
+    console.log(f"[bold red]{escape(text)}[/]")  # the reasons hold brackets: shard lists, masterships
+
+
+@dataclass
+class ScaleDeliveries:
+    """The delivery runs of the scale and members suites: each configuration's valid runs, the reasons of the
+    invalid ones, and the lead each run plans from the configuration's earlier runs (scale_bench.LeadPlanner)."""
+
+    ctx: Context
+    count: int
+    planner: scale.LeadPlanner = field(default_factory=scale.LeadPlanner)
+    runs: dict[scale.ScaleConfig, list[dict]] = field(default_factory=dict)
+    invalid: dict[scale.ScaleConfig, list[str]] = field(default_factory=dict)
+
+    def measure(self, suite: str, config: scale.ScaleConfig, of: str) -> dict:
+        """One valid delivery run of ``config`` (measured again while invalid, scale_bench.first_valid)."""
+        planner, n = self.planner, self.count
+
+        def once() -> dict:
+            try:
+                result = scale.bench_scale_delivery(self.ctx.stack, config, n, planner.lead_s(config, n),
+                                                    self.ctx.progress)
+            except scale.StoredLate as late:
+                planner.saw_stored(config, n, late.took_s)
+                raise
+            planner.saw_stored(config, n, result["stored_s"])
+            return result
+
+        invalid = self.invalid.setdefault(config, [])
+        result = self.ctx.step(f"{suite}, {config.label}: delivery {of}",
+                               lambda: scale.first_valid(once, invalid, say=_say_invalid))
+        self.runs.setdefault(config, []).append(result)
+        return result
+
+    def details(self, config: scale.ScaleConfig) -> dict:
+        """What results.json keeps beside a configuration's delivery figure: its invalid runs' reasons, and per run
+        the checks and side values."""
+        runs = self.runs[config]
+        return {"invalid_runs": self.invalid[config],
+                **{k: [r[k] for r in runs] for k in ("span_ms", "stored_ahead_ms", "lead_s", "ready_s", "settled_s",
+                                                     "cpu_cores", "shard_windows_ms")}}
+
+    def peer(self, suite: str, of: str) -> dict:
+        """One delivery run of the Redis peer, the same count (redis_peer.peer_delivery)."""
+        from .redis_peer import peer_delivery
+
+        self.ctx.redis()
+        return self.ctx.step(f"{suite}: Redis peer delivery {of}",
+                             lambda: peer_delivery(self.ctx.redis(), self.ctx.stack, self.count, self.ctx.progress))
+
+
 def suite_scale(ctx: Context) -> list[Figure]:
     """Every configuration (nodes, R) in turn, then the peer, once per run: load swings hit them alike."""
-    from . import scale_bench as scale
-    from .redis_peer import peer_throughput
-
     n, n_ingest = ctx.sizes.scale_delivery, ctx.sizes.scale_ingest
     configs = scale.configurations()
-    planner = scale.LeadPlanner()
-    delivery: dict[scale.ScaleConfig, list[dict]] = {c: [] for c in configs}
+    deliveries = ScaleDeliveries(ctx, n)
+    planner = deliveries.planner
     ingest: dict[scale.ScaleConfig, list[dict]] = {c: [] for c in configs}
     invalid_ingest: dict[scale.ScaleConfig, list[str]] = {c: [] for c in configs}
-    invalid_delivery: dict[scale.ScaleConfig, list[str]] = {c: [] for c in configs}
     peer: list[float] | None = [] if ctx.options.peer else None
-
-    def say(text: str) -> None:
-        console.log(f"[bold red]{escape(text)}[/]")  # the reasons hold brackets: shard lists, masterships
 
     def measure_ingest(config: scale.ScaleConfig) -> dict:
         result = scale.bench_scale_ingest(ctx.stack, config, n_ingest, ctx.progress)
         planner.saw_ingest(config, n_ingest, result["fill_s"] + result["elapsed_s"])
         return result
 
-    def measure_delivery(config: scale.ScaleConfig) -> dict:
-        try:
-            result = scale.bench_scale_delivery(ctx.stack, config, n, planner.lead_s(config, n), ctx.progress)
-        except scale.StoredLate as late:
-            planner.saw_stored(config, n, late.took_s)
-            raise
-        planner.saw_stored(config, n, result["stored_s"])
-        return result
-
     for run in range(ctx.runs):
         of = f"({run + 1}/{ctx.runs})"
         for config in configs:
             ingest[config].append(ctx.step(f"scale, {config.label}: ingest {of}", lambda config=config: (
-                scale.first_valid(lambda: measure_ingest(config), invalid_ingest[config], say=say))))
-            delivery[config].append(ctx.step(f"scale, {config.label}: delivery {of}", lambda config=config: (
-                scale.first_valid(lambda: measure_delivery(config), invalid_delivery[config], say=say))))
+                scale.first_valid(lambda: measure_ingest(config), invalid_ingest[config], say=_say_invalid))))
+            deliveries.measure("scale", config, of)
         if peer is not None:
-            ctx.redis()
-            peer.append(ctx.step(f"scale: Redis peer delivery {of}",
-                                 lambda: peer_throughput(ctx.redis(), ctx.stack, n, ctx.progress)))
+            peer.append(deliveries.peer("scale", of)["msg_s"])
     figures = []
     for config in configs:
         shape = {"nodes": config.nodes, "replicas": config.replicas, "copies": config.copies,
                  "shards": scale.SHARDS, "partitions": scale.PARTITIONS}
-        runs_d, runs_i = delivery[config], ingest[config]
+        runs_d, runs_i = deliveries.runs[config], ingest[config]
         figures.append(Figure(
             f"scale.delivery.{config.key}", f"scale: delivery with {config.label} (6 shards, {n:,} due at once)",
             "msg/s", "higher", [r["msg_s"] for r in runs_d], peer=peer,
-            details={**shape, "measure": "delivery", "count": n, "invalid_runs": invalid_delivery[config],
-                     **{k: [r[k] for r in runs_d] for k in ("span_ms", "stored_ahead_ms", "lead_s", "ready_s",
-                                                             "settled_s", "cpu_cores", "shard_windows_ms")}}))
+            details={**shape, "measure": "delivery", "count": n, **deliveries.details(config)}))
         figures.append(Figure(
             f"scale.ingest.{config.key}", f"scale: ingest with {config.label} (6 shards, {n_ingest:,} pending, "
             f"stored {config.copies}x)", "msg/s", "higher", [r["msg_s"] for r in runs_i],
@@ -490,9 +522,63 @@ def suite_scale(ctx: Context) -> list[Figure]:
     return figures
 
 
+def suite_members(ctx: Context) -> list[Figure]:
+    """One node of 1 and of 2 member processes on 2 shards, then the peer, once per run: delivery msg/s and the
+    CPU each delivered message cost every process of the node (the peer's: its poller and redis-server)."""
+    n = ctx.sizes.scale_delivery
+    one, two = configs = scale.member_configurations()
+    deliveries = ScaleDeliveries(ctx, n)
+    peer: list[dict] = []
+    for run in range(ctx.runs):
+        of = f"({run + 1}/{ctx.runs})"
+        for config in configs:
+            deliveries.measure("members", config, of)
+        if ctx.options.peer:
+            peer.append(deliveries.peer("members", of))
+    peer_msg_s = [r["msg_s"] for r in peer] or None
+    peer_us = [per_message_us(r["cpu_s"], n) for r in peer] or None
+    figures = []
+    for config in configs:
+        runs = deliveries.runs[config]
+        p = config.processes
+        shape = {"processes": p, "nodes": config.nodes, "replicas": config.replicas, "shards": config.shards,
+                 "partitions": config.partitions, "count": n}
+        what = f"1 node as {p} process{'es' if p > 1 else ''}"
+        parts = "supervisor, members, their readers" if p > 1 else "node, its reader"
+        figures.append(Figure(
+            f"members.delivery.p{p}", f"members: delivery by {what} ({config.shards} shards, R={config.replicas}, "
+            f"{n:,} due at once)", "msg/s", "higher", [r["msg_s"] for r in runs], peer=peer_msg_s,
+            details={**shape, **deliveries.details(config)}))
+        figures.append(Figure(
+            f"members.cpu_us.p{p}", f"members: CPU per delivered message, {what} (all its processes: {parts}; "
+            "broker excluded)", "µs", "lower", [per_message_us(r["cpu_s"], n) for r in runs], peer=peer_us,
+            details={**shape, "by_role_us": [per_message_split(r["cpu_s"], n) for r in runs]}))
+    ratios = [round(b["msg_s"] / a["msg_s"], 3)
+              for a, b in zip(deliveries.runs[one], deliveries.runs[two], strict=True)]
+    figures.append(Figure("members.delivery.ratio", "members: delivery by 1 node as 2 processes / as 1 process "
+                          "(per run, same run)", "x", "higher", ratios))
+    if peer_us is not None:
+        figures.append(Figure(
+            "members.cpu_us.peer", "members: the Redis peer's CPU per moved message (its poller thread with its "
+            "producer's threads, and redis-server; broker excluded)", "µs", "lower", peer_us,
+            details={"count": n, "by_part_us": [per_message_split(r["cpu_s"], n) for r in peer]}))
+    return figures
+
+
+def per_message_us(cpu_s: dict[str, float], count: int) -> float:
+    """Microseconds of CPU per message: the seconds of every part, summed, over ``count``."""
+    return round(sum(cpu_s.values()) * 1e6 / count, 2)
+
+
+def per_message_split(cpu_s: dict[str, float], count: int) -> dict[str, float]:
+    """Microseconds of CPU per message of each part (a role of the node's processes, a part of the peer)."""
+    return {part: round(seconds * 1e6 / count, 2) for part, seconds in cpu_s.items()}
+
+
 _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
     "limits": suite_limits, "security": suite_security, "failover": suite_failover, "scale": suite_scale,
+    "members": suite_members,
     "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
     "capacity-100m": suite_capacity_large,
 }

@@ -20,8 +20,13 @@ with R = 1) and the masters balanced (one per shard, none with more than ceil(6 
   1 with R = 1). Node start-up and the placement settling are not in it; the backlog is
   read as a running cluster reads a burst.
 
-Per-node CPU (node process and its reader, from /proc) over each timed window is kept
-beside the figures, in cores.
+Per-node CPU (every process of the node, from /proc) over each timed window is kept
+beside the figures, in cores, and in seconds by role (node or supervisor, member, reader).
+
+A configuration may run each node as ``processes`` member processes (``DELAYQ_PROCESSES``, the
+``members`` suite): the node's process is then their supervisor, and what a node says (its
+masterships, its counters) is read from each member's own HTTP port, so the supervisor's merged
+scrape is not what the bench times.
 """
 
 from __future__ import annotations
@@ -43,8 +48,16 @@ from rich.progress import Progress
 from delayq import Settings, wire
 from delayq.clock import now_ms
 from delayq.delay_service import ensure_shards, ensure_topics
+from delayq.delay_service.members import member_id, member_port
 from delayq.dev import DevStack
-from delayq.testing import LocalCluster, NodeProcess
+from delayq.testing import (
+    LocalCluster,
+    NodeProcess,
+    child_processes,
+    free_ports,
+    mastered_shards,
+    reader_processes,
+)
 
 from .proc import busy_cores_between, cpu_seconds, machine_ticks
 from .service_bench import (
@@ -63,6 +76,10 @@ SHARDS = 6
 PARTITIONS = 12  # two per shard
 NODE_COUNTS = (1, 2, 3)
 REPLICAS = (0, 1)
+# The members suite: one node of 1, then of 2 member processes, on a cluster of 2 shards (4 partitions), R = 0.
+MEMBER_PROCESSES = (1, 2)
+MEMBER_SHARDS = 2
+MEMBER_PARTITIONS = 4
 # After every node is ready, how long the holders and masters may take to settle (the integration
 # tests' bound for balance after a join).
 SETTLE_TIMEOUT_S = 30.0
@@ -74,10 +91,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, order=True)
 class ScaleConfig:
-    """One configuration of the suite: ``nodes`` nodes, ``replicas`` R (0: every node holds every shard)."""
+    """One configuration: ``nodes`` nodes, ``replicas`` R (0: every node holds every shard), each node run as
+    ``processes`` member processes (1: a plain node), on a cluster of ``shards`` shards and ``partitions``
+    buffer partitions."""
 
     nodes: int
     replicas: int
+    processes: int = 1
+    shards: int = SHARDS
+    partitions: int = PARTITIONS
 
     @property
     def copies(self) -> int:
@@ -86,14 +108,22 @@ class ScaleConfig:
 
     @property
     def key(self) -> str:
-        return f"n{self.nodes}.r{self.replicas}"
+        return f"n{self.nodes}.r{self.replicas}" + (f".p{self.processes}" if self.processes != 1 else "")
 
     @property
     def label(self) -> str:
-        return f"{self.nodes} node{'s' if self.nodes > 1 else ''}, R={self.replicas}"
+        of = f" of {self.processes} processes" if self.processes != 1 else ""
+        return f"{self.nodes} node{'s' if self.nodes > 1 else ''}{of}, R={self.replicas}"
 
-    def held_per_node(self, shards: int = SHARDS) -> int:
-        """The most shards a node holds once settled: all with R = 0, else ceil(S x R / N)."""
+    @property
+    def masters(self) -> int:
+        """How many processes master shards: every member of every node."""
+        return self.nodes * self.processes
+
+    def held_per_node(self, shards: int | None = None) -> int:
+        """The most shards a node (all its members together) holds once settled: all with R = 0, else
+        ceil(S x R / N)."""
+        shards = self.shards if shards is None else shards
         return shards if self.replicas == 0 else math.ceil(shards * self.copies / self.nodes)
 
 
@@ -102,21 +132,29 @@ def configurations() -> list[ScaleConfig]:
     return [ScaleConfig(nodes, replicas) for replicas in REPLICAS for nodes in NODE_COUNTS]
 
 
+def member_configurations() -> list[ScaleConfig]:
+    """The members suite's: one node on 2 shards, R = 0, as 1 and as 2 processes, in the order a run measures them."""
+    return [ScaleConfig(1, 0, processes, MEMBER_SHARDS, MEMBER_PARTITIONS) for processes in MEMBER_PROCESSES]
+
+
 def unsettled(config: ScaleConfig, owners: dict[int, list[str]], held: dict[str, float],
-              shards: int = SHARDS) -> str | None:
+              shards: int | None = None) -> str | None:
     """Why the cluster is not settled yet, or None when it is.
 
     Args:
-        owners: shard -> the nodes that say they master it (``LocalCluster.masterships``).
-        held: node id -> its ``delayq_shards_held`` (0 for a node that does not answer).
+        owners: shard -> the processes that say they master it (:meth:`Settled.masterships`: the nodes, or with
+            member processes, the members).
+        held: node id -> its ``delayq_shards_held``, its members' together (0 for a node that does not answer).
+        shards: the cluster's shards (default ``config.shards``).
     """
+    shards = config.shards if shards is None else shards
     missing = [k for k in range(shards) if not owners.get(k)]
     if missing:
         return f"shards {missing} have no master"
     doubled = {k: nodes for k, nodes in owners.items() if len(nodes) > 1}
     if doubled:
         return f"shards with more than one master: {doubled}"
-    quota = math.ceil(shards / config.nodes)
+    quota = math.ceil(shards / config.masters)
     load = Counter(nodes[0] for nodes in owners.values())
     over = {node: count for node, count in load.items() if count > quota}
     if over:
@@ -212,35 +250,122 @@ def first_valid(measure: Callable[[], T], invalid: list[str], tries: int = TRIES
 # -- processes ----------------------------------------------------------------------------------------------------
 
 
+def process_roles(root: int) -> dict[int, str]:
+    """Every live process of a node, from its process ``root`` down: pid -> ``node`` (a node of one process),
+    ``supervisor`` (a node of member processes), ``member`` or ``reader`` (a buffer reader, a node's or a
+    member's child)."""
+    roles: dict[int, str] = {}
+
+    def walk(pid: int, role: str) -> None:
+        roles[pid] = role
+        readers = set(reader_processes(pid))
+        for child in child_processes(pid):
+            walk(child, "reader" if child in readers else "member")
+
+    walk(root, "node")
+    if "member" in roles.values():
+        roles[root] = "supervisor"
+    return roles
+
+
 class CpuWindow:
-    """Cores each node (its process and its readers) used from construction until :meth:`cores`.
+    """CPU of each node (every process of it: :func:`process_roles`) from construction until :meth:`close`.
 
     ``machine`` beside: the cores the whole machine was busy meanwhile (the broker, the bench,
-    anything else running), which says whether the nodes were short of CPU.
+    anything else running), which says whether the nodes were short of CPU. The processes are
+    those found at construction; one that ended meanwhile is in :attr:`gone`.
     """
 
     def __init__(self, nodes: list[NodeProcess]):
-        self.pids = {node.node_id: [node.running.pid, *node.readers()] for node in nodes}
+        self.roles = {node.node_id: process_roles(node.running.pid) for node in nodes}
         self.started = time.monotonic()
-        self.before = {node_id: cpu_seconds(pids) for node_id, pids in self.pids.items()}
+        self.before = {pid: cpu_seconds([pid]) for roles in self.roles.values() for pid in roles}
         self.machine_before = machine_ticks()
+        self.used: dict[int, float] | None = None
+        self.wall = 0.0
+        self.machine = 0.0
+        self.gone: list[int] = []
+
+    def close(self) -> CpuWindow:
+        """End the window (once; later calls keep the first end)."""
+        if self.used is None:
+            self.wall = max(time.monotonic() - self.started, 1e-6)
+            self.machine = busy_cores_between(self.machine_before, machine_ticks())
+            self.gone = [pid for pid in self.before if not Path(f"/proc/{pid}").exists()]
+            self.used = {pid: max(0.0, cpu_seconds([pid]) - before) for pid, before in self.before.items()}
+        return self
 
     def cores(self) -> dict[str, float]:
-        wall = max(time.monotonic() - self.started, 1e-6)
-        found = {node_id: round((cpu_seconds(pids) - self.before[node_id]) / wall, 2)
-                 for node_id, pids in self.pids.items()}
-        found["machine"] = round(busy_cores_between(self.machine_before, machine_ticks()), 2)
+        """Node id -> the cores its processes used; ``machine`` -> the machine's busy cores."""
+        used = self.close().used or {}
+        found = {node_id: round(sum(used[pid] for pid in roles) / self.wall, 2)
+                 for node_id, roles in self.roles.items()}
+        found["machine"] = round(self.machine, 2)
         return found
+
+    def seconds(self) -> dict[str, float]:
+        """Role (node, supervisor, member, reader) -> CPU seconds of the nodes' processes of that role."""
+        used = self.close().used or {}
+        found: dict[str, float] = {}
+        for roles in self.roles.values():
+            for pid, role in roles.items():
+                found[role] = found.get(role, 0.0) + used[pid]
+        return found
+
+
+def readers_of(node: NodeProcess) -> list[int]:
+    """Pids of the node's buffer readers (its members' with member processes)."""
+    return [pid for pid, role in process_roles(node.running.pid).items() if role == "reader"]
 
 
 def total(nodes: list[NodeProcess], name: str, **labels: str) -> float:
     return sum(node_metric(node, name, **labels) for node in nodes)
 
 
+def speakers(node: NodeProcess, processes: int) -> list[NodeProcess]:
+    """The processes that answer for ``node``'s shards: the node itself, or each of its ``processes`` members (a
+    view on the member's own HTTP port, not a process of the bench's)."""
+    if processes == 1:
+        return [node]
+    at = node.settings.model_copy(update={"node_id": node.node_id, "http_port": node.http_port})
+    return [NodeProcess(node.settings, member_id(node.node_id, i), node.data_dir / "members" / str(i),
+                        http_port=member_port(at, i)) for i in range(processes)]
+
+
+def masterships(processes: list[NodeProcess]) -> dict[int, list[str]]:
+    """Shard -> the ``processes`` that say they master it (one each, in a healthy cluster); one not answering
+    (stopped, frozen, not started yet) says nothing."""
+    found: dict[int, list[str]] = {}
+    for process in processes:
+        try:
+            _, body = process.get("/metrics")
+        except OSError:
+            continue
+        for shard in mastered_shards(body.decode()):
+            found.setdefault(shard, []).append(process.node_id)
+    return found
+
+
+def kill_nodes(cluster: LocalCluster) -> None:
+    """SIGKILL every process of the cluster's nodes: a node first (a supervisor would start its members again),
+    then its members and readers (a member would otherwise stop slowly, on SIGTERM, while the next run starts)."""
+    for node in cluster.nodes.values():
+        if node.process is None or node.process.poll() is not None:
+            continue
+        rest = [pid for pid in process_roles(node.process.pid) if pid != node.process.pid]
+        node.kill()
+        for pid in rest:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 @dataclass
 class Settled:
     """A settled cluster of one run, and how long it took to get there."""
 
+    config: ScaleConfig
     settings: Settings
     cluster: LocalCluster
     nodes: list[NodeProcess]
@@ -249,58 +374,91 @@ class Settled:
     settled_s: float
     owners: dict[int, list[str]]
 
-    def why_not(self, config: ScaleConfig) -> str | None:
-        held = {node.node_id: node_metric(node, "delayq_shards_held") for node in self.nodes}
-        return unsettled(config, self.cluster.masterships(), held)
+    @property
+    def speakers(self) -> list[NodeProcess]:
+        """Every process that answers for shards: the nodes, or their members."""
+        return [one for node in self.nodes for one in speakers(node, self.config.processes)]
+
+    def total(self, name: str, **labels: str) -> float:
+        """Metric ``name`` summed over the cluster (its members' own ports: the supervisors do not add work)."""
+        return total(self.speakers, name, **labels)
+
+    def masterships(self) -> dict[int, list[str]]:
+        return masterships(self.speakers)
+
+    def why_not(self) -> str | None:
+        config = self.config
+        held = {node.node_id: total(speakers(node, config.processes), "delayq_shards_held") for node in self.nodes}
+        why = unsettled(config, self.masterships(), held)
+        if why is None and config.processes != 1:
+            members = {node.node_id: sorted(node.members()) for node in self.nodes}
+            want = {node.node_id: sorted(member_id(node.node_id, i) for i in range(config.processes))
+                    for node in self.nodes}
+            if members != want:
+                return f"member processes {members}, expected {want}"
+        return why
 
 
 @contextmanager
 def settled_cluster(stack: DevStack, config: ScaleConfig, progress: Progress) -> Iterator[Settled]:
-    """A fresh 6-shard cluster with ``config.nodes`` nodes, ready, holding their final shards, masters balanced.
+    """A fresh cluster of ``config`` (shards, partitions, replicas), ``config.nodes`` nodes of ``config.processes``
+    processes each, ready, holding their final shards, masters balanced over every process.
 
     Its topics and ZooKeeper folder go afterwards, its nodes are killed.
 
     Raises:
         BenchRunInvalid: it did not settle within SETTLE_TIMEOUT_S of every node being ready.
     """
-    with bench_cluster(stack, shards=SHARDS, buffer_partitions=PARTITIONS, replicas=config.replicas) as settings, \
+    with bench_cluster(stack, shards=config.shards, buffer_partitions=config.partitions, replicas=config.replicas,
+                       processes=config.processes) as settings, \
             tempfile.TemporaryDirectory(prefix="delayq-bench-scale-") as tmp:
         ensure_topics(settings)
-        ensure_shards(settings)  # what `delayq init --shards 6` records
+        ensure_shards(settings)  # what `delayq init --shards S` records
         target = f"{settings.cluster}-target"
         create_target(settings, target)
         cluster = LocalCluster(settings, Path(tmp))
         try:
             task = progress.add_task(f"starting {config.label}", total=None)
             started = time.monotonic()
-            nodes = [cluster.start(f"node-{i}", wait=False) for i in range(config.nodes)]
+            # A node of member processes listens on its port and its members' after it.
+            ports = config.processes + 1 if config.processes != 1 else 1
+            for i in range(config.nodes):
+                node_id = f"node-{i}"
+                cluster.nodes[node_id] = NodeProcess(settings, node_id, cluster.root / node_id / "data",
+                                                     http_port=free_ports(ports)).start()
+            nodes = list(cluster.nodes.values())
             for node in nodes:
                 node.wait_ready(90)
             ready = time.monotonic()
             progress.update(task, description=f"{config.label}: waiting for holders and masters to settle")
-            run = Settled(settings, cluster, nodes, target, ready - started, 0.0, {})
-            while (why := run.why_not(config)) is not None:
+            run = Settled(config, settings, cluster, nodes, target, ready - started, 0.0, {})
+            while (why := run.why_not()) is not None:
                 if time.monotonic() - ready > SETTLE_TIMEOUT_S:
                     raise BenchRunInvalid(f"{config.label}: not settled {SETTLE_TIMEOUT_S:.0f} s after every node "
                                           f"was ready: {why}")
                 time.sleep(0.1)
             run.settled_s = time.monotonic() - ready
-            run.owners = cluster.masterships()
+            run.owners = run.masterships()
             progress.remove_task(task)
             yield run
         finally:
+            kill_nodes(cluster)
             cluster.close()
 
 
 def read_deliveries(settings: Settings, topic: str, count: int,
                     timeout_s: float) -> tuple[list[tuple[int, int, int]], int]:
-    """(append time, shard, epoch) of every delivered record on ``topic`` (read_committed), and how many ids."""
+    """(append time, shard, epoch) of every delivered record on ``topic`` (read_committed), and how many ids.
+
+    The shard is computed from the id with ``settings``' partitions and shards.
+    """
     found: list[tuple[int, int, int]] = []
     ids: set[bytes] = set()
     for appended, headers in delivered_records(settings, topic, count, timeout_s):
         delay_id, epoch = headers.get(wire.ID), headers.get(wire.EPOCH)
         # A record without an id is no delivery of delayq's: shard -1, refused by the caller.
-        shard = wire.shard_of(wire.buffer_partition(delay_id, PARTITIONS), SHARDS) if delay_id else -1
+        shard = wire.shard_of(wire.buffer_partition(delay_id, settings.buffer_partitions), settings.shards) \
+            if delay_id else -1
         found.append((appended, shard, int(epoch) if epoch else 0))
         ids.add(delay_id or b"")
     return found, len(ids)
@@ -327,7 +485,7 @@ def bench_scale_delivery(stack: DevStack, config: ScaleConfig, count: int, lead_
         fill_buffer(run.settings, run.target, count, lambda i: due, progress)
         copies = count * config.copies
         task = progress.add_task(f"{config.label}: storing", total=copies)
-        while (stored := total(nodes, "delayq_ingested_total", op="put")) < copies:
+        while (stored := run.total("delayq_ingested_total", op="put")) < copies:
             if now_ms() >= due:
                 took = (now_ms() - fill_started) / 1000
                 raise StoredLate(f"{config.label}: {stored:,.0f} of {copies:,} copies stored at the due time, "
@@ -335,21 +493,24 @@ def bench_scale_delivery(stack: DevStack, config: ScaleConfig, count: int, lead_
             progress.update(task, completed=stored)
             time.sleep(0.05)
         stored_ms = now_ms()
-        why = run.why_not(config)
-        owners = run.cluster.masterships()
+        why = run.why_not()
+        owners = run.masterships()
         if why is not None or owners != run.owners:
             raise BenchRunInvalid(f"{config.label}: masters or holders changed before the due time: "
                                   f"{why or f'{run.owners} then {owners}'}")
         time.sleep(max(0.0, (due - now_ms()) / 1000))
         cpu = CpuWindow(nodes)
-        wait_for(progress, f"{config.label}: delivering", count, lambda: total(nodes, "delayq_delivered_total"),
+        wait_for(progress, f"{config.label}: delivering", count, lambda: run.total("delayq_delivered_total"),
                  timeout_s=120 + count / 1000, interval_s=0.1)
         cores = cpu.cores()
-        owners_after = run.cluster.masterships()
-        run.cluster.close()
+        owners_after = run.masterships()
+        kill_nodes(run.cluster)
         records, ids = read_deliveries(run.settings, run.target, count, timeout_s=120)
     if owners_after != run.owners:
         raise BenchRunInvalid(f"{config.label}: masters changed while delivering: {run.owners} then {owners_after}")
+    if cpu.gone:
+        raise BenchRunInvalid(f"{config.label}: processes {cpu.gone} of the nodes ended while delivering: a member "
+                              "or reader started again")
     strangers = sum(1 for _, shard, _ in records if shard < 0)
     if strangers or ids != len(records):
         raise BenchRunInvalid(f"{config.label}: {len(records):,} records on the target, {ids:,} ids among them, "
@@ -365,7 +526,7 @@ def bench_scale_delivery(stack: DevStack, config: ScaleConfig, count: int, lead_
             "settled_s": round(run.settled_s, 2), "lead_s": round(lead_s, 2),
             "stored_s": round((stored_ms - fill_started) / 1000, 2), "stored_ahead_ms": due - stored_ms,
             "span_ms": max(appended) - min(appended), "shard_windows_ms": shard_windows(records, due),
-            "cpu_cores": cores}
+            "cpu_cores": cores, "cpu_s": {role: round(s, 3) for role, s in cpu.seconds().items()}}
 
 
 def bench_scale_ingest(stack: DevStack, config: ScaleConfig, count: int, progress: Progress) -> dict:
@@ -377,7 +538,7 @@ def bench_scale_ingest(stack: DevStack, config: ScaleConfig, count: int, progres
     """
     with settled_cluster(stack, config, progress) as run:
         nodes = run.nodes
-        readers = {node.node_id: node.readers() for node in nodes}
+        readers = {node.node_id: readers_of(node) for node in nodes}
         if not all(readers.values()):
             raise RuntimeError(f"{config.label}: a node without a buffer reader process: {readers}")
         paused = [pid for pids in readers.values() for pid in pids]
@@ -395,13 +556,13 @@ def bench_scale_ingest(stack: DevStack, config: ScaleConfig, count: int, progres
                 os.kill(pid, signal.SIGCONT)
         copies = count * config.copies
         wait_for(progress, f"{config.label}: ingesting", copies,
-                 lambda: total(nodes, "delayq_ingested_total", op="put"), timeout_s=120 + copies / 1000,
+                 lambda: run.total("delayq_ingested_total", op="put"), timeout_s=120 + copies / 1000,
                  interval_s=0.05)
         elapsed = time.perf_counter() - started
         cores = cpu.cores()
-        pending = total(nodes, "delayq_pending")
-        why = run.why_not(config)
-        now_readers = {node.node_id: node.readers() for node in nodes}
+        pending = run.total("delayq_pending")
+        why = run.why_not()
+        now_readers = {node.node_id: readers_of(node) for node in nodes}
     if now_readers != readers:
         raise BenchRunInvalid(f"{config.label}: a buffer reader was replaced while ingesting: {readers} then "
                               f"{now_readers}")

@@ -13,6 +13,9 @@ SUITE_TEXT: dict[str, str] = {
     "scale": "6 shards on 1, 2, 3 nodes, R=0 and R=1: delivery msg/s (all due at once on a settled cluster) and "
              "ingest msg/s (a backlog written while the readers are paused, timed from their resume until every "
              "holder stored its shards' messages); the Redis poller's delivery beside",
+    "members": "one node as 1 and as 2 member processes (DELAYQ_PROCESSES) on 2 shards, R=0: delivery msg/s of "
+               "messages all due at once, their ratio, and CPU per delivered message over all the node's processes; "
+               "the Redis poller's delivery and CPU per message beside",
     "produce": "delayed produce() cost against plain confluent-kafka produce(), and the asyncio producer's against "
                "confluent-kafka's AIOProducer",
     "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",
