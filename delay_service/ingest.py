@@ -19,18 +19,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException
 
 from delayq import wire
 from delayq.clock import now_ms
 from delayq.settings import Settings
-from delayq.store import Malformed, Put, Remove, StoreOp, TimeIndex
+from delayq.store import TimeIndex, decode
 
 from .dead_letters import DeadLetterLedger
 from .metrics import NodeMetrics, ShardMetrics
-from .reader import MALFORMED, PUT, REMOVE, Batch, BufferReader, ReaderConfig, ReaderGone
+from .reader import Batch, BufferReader, ReaderConfig, ReaderGone
 from .topics import LEADER_REFRESH_CONF, AskedEnds, EndOffsets
 
 log = logging.getLogger("delayq.ingest")
@@ -52,9 +51,6 @@ LAG_CALL_S = 5.0
 # How often ingest persists what it applied (store batches skip the WAL: TimeIndex.flush), so a
 # crash rolls the store back by at most this, and never past the buffer's delete.retention.ms.
 STORE_FLUSH_S = 300.0
-
-# The store op each tag of a reader's frame stands for.
-_OP_KINDS: dict[int, type[StoreOp]] = {PUT: Put, REMOVE: Remove, MALFORMED: Malformed}
 
 
 class ShardFeed:
@@ -317,18 +313,15 @@ class Ingest:
             return batch.records if batch is not None else 0
 
     def _apply(self, batch: Batch) -> None:
-        # The reader parsed each record by the wire contract: the ops are built from its fields
-        # unchecked, as the named tuples' _make() builds them, without its Python-level call.
-        kinds, new = _OP_KINDS, tuple.__new__
         ingested_at = now_ms()
         for shard, part in batch.shards.items():
             feed = self.feeds.get(shard)
             if feed is None:  # the reader reads only the held shards' partitions
                 continue
-            ops = cast("list[StoreOp]", [new(kinds[op[0]], op[1:]) for op in part.ops])
             store = feed.store
             if part.offsets:
-                applied = store.apply(ops, part.offsets, ingested_at_ms=ingested_at)
+                # The reader parsed each record by the wire contract: decode() builds the ops unchecked.
+                applied = store.apply(decode(part.ops), part.offsets, ingested_at_ms=ingested_at)
                 self._unflushed.add(shard)
                 if applied.copies:
                     feed.metrics.write_copies.inc(applied.copies)

@@ -51,19 +51,13 @@ from delayq import wire
 from delayq.clock import now_ms
 from delayq.errors import DelayqError
 from delayq.settings import KAFKA_LOGGER
-from delayq.store import pack_producer_write
+from delayq.store import malformed_frame, pack_producer_write, put_frame, remove_frame
 from delayq.wire import OP_CANCEL, MalformedRecord, NewerLevelRecord, parse_buffer_record, write_digest
 
 from . import stored
 
 log = logging.getLogger("delayq.ingest.reader")
 
-# Op tags in a frame. A put: (PUT, id, deliver_at_ms, stored value, version, the version it
-# replaces only (restores=, or follows= unless aged: see parse_batch) or None, its identity
-# as a producer write (store.producer_write) or None for a master's); a cancel or done:
-# (REMOVE, id, version closed or None, a cancel's identity or None); a malformed record:
-# (MALFORMED, partition, offset, its stored form, the id if it is a valid id on its own partition, else None).
-PUT, REMOVE, MALFORMED = 0, 1, 2
 # The pipe's size: a frame of 2,000 puts with 200-byte payloads (Ingest's batch) is about 700 KiB.
 PIPE_BYTES = 1 << 20
 # How long the node waits for the reader to stop on SIGTERM before it kills it.
@@ -100,9 +94,12 @@ class ReaderConfig:
     log_format: str  # %-style
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ShardBatch:
-    """What one consumed batch holds for one shard: the ops for its store, in order."""
+    """What one consumed batch holds for one shard: the ops for its store (store frames), in order.
+
+    Filled by :func:`parse_batch` as it reads the batch, then only read.
+    """
 
     ops: list[tuple]
     offsets: dict[int, int]
@@ -222,8 +219,7 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
     A record of a newer feature level holds its partition: it and what follows it there are
     left out (``held``: the partitions held already; the batch's ``held``, those it found).
     """
-    # Per shard: [ops, offsets, settled, earliest put]
-    found: dict[int, list] = {}
+    found: dict[int, ShardBatch] = {}
     aged_before = None if compaction_lag_ms is None else now_ms() - compaction_lag_ms
     counts = {b"put": 0, b"cancel": 0, b"done": 0, b"malformed": 0}
     pack, shard_of = stored.pack, wire.shard_of
@@ -242,9 +238,9 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
         headers = message.headers()
         shard = found.get(shard_of(partition, shards))
         if shard is None:
-            shard = found[shard_of(partition, shards)] = [[], {}, [], None]
-        ops = shard[0]
-        shard[1][partition] = offset + 1
+            shard = found[shard_of(partition, shards)] = ShardBatch([], {}, [], None)
+        ops = shard.ops
+        shard.offsets[partition] = offset + 1
         key, value, timestamp_ms = message.key(), message.value(), message.timestamp()[1]
         try:
             record = parse_buffer_record(key, value, headers, timestamp_ms, partition=partition, partitions=partitions)
@@ -256,7 +252,7 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
             log.warning("buffer record %s/%d/%d: %s; reading of partition %d stops there, nothing is dead-lettered",
                         message.topic(), partition, offset, newer, partition)
             newly_held[partition] = (offset, newer.level)
-            shard[1][partition] = offset
+            shard.offsets[partition] = offset
             records -= 1
             continue
         counts[record.op] += 1
@@ -264,22 +260,22 @@ def parse_batch(messages: list, partitions: int, shards: int = 1, compaction_lag
         if env is not None:  # a put: only a put has an envelope
             only_over = record.restores
             if record.follows is not None:
-                shard[2].append(record.delay_id)
+                shard.settled.append(record.delay_id)
                 if aged_before is None or env.created_at_ms >= aged_before:
                     only_over = record.follows
             written = (_written(partition, offset, timestamp_ms, key, value, headers)
                        if record.restores is None and record.follows is None else None)
-            ops.append((PUT, record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset, only_over,
-                        written))
+            ops.append(put_frame(record.delay_id, env.deliver_at_ms, pack(partition, offset, env), offset, only_over,
+                                 written))
             if record.restores is not None:
-                shard[2].append(record.delay_id)
-            if shard[3] is None or env.deliver_at_ms < shard[3]:
-                shard[3] = env.deliver_at_ms
+                shard.settled.append(record.delay_id)
+            if shard.earliest_put is None or env.deliver_at_ms < shard.earliest_put:
+                shard.earliest_put = env.deliver_at_ms
         else:
             written = _written(partition, offset, timestamp_ms, key, value, headers) if record.op == OP_CANCEL else None
-            ops.append((REMOVE, record.delay_id, record.closes_version, written))
-            shard[2].append(record.delay_id)
-    return Batch({k: ShardBatch(*fields) for k, fields in found.items()}, counts, records, newly_held)
+            ops.append(remove_frame(record.delay_id, record.closes_version, written))
+            shard.settled.append(record.delay_id)
+    return Batch(found, counts, records, newly_held)
 
 
 def _written(partition: int, offset: int, timestamp_ms: int, key: bytes, value: bytes | None,
@@ -300,7 +296,7 @@ def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers 
     log.debug("buffer record %s/%d/%d is malformed (%s)", message.topic(), partition, offset, bad.reason)
     record = stored.MalformedBufferRecord(key, message.value(), list(headers or []), message.timestamp()[1],
                                           bad.code.value, bad.reason)
-    return (MALFORMED, partition, offset, stored.pack_malformed(record), own_id)
+    return malformed_frame(partition, offset, stored.pack_malformed(record), own_id)
 
 
 def _frame(positions: list[tuple[int, int]], batch: Batch | None,

@@ -7,24 +7,31 @@ Public surface::
     from delayq.store import OLDEST_FORMAT, NEWEST_FORMAT  # the store formats this code opens (4 migrates to 5)
     from delayq.store import producer_write  # a producer's put or cancel, to apply a copy of it once
     from delayq.store import pack_producer_write  # the same, unchecked: ingest's reader
+    from delayq.store import put_frame, remove_frame, malformed_frame, decode  # ops between processes
 """
 
+from .ops import (
+    Malformed,
+    Put,
+    Remove,
+    StoreOp,
+    decode,
+    malformed_frame,
+    pack_producer_write,
+    producer_write,
+    put_frame,
+    remove_frame,
+)
 from .options import StoreOptions
 from .time_index import (
     NEWEST_FORMAT,
     OLDEST_FORMAT,
     ApplyResult,
-    Malformed,
     MalformedEntry,
-    Put,
-    Remove,
     StoredEntry,
     StoreError,
     StoreFormatError,
-    StoreOp,
     TimeIndex,
-    pack_producer_write,
-    producer_write,
 )
 
 __all__ = [
@@ -41,6 +48,10 @@ __all__ = [
     "StoreOptions",
     "StoredEntry",
     "TimeIndex",
+    "decode",
+    "malformed_frame",
     "pack_producer_write",
     "producer_write",
+    "put_frame",
+    "remove_frame",
 ]

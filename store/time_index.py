@@ -43,17 +43,27 @@ from collections.abc import Container, Generator, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol, cast, final
+from typing import NamedTuple, Protocol, cast
 
 import rocksdict
 
 from delayq.errors import DelayqError
 from delayq.wire import COPY_WINDOW_MS
 
+from .ops import (
+    MAX_DELIVER_AT_MS,
+    MAX_PARTITION,
+    PLACE,
+    WRITTEN,
+    WRITTEN_PLACE,
+    Malformed,
+    Put,
+    Remove,
+    StoreOp,
+    check_id,
+    check_ms,
+)
 from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, WRITTEN_CF, StoreOptions
-
-MAX_DELIVER_AT_MS = 2**63 - 1
-_MAX_PARTITION = 2**31 - 1
 
 # Store formats, in sys/format as b"delayq-time-index-<n>":
 # 3: malformed records are kept (sys/malformed/) and ingest enforces the wire contract's partition,
@@ -106,175 +116,6 @@ def _check_format(store_format: object) -> int:
     return store_format
 
 
-def _check_ms(value: object, argument: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{argument} must be an int (Unix epoch milliseconds), not {type(value).__name__}")
-    if not 0 <= value <= MAX_DELIVER_AT_MS:
-        raise ValueError(f"{argument} must be between 0 and 2**63-1 milliseconds, got {value}")
-    return value
-
-
-def _check_id(value: object, argument: str = "delay_id") -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a str, not {type(value).__name__}")
-    if not value or not value.isascii():
-        raise ValueError(f"{argument} {value!r} must be a non-empty ASCII string (the buffer record key)")
-    return value
-
-
-# The ops are named tuples: one is built per buffer record a node ingests, and a tuple costs a
-# fifth of a frozen dataclass. Built by name (``Put(...)``) an op checks its fields; ingest, whose
-# reader has parsed each record by the wire contract already, builds them from the reader's field
-# tuples with ``tuple.__new__`` (what the named tuple's ``_make`` does), which checks nothing.
-# apply() tells them apart by ``type(op) is``: they are final.
-
-
-# A producer write's identity, as ops carry it: where it was read (partition, offset), then
-# what it is (record timestamp, the 8-byte digest of wire.write_digest). The last 16 bytes
-# key it in meta (after sys/written/), the first 12 are the value.
-_written = struct.Struct(">IQQ8s")
-# A record's place in the buffer, partition and offset: a malformed record's key, a producer write's value.
-_place = struct.Struct(">IQ")
-_WRITTEN_PLACE = _place.size
-
-
-def producer_write(partition: int, offset: int, timestamp_ms: int, digest: bytes) -> bytes:
-    """The ``written`` field of a :class:`Put` or :class:`Remove` that a producer wrote (not a master).
-
-    A put without ``restores=``/``follows=`` or a cancel: a client library may append it
-    twice (wire.COPY_WINDOW_MS), and the store applies the second copy as no write.
-
-    Raises:
-        ValueError: a field out of range, or a digest that is not 8 bytes.
-    """
-    if not isinstance(digest, bytes) or len(digest) != 8:
-        raise ValueError(f"digest must be 8 bytes (wire.write_digest), got {digest!r:.40}")
-    if not 0 <= partition <= _MAX_PARTITION:
-        raise ValueError(f"partition {partition!r} is outside [0, 2**31)")
-    _check_ms(offset, "offset")
-    _check_ms(max(timestamp_ms, 0), "timestamp_ms")
-    # A producer may give any timestamp, even before 1970 (-1: none): the key orders it as 0.
-    return _written.pack(partition, offset, max(timestamp_ms, 0), digest)
-
-
-# Ingest's reader packs what it has parsed by the wire contract already: unchecked (as ingest builds
-# the ops themselves with tuple.__new__), a timestamp below 0 given as 0.
-pack_producer_write = _written.pack
-
-
-def _check_written(written: object) -> None:
-    if written is not None and (not isinstance(written, bytes) or len(written) != _written.size):
-        raise ValueError(f"written must be None or producer_write(...)'s {_written.size} bytes, got {written!r:.40}")
-
-
-class _PutFields(NamedTuple):
-    delay_id: str
-    deliver_at_ms: int
-    payload: bytes
-    version: int = 0
-    restores: int | None = None
-    written: bytes | None = None
-
-
-@final
-class Put(_PutFields):
-    """A buffer `put`: add ``delay_id``, or replace what is stored of it (reschedule).
-
-    ``version`` is the put's buffer offset: a later put of one id has a higher one.
-    ``restores`` marks a master's copy of the put at that offset (see :class:`Remove`):
-    it replaces only that version; if another is stored, or none, it changes nothing
-    but the id's shadow mark (the copy is now the id's newest buffer record).
-    ``written`` (:func:`producer_write`) marks a producer's put: one with the identity of a
-    producer write of its id applied within ``COPY_WINDOW_MS`` before is a copy that a
-    client library appended again; it changes nothing but the id's shadow mark, like a
-    stale ``restores`` copy, even if the put it copies is still stored (a copy is no new version).
-
-    Raises:
-        TypeError: a field has the wrong type.
-        ValueError: ``delay_id`` is empty or not ASCII, or ``deliver_at_ms`` or ``version`` is outside [0, 2**63).
-    """
-
-    __slots__ = ()
-
-    def __new__(cls, delay_id: str, deliver_at_ms: int, payload: bytes, version: int = 0,
-                restores: int | None = None, written: bytes | None = None) -> Put:
-        _check_id(delay_id)
-        _check_ms(deliver_at_ms, "deliver_at_ms")
-        _check_ms(version, "version")
-        if restores is not None:
-            _check_ms(restores, "restores")
-        if not isinstance(payload, bytes):
-            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-        _check_written(written)
-        return tuple.__new__(cls, (delay_id, deliver_at_ms, payload, version, restores, written))
-
-
-class _RemoveFields(NamedTuple):
-    delay_id: str
-    version: int | None = None
-    written: bytes | None = None
-
-
-@final
-class Remove(_RemoveFields):
-    """A buffer `cancel` (``version`` None: whatever is stored) or `done` (the version it closes).
-
-    A remove of an older version than the one stored keeps the stored one: the put that
-    replaced it (a reschedule) reached the buffer after the master picked the old one.
-    The id is then *shadowed* (:meth:`TimeIndex.shadowed`): its newest put lies before a
-    `done` of its id in the buffer, where compaction would drop it, so the master writes
-    it again (a :class:`Put` with ``restores``).
-    ``written`` (:func:`producer_write`) marks a producer's cancel: a copy of one applied
-    within ``COPY_WINDOW_MS`` before removes nothing (a put since then stays, shadowed).
-
-    Raises:
-        TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str, ``version`` not None or an offset,
-            or ``written`` not :func:`producer_write`'s.
-    """
-
-    __slots__ = ()
-
-    def __new__(cls, delay_id: str, version: int | None = None, written: bytes | None = None) -> Remove:
-        _check_id(delay_id)
-        if version is not None:
-            _check_ms(version, "version")
-        _check_written(written)
-        return tuple.__new__(cls, (delay_id, version, written))
-
-
-class _MalformedFields(NamedTuple):
-    partition: int
-    offset: int
-    payload: bytes
-    delay_id: str | None = None
-
-
-@final
-class Malformed(_MalformedFields):
-    """A buffer record no node may apply: kept, by its place in the buffer, until the cluster has dead-lettered it.
-
-    ``payload`` is what the dead-letter copy needs (the caller's form). ``delay_id`` is
-    set when the record's key is a valid id on its own partition: the record is then that
-    id's newest, and compaction would drop an older put of it, so a pending id becomes
-    shadowed (the master writes its put again, as after a stale `done`).
-
-    Raises:
-        TypeError, ValueError: a partition, offset or id out of range, or a payload that is not bytes.
-    """
-
-    __slots__ = ()
-
-    def __new__(cls, partition: int, offset: int, payload: bytes, delay_id: str | None = None) -> Malformed:
-        if not isinstance(partition, int) or not 0 <= partition <= _MAX_PARTITION:
-            raise ValueError(f"partition {partition!r} is outside [0, 2**31)")
-        _check_ms(offset, "offset")
-        if not isinstance(payload, bytes):
-            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-        if delay_id is not None:
-            _check_id(delay_id)
-        return tuple.__new__(cls, (partition, offset, payload, delay_id))
-
-
 @dataclass(frozen=True, slots=True)
 class MalformedEntry:
     """A malformed buffer record waiting to be dead-lettered (:meth:`TimeIndex.malformed`)."""
@@ -282,9 +123,6 @@ class MalformedEntry:
     partition: int
     offset: int
     payload: bytes
-
-
-StoreOp = Put | Remove | Malformed
 
 
 class StoredEntry(NamedTuple):
@@ -339,6 +177,17 @@ _UNMARKED = b"-"  # in memory only, compared by identity
 
 
 
+class _Plan(NamedTuple):
+    """What :meth:`TimeIndex._plan` found a batch of ops to do."""
+
+    batch: rocksdict.WriteBatch  # the net writes
+    result: ApplyResult
+    pending: int  # the pending count after it
+    lowest_put: bytes | None  # the lowest time key it writes, if any
+    moved_away: list[str]  # the ids whose time key it deletes (removed or rescheduled)
+    shadow: dict[str, bytes]  # id -> its shadow mark after it (or _UNMARKED)
+
+
 @dataclass
 class _ProducerWrites:
     """What one apply learns of producer writes (:meth:`TimeIndex._producer_writes`)."""
@@ -349,7 +198,7 @@ class _ProducerWrites:
 
 
 def _malformed_key(partition: int, offset: int) -> bytes:
-    return _META_MALFORMED + _place.pack(partition, offset)
+    return _META_MALFORMED + PLACE.pack(partition, offset)
 
 
 def _holds_all(skip: Container[str], ids: Iterable[str]) -> bool:
@@ -689,11 +538,12 @@ class TimeIndex:
         ops = self._check_ops(ops)
         new_offsets = self._check_offsets(offsets)
         if ingested_at_ms is not None:
-            _check_ms(ingested_at_ms, "ingested_at_ms")
+            check_ms(ingested_at_ms, "ingested_at_ms")
         with self._write_lock:
             self._check_open()
             writes = self._producer_writes(ops)
-            batch, result, pending, lowest_put, moved_away, shadow = self._plan(ops, writes.copies)
+            plan = self._plan(ops, writes.copies)
+            batch, result, pending, shadow = plan.batch, plan.result, plan.pending, plan.shadow
             pruned_to = self._record_writes(batch, writes)
             meta_cf = self._handles[META_CF]
             malformed = 0
@@ -714,7 +564,7 @@ class TimeIndex:
             if batch.is_empty():
                 return result
             with self._view_lock:
-                self._before_write(lowest_put, moved_away)
+                self._before_write(plan.lowest_put, plan.moved_away)
                 try:
                     self._db.write(batch, self._write_opts)
                 except Exception as err:
@@ -752,7 +602,7 @@ class TimeIndex:
         for partition, offset in offsets.items():
             if not isinstance(partition, int) or isinstance(partition, bool):
                 raise TypeError(f"offsets: partition {partition!r} must be an int")
-            if not 0 <= partition <= _MAX_PARTITION:
+            if not 0 <= partition <= MAX_PARTITION:
                 raise ValueError(f"offsets: partition {partition} is outside [0, 2**31)")
             if not isinstance(offset, int) or isinstance(offset, bool):
                 raise TypeError(f"offsets[{partition}] must be an int, not {type(offset).__name__}")
@@ -785,8 +635,7 @@ class TimeIndex:
             for delay_id in moved_away:
                 self._skipped.pop(delay_id, None)
 
-    def _plan(self, ops: list[StoreOp], copies: Mapping[int, int]) -> tuple[
-            rocksdict.WriteBatch, ApplyResult, int, bytes | None, list[str], dict[str, bytes]]:
+    def _plan(self, ops: list[StoreOp], copies: Mapping[int, int]) -> _Plan:
         """The WriteBatch that takes the store from its state to the state after ``ops``.
 
         The ops are replayed on an in-memory view of the ids they touch, so later ops see
@@ -904,7 +753,7 @@ class TimeIndex:
             if lowest_put is None or key < lowest_put:
                 lowest_put = key
         result = ApplyResult(added, moved, removed, unchanged, kept, len(copies))
-        return batch, result, pending, lowest_put, moved_away, shadow
+        return _Plan(batch, result, pending, lowest_put, moved_away, shadow)
 
     def _producer_writes(self, ops: list[StoreOp]) -> _ProducerWrites:
         """Which of ``ops`` are copies of a producer write applied before, and what to record of the others.
@@ -921,21 +770,21 @@ class TimeIndex:
             return writes
         newest = writes.newest = dict(self._newest)
         prefix = self._written_prefix
-        found = self._multi_get(self._written_family, [prefix + written[_WRITTEN_PLACE:] for _, written in indexed])
+        found = self._multi_get(self._written_family, [prefix + written[WRITTEN_PLACE:] for _, written in indexed])
         if self._moving:  # a migration to format 5 under way: the writes not moved yet are in meta
             missed = [i for i, place in enumerate(found) if place is None]
-            in_meta = self._multi_get(META_CF, [_META_WRITTEN + indexed[i][1][_WRITTEN_PLACE:] for i in missed])
+            in_meta = self._multi_get(META_CF, [_META_WRITTEN + indexed[i][1][WRITTEN_PLACE:] for i in missed])
             for i, place in zip(missed, in_meta, strict=True):
                 found[i] = place
         in_batch: dict[bytes, bytes] = {}
         for (index, written), stored_place in zip(indexed, found, strict=True):
-            partition, _, timestamp_ms, _ = _written.unpack(written)
+            partition, _, timestamp_ms, _ = WRITTEN.unpack(written)
             if timestamp_ms > newest.get(partition, 0):
                 newest[partition] = timestamp_ms
-            identity, place = written[_WRITTEN_PLACE:], written[:_WRITTEN_PLACE]
+            identity, place = written[WRITTEN_PLACE:], written[:WRITTEN_PLACE]
             first = in_batch.get(identity, stored_place)
             if first is not None and first != place and timestamp_ms >= newest[partition] - COPY_WINDOW_MS:
-                writes.copies[index] = _place.unpack(first)[1]
+                writes.copies[index] = PLACE.unpack(first)[1]
             else:
                 in_batch[identity] = place
                 writes.records.append((identity, place))
@@ -1005,7 +854,7 @@ class TimeIndex:
             TypeError, ValueError: ``up_to_ms`` is not a time in [0, 2**63) or ``limit`` not an int >= 0.
             StoreError: the store is closed or RocksDB failed to read.
         """
-        _check_ms(up_to_ms, "up_to_ms")
+        check_ms(up_to_ms, "up_to_ms")
         if not isinstance(limit, int) or isinstance(limit, bool):
             raise TypeError(f"limit must be an int, not {type(limit).__name__}")
         if limit < 0:
@@ -1111,7 +960,7 @@ class TimeIndex:
             TypeError, ValueError: ``delay_id`` is not a non-empty ASCII str.
             StoreError: the store is closed or RocksDB failed to read.
         """
-        id_key = _check_id(delay_id).encode("ascii")
+        id_key = check_id(delay_id).encode("ascii")
         self._check_open()
         # The two reads are not one snapshot: an apply() may move the entry in between,
         # so look again at its new time (a move always rewrites the id index).
@@ -1159,7 +1008,7 @@ class TimeIndex:
         for key, value in self._meta_items(_META_MALFORMED):
             if len(found) >= limit:
                 break
-            partition, offset = _place.unpack_from(key, len(_META_MALFORMED))
+            partition, offset = PLACE.unpack_from(key, len(_META_MALFORMED))
             found.append(MalformedEntry(partition, offset, value))
         return found
 
@@ -1175,7 +1024,7 @@ class TimeIndex:
             meta_cf = self._handles[META_CF]
             dropped = kept = 0
             for key, _ in self._meta_items(_META_MALFORMED):
-                partition, offset = _place.unpack_from(key, len(_META_MALFORMED))
+                partition, offset = PLACE.unpack_from(key, len(_META_MALFORMED))
                 if offset < handled.get(partition, 0):
                     batch.delete(key, meta_cf)
                     dropped += 1

@@ -11,8 +11,8 @@ from confluent_kafka import KafkaError, Message
 
 from delayq import wire
 from delayq.delay_service import stored
-from delayq.delay_service.reader import MALFORMED, PUT, REMOVE, Frame, ShardBatch, _frame, _unframe, parse_batch
-from delayq.store import producer_write
+from delayq.delay_service.reader import Frame, ShardBatch, _frame, _unframe, parse_batch
+from delayq.store import Malformed, Put, Remove, decode, producer_write
 
 P = wire_cases.PARTITIONS
 ID = wire_cases.ID
@@ -40,11 +40,14 @@ def test_a_put_becomes_a_put_op_with_its_stored_form_offset_as_version_and_earli
     whole = parse_batch([record(7, put_value(1_800_000_000_500)), record(8, put_value(1_800_000_000_100))], P)
     batch = whole.shards[0]
 
-    assert [op[:3] for op in batch.ops] == [(PUT, ID, 1_800_000_000_500), (PUT, ID, 1_800_000_000_100)]
-    _tag, _id, _due, packed, version, restores, written = batch.ops[0]
-    assert (version, restores) == (7, None)
-    assert written == producer_write(OWN, 7, 1_700_000_000_000, wire.write_digest(ID.encode(), put_value(1_800_000_000_500), None))
-    pending = stored.unpack(packed)
+    ops = decode(batch.ops)
+    assert [(type(op), op.delay_id, op.deliver_at_ms) for op in ops] == [(Put, ID, 1_800_000_000_500),
+                                                                         (Put, ID, 1_800_000_000_100)]
+    put = ops[0]
+    assert (put.version, put.restores) == (7, None)
+    assert put.written == producer_write(OWN, 7, 1_700_000_000_000,
+                                         wire.write_digest(ID.encode(), put_value(1_800_000_000_500), None))
+    pending = stored.unpack(put.payload)
     assert (pending.buffer_partition, pending.version) == (OWN, 7)
     assert (pending.message.topic, pending.message.key, pending.message.value) == ("orders", b"k", b"payload")
     assert pending.message.created_at_ms == 1_700_000_000_000
@@ -65,9 +68,10 @@ def test_cancel_done_and_a_masters_copy_settle_their_ids():
 
     cancel_written = producer_write(OWN, 10, 1_700_000_000_000,
                                     wire.write_digest(ID.encode(), None, wire.control_headers(wire.OP_CANCEL, ID)))
-    assert batch.ops[0] == (REMOVE, ID, None, cancel_written)
-    assert batch.ops[1] == (REMOVE, ID, 7, None), "a done is the master's write, never a producer's copy"
-    assert batch.ops[2][0] == PUT and batch.ops[2][5] == 7 and batch.ops[2][6] is None
+    ops = decode(batch.ops)
+    assert ops[0] == Remove(ID, None, cancel_written) and type(ops[0]) is Remove
+    assert ops[1] == Remove(ID, 7), "a done is the master's write, never a producer's copy"
+    assert type(ops[2]) is Put and ops[2].restores == 7 and ops[2].written is None
     assert batch.settled == [ID, ID, ID]
     assert (whole.counts[b"cancel"], whole.counts[b"done"], whole.counts[b"put"]) == (1, 1, 1)
 
@@ -77,7 +81,7 @@ def test_one_write_read_at_two_offsets_has_one_identity_and_another_value_header
     batch = parse_one_shard([record(1, value, [("h", b"1")]), record(5, value, [("h", b"1")]),
                              record(6, value, [("h", b"2")]), record(7, put_value(1_800_000_000_001), [("h", b"1")]),
                              record(8, value, [("h", b"1")], timestamp=1_700_000_000_001)])
-    identities = [op[6][12:] for op in batch.ops]
+    identities = [op.written[12:] for op in decode(batch.ops)]
 
     assert identities[0] == identities[1]
     assert len(set(identities)) == 4
@@ -91,12 +95,12 @@ def test_malformed_records_become_malformed_ops_with_the_reason_and_own_id_only_
     ], P)
     batch = whole.shards[0]
 
-    (tag, partition, offset, payload, own_id), second = batch.ops
-    assert (tag, partition, offset, own_id) == (MALFORMED, OWN, 3, ID)
-    kept = stored.unpack_malformed(payload)
+    first, second = decode(batch.ops)
+    assert (type(first), first.partition, first.offset, first.delay_id) == (Malformed, OWN, 3, ID)
+    kept = stored.unpack_malformed(first.payload)
     assert (kept.key, kept.value, kept.code) == (ID.encode(), b"bogus", wire.Reason.BAD_FRAME.value)
-    assert second[0] == MALFORMED and second[1:3] == (other, 4) and second[4] is None
-    assert stored.unpack_malformed(second[3]).code == wire.Reason.WRONG_PARTITION.value
+    assert (type(second), second.partition, second.offset, second.delay_id) == (Malformed, other, 4, None)
+    assert stored.unpack_malformed(second.payload).code == wire.Reason.WRONG_PARTITION.value
     assert whole.counts[b"malformed"] == 2
     assert batch.offsets == {OWN: 4, other: 5}
 
@@ -108,16 +112,16 @@ def test_partition_eof_and_errors_are_not_records():
 
 
 def test_every_case_of_the_wire_table_parses_as_the_node_reads_it():
-    """Each valid record of the shared table becomes the op of its kind; each malformed one a MALFORMED op."""
+    """Each valid record of the shared table becomes the op of its kind; each malformed one a Malformed op."""
     for offset, case in enumerate(wire_cases.CASES):
         batch = parse_one_shard([record(offset, case.value, case.headers or None, key=case.key,
                                         partition=case.partition)])
-        (op,) = batch.ops
+        (op,) = decode(batch.ops)
         if isinstance(case.expected, wire.Reason):
-            assert op[0] == MALFORMED, case.name
-            assert stored.unpack_malformed(op[3]).code == case.expected.value, case.name
+            assert type(op) is Malformed, case.name
+            assert stored.unpack_malformed(op.payload).code == case.expected.value, case.name
         else:
-            assert op[0] == (PUT if case.expected == wire.OP_PUT else REMOVE), case.name
+            assert type(op) is (Put if case.expected == wire.OP_PUT else Remove), case.name
 
 
 def test_a_frame_carries_the_batch_and_positions_through_marshal_unchanged():
@@ -138,7 +142,8 @@ def test_a_record_of_a_newer_level_holds_its_partition_there_and_nothing_of_it_i
 
     assert batch.held == {OWN: (2, 9)}
     ops = batch.shards[0].ops
-    assert [(op[0], op[1]) for op in ops] == [(PUT, ID), (PUT, other)], "the cancel after it waits with it"
+    assert [(type(op), op.delay_id) for op in decode(ops)] == [(Put, ID), (Put, other)], (
+        "the cancel after it waits with it")
     assert batch.shards[0].offsets == {OWN: 2, wire.buffer_partition(other, P): 5}, "read again from the held record"
     assert batch.counts[b"malformed"] == 0 and batch.records == 2
     later = parse_batch([record(5, None, wire.control_headers(wire.OP_CANCEL, ID))], P, held=batch.held)
@@ -166,7 +171,7 @@ def test_a_batch_is_split_by_shard_each_with_its_own_ops_offsets_settled_and_ear
 
     assert sorted(batch.shards) == [0, 2], "shard 1 had no record"
     zero, two = batch.shards[0], batch.shards[2]
-    assert [op[0] for op in zero.ops] == [PUT, REMOVE, PUT] and [op[0] for op in two.ops] == [PUT]
+    assert [type(op) for op in decode(zero.ops)] == [Put, Remove, Put] and [type(op) for op in decode(two.ops)] == [Put]
     assert zero.earliest_put == 1_800_000_000_500 and two.earliest_put == 1_800_000_000_100
     assert zero.settled == [ids[0]] and two.settled == []
     assert zero.offsets == {wire.buffer_partition(ids[0], P): 5}

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from delayq import Cron, Every, RetryPolicy, Settings, wire
 from delayq.delay_service import stored
 from delayq.delay_service.limits import DispatchLimiter
-from delayq.delay_service.reader import PUT, parse_batch
+from delayq.delay_service.reader import parse_batch
 from delayq.proxy.producer import level_delay_ms, scheduled_due
 from delayq.proxy.retry import attempt_of
 from delayq.settings import parse_delay_levels, settings_problem
-from delayq.store import Put, Remove, TimeIndex
+from delayq.store import Put, Remove, TimeIndex, decode
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 ID = wire_cases.ID
@@ -165,8 +165,9 @@ def test_a_young_next_occurrence_replaces_only_the_put_it_follows_and_an_aged_on
 
     young = parse_batch([follows_record(9, 5, now_ms())], wire_cases.PARTITIONS, 1, lag).shards[0]
     aged = parse_batch([follows_record(9, 5, now_ms() - lag - 60_000)], wire_cases.PARTITIONS, 1, lag).shards[0]
-    assert young.ops[0][0] == PUT and young.ops[0][5] == 5 and young.settled == [ID]
-    assert aged.ops[0][5] is None and aged.settled == [ID]  # compaction may have dropped the put it follows
+    [young_op], [aged_op] = decode(young.ops), decode(aged.ops)
+    assert type(young_op) is Put and young_op.restores == 5 and young.settled == [ID]
+    assert aged_op.restores is None and aged.settled == [ID]  # compaction may have dropped the put it follows
 
 
 def test_a_next_occurrence_after_a_cancel_is_not_pending_and_gets_closed(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import marshal
 import random
 import subprocess
 import sys
@@ -22,7 +24,11 @@ from delayq.store import (
     StoreFormatError,
     StoreOptions,
     TimeIndex,
+    decode,
+    malformed_frame,
     producer_write,
+    put_frame,
+    remove_frame,
 )
 from delayq.wire import COPY_WINDOW_MS
 
@@ -899,3 +905,17 @@ def test_store_opens_with_non_default_options(tmp_path):
     with TimeIndex(tmp_path / "store", options) as index:
         index.apply([Put("a", T0, b"p" * 1000)], {0: 1})
         assert index.get("a") == StoredEntry("a", T0, b"p" * 1000)
+
+
+def test_each_op_crosses_between_processes_as_its_frame_and_comes_back_as_itself():
+    """The reader's frames (put_frame, ...) and ingest's decode() agree with the ops built by name, field by field."""
+    written = producer_write(3, 7, 1_700_000_000_000, b"8 bytes!")
+    ops = [Put("id-1", 1_800_000_000_000, b"stored", 7, 5, written), Remove("id-2", 9, written), Remove("id-3"),
+           Malformed(3, 11, b"kept", "id-4"), Malformed(2, 12, b"kept")]
+    frames = [put_frame(*ops[0]), remove_frame(*ops[1]), remove_frame(*ops[2]), malformed_frame(*ops[3]),
+              malformed_frame(*ops[4])]
+    assert marshal.loads(marshal.dumps(frames)) == frames, "frames are plain marshal data"
+    decoded = decode(frames)
+    assert decoded == ops and [type(op) for op in decoded] == [type(op) for op in ops]
+    for frame_of, kind in ((put_frame, Put), (remove_frame, Remove), (malformed_frame, Malformed)):
+        assert list(inspect.signature(frame_of).parameters) == list(kind._fields), f"{frame_of.__name__}'s fields"
