@@ -6,6 +6,7 @@ an id is in and whether the node holds it, and the store's entry for an id; noth
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from delayq.errors import ConfigurationError
 from delayq.store import StoredEntry
 from delayq.wire import check_delay_id
 
@@ -52,9 +54,22 @@ def iso_ms(epoch_ms: int) -> str | None:
 
 
 class NodeHTTPServer:
+    """The node's endpoints on ``host:port``.
+
+    Raises:
+        ConfigurationError: the port is taken (one line naming DELAYQ_HTTP_PORT).
+        OSError: the address cannot be bound for another reason.
+    """
+
     def __init__(self, node: NodeView, host: str, port: int, handler_base: type[NodeHandler] | None = None):
         handler = type("Handler", (handler_base or NodeHandler,), {"node": node})
-        self.server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), handler)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            raise ConfigurationError(f"HTTP port {port} on {host} is taken (DELAYQ_HTTP_PORT={port}): give this node "
+                                     "another DELAYQ_HTTP_PORT, or stop what listens there") from None
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 

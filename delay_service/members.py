@@ -32,7 +32,6 @@ This process is their supervisor, and does nothing else:
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import logging
 import os
@@ -54,7 +53,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.election import connect_for, evict
-from delayq.errors import ConfigurationError, UnavailableError
+from delayq.errors import UnavailableError
 from delayq.settings import Settings
 from delayq.store import StoredEntry
 
@@ -143,14 +142,7 @@ class MemberProcesses:
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
         s = self.settings
-        try:
-            self.http = NodeHTTPServer(GroupView(self), s.http_host, s.http_port, GroupHandler)
-        except OSError as err:
-            if err.errno != errno.EADDRINUSE:
-                raise
-            raise ConfigurationError(f"HTTP port {s.http_port} on {s.http_host} is taken (DELAYQ_HTTP_PORT="
-                                     f"{s.http_port}): give this node another DELAYQ_HTTP_PORT, or stop what "
-                                     "listens there") from None
+        self.http = NodeHTTPServer(GroupView(self), s.http_host, s.http_port, GroupHandler)
         self.http.start()
         log.info("node %s: starting %d member processes (%s), HTTP on %s:%d (members on %s), data in %s", s.node_id,
                  len(self.members), ", ".join(m.node_id for m in self.members), s.http_host, self.http.port,

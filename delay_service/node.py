@@ -11,7 +11,6 @@ over without waiting for the session timeout.
 from __future__ import annotations
 
 import enum
-import errno
 import logging
 import signal
 import socket
@@ -39,7 +38,6 @@ from delayq.election import (
     connect_for,
     ensure_cluster_root,
 )
-from delayq.errors import ConfigurationError
 from delayq.features import SUPPORTED_LEVEL, UNRECORDED_LEVEL, feature_level
 from delayq.settings import Settings
 from delayq.store import StoredEntry, StoreError, StoreFormatError, StoreOptions, TimeIndex
@@ -177,14 +175,7 @@ class Node:
     def _start_serving(self) -> None:
         """HTTP, ZooKeeper, ingest and the shards to hold, membership and the loops, once the buffer is known."""
         s = self.settings
-        try:
-            self.http = NodeHTTPServer(self, s.http_host, s.http_port)
-        except OSError as err:
-            if err.errno != errno.EADDRINUSE:
-                raise
-            raise ConfigurationError(f"HTTP port {s.http_port} on {s.http_host} is taken (DELAYQ_HTTP_PORT="
-                                     f"{s.http_port}): give this node another DELAYQ_HTTP_PORT, or stop what "
-                                     "listens there") from None
+        self.http = NodeHTTPServer(self, s.http_host, s.http_port)
         self.http.start()
         self.zk = connect_for(s)
         # A node that does not speak the cluster's finalized feature level exits here, with one line, before it

@@ -219,8 +219,8 @@ class Settings(BaseSettings):
     processes: int = Field(
         default=1, ge=1, le=256,
         description="member processes this node runs, each a node of its own (`<node_id>-<i>`, HTTP port "
-                    "http_port + i, data in data_dir/members/<i>) with its own GIL: the node's shards are split "
-                    "between them, so its delivery and ingest use that many cores")
+                    "http_port + 1 + i, data in data_dir/members/<i>) with its own GIL: the node's shards are split "
+                    "between them, so its delivery and ingest use that many cores; http_port answers for them all")
     node_group: str | None = Field(
         default=None,
         description="set by a node for its member processes: the node id they are members of (placement "
