@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.progress import Progress
@@ -43,9 +43,8 @@ from delayq.delay_service.ingest import Ingest
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
 from delayq.dev import DevStack
-from delayq.election import connect_for
 from delayq.store import TimeIndex
-from delayq.testing import LocalCluster, NodeProcess
+from delayq.testing import LocalCluster, NodeProcess, drop_cluster
 from delayq.wire import Envelope, new_delay_id
 
 from .proc import cpu_seconds
@@ -83,26 +82,6 @@ def bench_cluster(stack: DevStack, **overrides) -> Iterator[Settings]:
         yield settings
     finally:
         drop_cluster(settings)
-
-
-def drop_cluster(settings: Settings) -> None:
-    """Delete the cluster's buffer, dead-letter and ``<cluster>-*`` topics and its ZooKeeper folder."""
-    admin = AdminClient(settings.kafka_conf())
-    try:
-        topics = [t for t in admin.list_topics(timeout=10).topics
-                  if t in (settings.buffer_topic, settings.dead_letter_topic) or t.startswith(f"{settings.cluster}-")]
-        for future in (admin.delete_topics(topics, operation_timeout=30).values() if topics else ()):
-            future.result(60)
-    except KafkaException as err:  # leftovers cost disk, not correctness: the figure stands
-        log.warning("topics of %s not deleted: %s", settings.cluster, err)
-    zk = connect_for(settings)
-    try:
-        zk.delete(settings.zk_root, recursive=True)
-    except Exception as err:  # kazoo's NoNodeError and friends: same reasoning as above
-        log.warning("ZooKeeper folder %s not deleted: %s", settings.zk_root, err)
-    finally:
-        zk.stop()
-        zk.close()
 
 
 def lead_ms(count: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -16,9 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
 from delayq.delay_service import ensure_topics
 from delayq.dev import Ports
+from delayq.election import connect_for
 from delayq.settings import Settings
+
+log = logging.getLogger("delayq.testing")
 
 
 def free_stack_ports(brokers: int = 1) -> tuple[int, int]:
@@ -104,6 +111,29 @@ def child_processes(parent: int) -> list[int]:
         except OSError:
             continue
     return alive
+
+
+def drop_cluster(settings: Settings) -> None:
+    """Delete the cluster's buffer, dead-letter and ``<cluster>-*`` topics and its ZooKeeper folder (best effort).
+
+    What the bench and the demo leave on a stack otherwise: a buffer of up to gigabytes per run.
+    """
+    admin = AdminClient(settings.kafka_conf())
+    try:
+        topics = [t for t in admin.list_topics(timeout=10).topics
+                  if t in (settings.buffer_topic, settings.dead_letter_topic) or t.startswith(f"{settings.cluster}-")]
+        for future in (admin.delete_topics(topics, operation_timeout=30).values() if topics else ()):
+            future.result(60)
+    except KafkaException as err:  # leftovers cost disk, not correctness
+        log.warning("topics of %s not deleted: %s", settings.cluster, err)
+    zk = connect_for(settings)
+    try:
+        zk.delete(settings.zk_root, recursive=True)
+    except Exception as err:  # kazoo's NoNodeError and friends: same reasoning as above
+        log.warning("ZooKeeper folder %s not deleted: %s", settings.zk_root, err)
+    finally:
+        zk.stop()
+        zk.close()
 
 
 class NodeError(RuntimeError):

@@ -25,6 +25,8 @@ class DemoOptions:
     stack_dir: Path | None = None
     # The secured dev stack (SASL_SSL, ACLs, ZooKeeper ACLs), each part running as its own principal.
     secure: bool = False
+    # Keep the demo cluster's topics and ZooKeeper folder on the stack afterwards (deleted by default).
+    keep: bool = False
 
     def __post_init__(self) -> None:
         if self.orders_per_second <= 0 or self.order_seconds <= 0:

@@ -42,9 +42,9 @@ from rich.table import Table
 from delayq import Producer, wire
 from delayq.clock import now_ms
 from delayq.dev import DevStack, StackError
-from delayq.errors import ConfigurationError, UnavailableError
+from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 from delayq.settings import Settings
-from delayq.testing import LocalCluster, NodeError
+from delayq.testing import LocalCluster, NodeError, drop_cluster
 
 from .options import DemoOptions
 
@@ -220,6 +220,7 @@ class Story:
         self.rng = random.Random(options.seed)
         self.run_dir = options.out_dir / time.strftime("run-%Y%m%d-%H%M%S")
         self.settings: Settings | None = None  # the admin's: creates the topics, records the shards
+        self.made_topics = False
         self.roles: dict[str, Settings] = {}  # node, producer, reconcile: each part's own principal
         self.cluster: LocalCluster | None = None
         self.status: dict = {}
@@ -245,14 +246,34 @@ class Story:
             self.settings = self._settings_as(choice, None, cluster)
             if not choice.start:
                 self._check_reachable(choice)
+            self.made_topics = True  # from here on, something of the cluster may be on the stack
             self._prepare_topics()
             self._prepare_roles(choice, cluster)
             return self._tell()
         finally:
             if self.cluster is not None:
                 self.cluster.close()
+            if self.made_topics:
+                self._clean_up()
             if self.stack_started:
                 choice.stack.down(tuple(reversed(self.stack_started)))
+
+    def _clean_up(self) -> None:
+        """Delete the demo cluster's topics and ZooKeeper folder (a buffer per run would pile up), unless kept."""
+        settings = self.settings
+        assert settings is not None  # set before any topic is made
+        if self.options.keep:
+            self.console.print(f"kept cluster {settings.cluster}: topics {settings.buffer_topic}, "
+                               f"{settings.dead_letter_topic}, {self.target}; ZooKeeper {settings.zk_root}",
+                               highlight=False, markup=False)
+            return
+        try:
+            drop_cluster(settings)
+        except DelayqError as err:  # ZooKeeper gone meanwhile: leftovers cost disk, not the story
+            self.console.print(f"could not delete cluster {settings.cluster}: {err}", highlight=False, markup=False)
+            return
+        self.console.print(f"deleted cluster {settings.cluster}'s topics and ZooKeeper folder (--keep keeps them)",
+                           highlight=False, markup=False)
 
     def _check_reachable(self, choice: StackChoice, timeout_s: float = 10.0) -> None:
         """Kafka and ZooKeeper the demo did not start answer, or the demo says in one line which does not."""

@@ -40,6 +40,8 @@ def register(subparsers) -> None:
     demo.add_argument("--out", type=Path, default=_DEFAULTS.out_dir, metavar="DIR",
                       help="where node data and reports go (default %(default)s)")
     demo.add_argument("--seed", type=int, help="random seed, for a repeatable run")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the demo cluster's topics and ZooKeeper folder afterwards (deleted by default)")
     demo.set_defaults(func=run)
 
 
@@ -50,6 +52,6 @@ def run(args: argparse.Namespace) -> int:
         orders_per_second=args.rate, order_seconds=args.seconds, min_delay_s=args.min_delay,
         max_delay_s=args.max_delay, pay_ratio=args.pay_ratio, nodes=args.nodes, kill_master=not args.no_kill,
         reconcile=not args.no_reconcile, out_dir=args.out, seed=args.seed, stack_dir=args.state_dir,
-        secure=args.secure,
+        secure=args.secure, keep=args.keep,
     )
     return run_demo(options)

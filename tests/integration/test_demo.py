@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from process_testing import run_delayq
 
 pytestmark = pytest.mark.integration
@@ -50,3 +52,7 @@ def test_short_demo_survives_the_master_kill_and_reconciles_clean(dev_stack, tmp
     totals = report["totals"]
     assert totals["expected"] > 0 and totals["delivered"] == totals["expected"]
     assert (totals["duplicates"], totals["missing"], totals["unexpected"], totals["early"]) == (0, 0, 0, 0)
+    # Nothing of the run is left on the stack: its cluster's topics and ZooKeeper folder are deleted.
+    [cluster] = re.findall(r"deleted cluster (demo-[0-9a-f]+)'s topics and ZooKeeper folder", output)
+    left = AdminClient({"bootstrap.servers": dev_stack.bootstrap_servers}).list_topics(timeout=10).topics
+    assert not [t for t in left if t.startswith(f"delayq-{cluster}-") or t.startswith(f"{cluster}-")], sorted(left)
