@@ -65,7 +65,6 @@ class RebuildReason(enum.StrEnum):
 
 
 SHARDS_DIR = "shards"  # <data_dir>/shards/<k>: one store per shard held
-LEGACY_STORE_DIR = "store"  # a node's one store, from before shards
 META_TOPIC_ID = "buffer_topic_id"
 # How often the placement looks at the membership (which shards to hold, to master, to hand over).
 PLACE_EVERY_S = 0.5
@@ -196,7 +195,6 @@ class Node:
         members = {m.node_id: m for m in Membership.members(self.zk, s.zk_root)}
         members[s.node_id] = self._record()
         targets = holders(s.cluster, layout.shards, members, s.replicas, _groups(members))
-        self._remove_legacy_store()
         for shard in sorted(k for k, nodes in targets.items() if s.node_id in nodes):
             self.seats[shard] = Seat(self, shard, self._open_store(shard), ingest)
         ingest.hold([seat.feed for seat in self.seats.values()])
@@ -433,14 +431,6 @@ class Node:
 
     def _store_path(self, shard: int) -> Path:
         return Path(self.settings.data_dir) / SHARDS_DIR / str(shard)
-
-    def _remove_legacy_store(self) -> None:
-        """The one store of a node from before shards (``<data_dir>/store``): each shard's store replaces it."""
-        legacy = Path(self.settings.data_dir) / LEGACY_STORE_DIR
-        if TimeIndex.exists(legacy):
-            log.warning("store %s is of a node from before shards: removed; each shard's store is built from the "
-                        "buffer under %s", legacy, Path(self.settings.data_dir) / SHARDS_DIR)
-            TimeIndex.destroy(legacy)
 
     def _open_store(self, shard: int) -> TimeIndex:
         """Shard ``shard``'s store, rebuilt from the buffer if it cannot be trusted (see RebuildReason)."""

@@ -3,9 +3,9 @@
 Ingest's work per buffer record is in two halves that need different things: consuming
 and parsing it (the librdkafka message, :func:`delayq.wire.parse_buffer_record`, the
 stored form) needs only the record, and applying it (RocksDB reads and the WriteBatch,
-the delivery loop's in-flight set) needs the store. Both halves used to share the
-node's one GIL with the master's delivery loop, which reads every delivered message
-back as a `done`. The reader does the first half in a process of its own, on the other
+the delivery loop's in-flight set) needs the store. In the node's process both would
+share its one GIL with the master's delivery loop, which reads every delivered message
+back as a `done`. The reader does the first half in a process of its own, on another
 core, and hands the node each consumed batch as store ops, ready to apply:
 
 - one frame per ``consume()`` that returned records: for each shard the batch touched,
@@ -21,8 +21,8 @@ core, and hands the node each consumed batch as store ops, ready to apply:
 
 Frames are ``marshal`` data over a pipe (:class:`multiprocessing.connection.Connection`
 on a file descriptor the node passed): both ends are the same delayq, started together.
-The node applies a frame's ops and offsets in one WriteBatch, as before, so the store's
-offsets still say exactly which records it reflects; a reader that dies loses nothing
+The node applies a frame's ops and offsets in one WriteBatch, so the store's offsets
+say exactly which records it reflects; a reader that dies loses nothing
 (the node starts another from the store's offsets). The reader exits when the node does:
 it checks its parent every poll, and a write to a closed pipe ends it.
 

@@ -364,8 +364,8 @@ class Settings(BaseSettings):
     def transactional_id(self, shard: int = 0) -> str:
         """One per shard: a new master's producer fences the shard's old one at the broker.
 
-        Shard 0's is the cluster's one id from before shards (``delayq-<cluster>-master``), so
-        a node of this version fences a master of an older one; shard k's adds ``-<k>``.
+        Shard 0's is ``delayq-<cluster>-master``, shard k's adds ``-<k>``: the same in every
+        release, so a master of one release fences a master of another (a rolling upgrade).
         """
         return f"delayq-{self.cluster}-master" + (f"-{shard}" if shard else "")
 
