@@ -10,13 +10,11 @@ over without waiting for the session timeout.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import KafkaException
 from kazoo.exceptions import KazooException
@@ -38,9 +36,8 @@ from delayq.election import (
     connect_for,
     ensure_cluster_root,
 )
-from delayq.features import SUPPORTED_LEVEL, UNRECORDED_LEVEL, feature_level
 from delayq.settings import Settings
-from delayq.store import StoredEntry, StoreError, StoreFormatError, StoreOptions, TimeIndex
+from delayq.store import StoredEntry, StoreError, TimeIndex
 
 from .delivery import Delivery, InFlight, Wakeup
 from .http import NodeHTTPServer
@@ -51,21 +48,11 @@ from .master_producer import SpareProducer
 from .metrics import NodeMetrics
 from .placement import holders, masters
 from .reader import ReaderGone
-from .topics import EndOffsets, admin_client, buffer_info, committed_end_offsets
+from .stores import ShardStores
+from .topics import EndOffsets, admin_client, buffer_info
 
 log = logging.getLogger("delayq.node")
 
-class RebuildReason(enum.StrEnum):
-    """Why a node wiped its store and read the buffer again: the label of delayq_store_rebuilds_total."""
-
-    FORMAT = "format"                    # two or more store formats old (or newer): no in-place migration
-    TOPIC_RECREATED = "topic-recreated"  # the buffer topic has another id than the store was built from
-    STALE = "stale"                      # away longer than delete.retention.ms: tombstones may be gone
-    OFFSETS_AHEAD = "offsets-ahead"      # a stored offset is past the topic's end: the topic was recreated
-
-
-SHARDS_DIR = "shards"  # <data_dir>/shards/<k>: one store per shard held
-META_TOPIC_ID = "buffer_topic_id"
 # How often the placement looks at the membership (which shards to hold, to master, to hand over).
 PLACE_EVERY_S = 0.5
 # A shard without a master this long: every holder caught up on it contends, planned or not.
@@ -75,8 +62,6 @@ MASTERLESS_S = 2.0
 DROP_WAIT_S = 10.0
 # A loop failing this long makes the node not ready (a blip of one retry does not).
 FAILING_NOT_READY_S = 2.0
-# How often the placement reads the cluster's finalized feature level: a finalize migrates the stores within it.
-FOLLOW_LEVEL_EVERY_S = 5.0
 
 
 class Seat:
@@ -148,11 +133,13 @@ class Node:
         self.place_soon = threading.Event()
         # Whether Kafka can take acknowledged writes where this node writes (enough in-sync replicas).
         self.insync = InSyncWatch(settings, self._written_partitions)
-        # The store format of the cluster's finalized level (delayq.features): new stores are made in it, older
-        # ones migrated to it in place. Until the cluster is finalized above level 1 it is 0.1.0's, so that a node
-        # can go back to 0.1.0 on its data directory.
-        self.store_format = feature_level(UNRECORDED_LEVEL).store_format
-        self._level_read_at = 0.0  # monotonic s
+        self.stores: ShardStores | None = None  # once the buffer is known (start)
+
+    @property
+    def _stores(self) -> ShardStores:
+        if self.stores is None:
+            raise RuntimeError("the node has not started: its stores are made once the buffer is known")
+        return self.stores
 
     # -- lifecycle -------------------------------------------------------
 
@@ -160,6 +147,7 @@ class Node:
         s = self.settings
         self.admin = admin_client(s)
         self.info = buffer_info(s, self.admin)
+        self.stores = ShardStores(s, self.info, self.metrics, self.admin)
         try:
             self._start_serving()
         except BaseException:
@@ -185,10 +173,12 @@ class Node:
         check_node_speaks(finalized, s.cluster)
         # A node with wrong or missing credentials exits here, with one line, before it touches the cluster.
         ensure_cluster_root(self.zk, s.zk_root, s.zk_credentials, protect_existing=False)
-        self.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
-        self._follow_level()  # after ensure_layout, which records a new cluster's level
+        stores = self._stores
+        self.layout = stores.layout = layout = ensure_layout(s, self.zk, len(self.info.partitions))
+        stores.follow_level(self.zk, [])  # after ensure_layout, which records a new cluster's level
         self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
                                             compaction_lag_ms=self.info.min_compaction_lag_ms)
+        stores.end_offsets = ingest.end_offsets
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
         # A registration of this id left by this node's previous process goes when its session expires.
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)
@@ -196,7 +186,7 @@ class Node:
         members[s.node_id] = self._record()
         targets = holders(s.cluster, layout.shards, members, s.replicas, _groups(members))
         for shard in sorted(k for k, nodes in targets.items() if s.node_id in nodes):
-            self.seats[shard] = Seat(self, shard, self._open_store(shard), ingest)
+            self.seats[shard] = Seat(self, shard, stores.open(shard), ingest)
         ingest.hold([seat.feed for seat in self.seats.values()])
         self.metrics.shards_held.set(len(self.seats))
         self._spawn("ingest", lambda: ingest.run(self.stopping))
@@ -279,8 +269,8 @@ class Node:
                 continue  # nothing to decide on without the membership; terms ended with the session anyway
             try:
                 self.place()
-                if time.monotonic() - self._level_read_at >= FOLLOW_LEVEL_EVERY_S:
-                    self._follow_level()
+                if self._stores.level_due():
+                    self._stores.follow_level(self.zk, [(seat.shard, seat.store) for seat in list(self.seats.values())])
             except KazooException as err:
                 log.info("placement: ZooKeeper did not answer (%s); trying again", str(err) or type(err).__name__)
             except KafkaException as err:  # a store taken checks the buffer's end offsets
@@ -352,7 +342,7 @@ class Node:
         opened: dict[int, TimeIndex] = {}
         try:
             for shard in gained:
-                opened[shard] = self._open_store(shard)
+                opened[shard] = self._stores.open(shard)
         except BaseException:
             for store in opened.values():  # all or none: the next round takes them again
                 store.close()
@@ -379,38 +369,6 @@ class Node:
         self.metrics.shards_held.set(len(self.seats))
         log.info("holding shards %s (took %s, dropped %s)", sorted(self.seats), gained or "none", dropped or "none")
 
-    def _follow_level(self) -> None:
-        """Read the cluster's finalized level; when it brings a newer store format, migrate the stores held to it.
-
-        Raises:
-            KazooException: ZooKeeper did not answer.
-            StoreError: a store could not be migrated (it stays of its format; the next reading tries again).
-        """
-        self._level_read_at = time.monotonic()
-        level = Features(self.zk, self.settings.zk_root).read().level
-        # A damaged record says nothing (logged at start); a level above this node's is refused at its start.
-        if level is None or level > SUPPORTED_LEVEL:
-            return
-        wanted = feature_level(level).store_format
-        if wanted > self.store_format:
-            log.info("cluster %s is finalized at feature level %d: store format %d from now on",
-                     self.settings.cluster, level, wanted)
-            self.store_format = wanted
-        # Every reading, not only the one that saw the level rise: a store whose migration failed is tried again.
-        for seat in list(self.seats.values()):
-            if seat.store.store_format < self.store_format:
-                started = time.monotonic()
-                found = seat.store.upgrade_format(self.store_format)
-                if found is not None:
-                    self._migrated(seat.shard, seat.store, found, time.monotonic() - started)
-
-    def _migrated(self, shard: int, store: TimeIndex, found: int, took_s: float) -> None:
-        log.info("store %s migrated in place from store format %d to %d in %.2fs (no rebuild)", store.path, found,
-                 store.store_format, took_s)
-        shard_metrics = self.metrics.shard(shard)
-        shard_metrics.migrations.inc()
-        shard_metrics.store_format.set(store.store_format)
-
     def _finish_closing(self, wait_s: float = 0.0) -> None:
         """Close and delete the stores of dropped seats whose loops have ended (waiting up to ``wait_s`` each)."""
         for shard, seat in list(self._closing.items()):
@@ -424,76 +382,7 @@ class Node:
                 self.threads.remove(seat.thread)
             seat.close()
             del self._closing[shard]
-            TimeIndex.destroy(self._store_path(shard))
-            self.metrics.forget_shard(shard)
-
-    # -- the stores ------------------------------------------------------
-
-    def _store_path(self, shard: int) -> Path:
-        return Path(self.settings.data_dir) / SHARDS_DIR / str(shard)
-
-    def _open_store(self, shard: int) -> TimeIndex:
-        """Shard ``shard``'s store, rebuilt from the buffer if it cannot be trusted (see RebuildReason)."""
-        info = self.info
-        path = self._store_path(shard)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        options = StoreOptions(block_cache_mb=self.settings.store_block_cache_mb,
-                               write_buffer_mb=self.settings.store_write_buffer_mb,
-                               sync_writes=self.settings.store_sync_writes)
-        shard_metrics = self.metrics.shard(shard)
-        rebuilds = shard_metrics.rebuilds
-        started = time.monotonic()
-        try:
-            store = TimeIndex(path, options, store_format=self.store_format)
-        except StoreFormatError as err:
-            # Two or more formats old (or newer): the store is a view of the buffer, rebuilt from it.
-            log.warning("store %s will be rebuilt from the buffer: %s", path, err)
-            rebuilds.labels(RebuildReason.FORMAT.value).inc()
-            TimeIndex.destroy(path)
-            store = TimeIndex(path, options, store_format=self.store_format)
-        if store.found_format != store.store_format:
-            self._migrated(shard, store, store.found_format, time.monotonic() - started)
-        shard_metrics.store_format.set(store.store_format)
-        try:
-            # Kafka may not answer here (a broker restarting): the store must not stay open, locked,
-            # behind the error, or the next attempt to take the shard would find it locked.
-            found = self._rebuild_reason(store, shard)
-            if found is not None:
-                code, why = found
-                log.warning("store %s will be rebuilt from the buffer: %s: %s", path, code.value, why)
-                rebuilds.labels(code.value).inc()
-                store.close()
-                TimeIndex.destroy(path)
-                store = TimeIndex(path, options, store_format=self.store_format)
-            store.set_meta(META_TOPIC_ID, info.topic_id.encode())
-        except BaseException:
-            store.close()
-            raise
-        return store
-
-    def _rebuild_reason(self, store: TimeIndex, shard: int) -> tuple[RebuildReason, str] | None:
-        info = self.info
-        known_id = store.get_meta(META_TOPIC_ID)
-        if known_id is not None and known_id.decode() != info.topic_id:
-            return RebuildReason.TOPIC_RECREATED, (f"the store was built from buffer topic id {known_id.decode()}, "
-                                                   f"the buffer now has id {info.topic_id}")
-        last = store.last_ingest_ms()
-        if last is not None and now_ms() - last > info.delete_retention_ms:
-            return RebuildReason.STALE, (f"last ingest {(now_ms() - last) / 1000:.0f}s ago is longer than the "
-                                         f"buffer's delete.retention.ms {info.delete_retention_ms}: tombstones may "
-                                         "have been compacted away")
-        layout = self.layout
-        partitions = wire.shard_partitions(shard, layout.shards if layout else 1, len(info.partitions))
-        # Through ingest's reader of end offsets, which replaces its admin client after a failure: after a
-        # broker restart a client can be answered FENCED_LEADER_EPOCH for good.
-        ends = self.ingest.end_offsets.read(partitions=partitions) if self.ingest is not None else \
-            committed_end_offsets(self.admin, self.settings.buffer_topic, partitions)
-        for partition, offset in store.offsets().items():
-            if offset > ends.get(partition, 0):
-                return RebuildReason.OFFSETS_AHEAD, (f"persisted offset {offset} of partition {partition} is above "
-                                                     f"the topic's end offset {ends.get(partition, 0)}: the topic "
-                                                     "was recreated")
-        return None
+            self._stores.destroy(shard)
 
     # -- state shared by the loops ---------------------------------------
 
