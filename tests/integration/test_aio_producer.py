@@ -7,8 +7,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
 
 import delayq
 from delayq import wire

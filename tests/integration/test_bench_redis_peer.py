@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from kafka_testing import create_topics, read_topic
 from rich.progress import Progress
+from support.kafka_testing import create_topics, read_topic
 
 from delayq.bench.redis_peer import QUEUE_KEY, Poller, RedisServer, peer_lateness, schedule
 from delayq.bench.service_bench import PAYLOAD_SIZE, now_ms

@@ -17,10 +17,10 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
-from traffic_testing import readme_producer, while_writing
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
+from support.traffic_testing import readme_producer, while_writing
 
 from delayq import Settings, wire
 from delayq.delay_service import ensure_shards

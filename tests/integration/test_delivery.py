@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from service_testing import Feeder, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.service_testing import Feeder, now_ms
 
 import delayq
 from delayq import wire

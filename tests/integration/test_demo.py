@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from process_testing import run_delayq
+from support.process_testing import run_delayq
 
 pytestmark = pytest.mark.integration
 

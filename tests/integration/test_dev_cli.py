@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from process_testing import run_delayq
+from support.process_testing import run_delayq
 
 from delayq.dev import DevStack
 

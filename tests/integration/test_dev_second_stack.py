@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from process_testing import run_delayq, wait_until
+from support.process_testing import run_delayq, wait_until
 
 from delayq.dev import DevStack, StackError
 from delayq.testing import free_stack_ports

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from kazoo.client import KazooClient
-from process_testing import wait_until
+from support.process_testing import wait_until
 
 from delayq.election import (
     Cursor,

@@ -11,8 +11,8 @@ import time
 from collections import Counter
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from service_testing import Cluster, Feeder, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.service_testing import Cluster, Feeder, now_ms
 
 from delayq import wire
 

@@ -14,9 +14,9 @@ import time
 from collections import Counter
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import Cluster, Feeder, now_ms, start_private_stack
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import Cluster, Feeder, now_ms, start_private_stack
 
 from delayq import Settings, wire
 from delayq.dev import DevStack, StackError

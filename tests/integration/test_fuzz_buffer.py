@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import now_ms
 
 from delayq import wire
 from delayq.delay_service.partitioners import partition_for

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
 
 import delayq
 

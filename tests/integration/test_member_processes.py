@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import Feeder, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import Feeder, now_ms
 
 from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards, ensure_topics

@@ -9,8 +9,8 @@ import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from process_testing import assert_one_command_error, assert_one_error_line, run_delayq, wait_until
-from service_testing import Cluster
+from support.process_testing import assert_one_command_error, assert_one_error_line, run_delayq, wait_until
+from support.service_testing import Cluster
 
 from delayq import Settings
 from delayq.delay_service.topics import describe_config

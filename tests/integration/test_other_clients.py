@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import now_ms
 
 import delayq
 from delayq import wire

@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka import Producer as PlainProducer
-from kafka_testing import create_topics, end_offsets, read_topic
-from process_testing import run_delayq, wait_until
+from support.kafka_testing import create_topics, end_offsets, read_topic
+from support.process_testing import run_delayq, wait_until
 
 import delayq
 from delayq import wire

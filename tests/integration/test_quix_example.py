@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from kafka_testing import create_topics, read_topic
-from service_testing import assert_reconcile_clean, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.service_testing import assert_reconcile_clean, now_ms
 
 from delayq import wire
 from delayq.paths import cache_dir

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from service_testing import Feeder, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.service_testing import Feeder, now_ms
 
 from delayq import wire
 from delayq.testing import reader_processes

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from process_testing import wait_until
+from support.process_testing import wait_until
 
 from delayq.testing import free_port
 

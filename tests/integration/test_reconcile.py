@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 from confluent_kafka import Producer
-from kafka_testing import create_topics
+from support.kafka_testing import create_topics
 
 from delayq import Settings, wire
 from delayq.cli import main as delayq_main

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import Producer
-from kafka_testing import create_topics
+from support.kafka_testing import create_topics
 
 from delayq import Settings, wire
 from delayq.spark import ReconcileOptions, spark_session

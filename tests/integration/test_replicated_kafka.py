@@ -5,7 +5,7 @@ The cluster is a production one in small: ``delayq dev`` with three brokers and 
 buffer, the target topic and Kafka's internal topics at replication factor 3 and min.insync.replicas 2, three
 nodes, three shards on two nodes each. Every test judges by evidence delayq did not produce: the broker's
 LogAppendTime on each delivered record, the acknowledgements of a producer built as the README shows, and a
-plain idempotent producer beside delayq writing to the same partitions (:class:`traffic_testing.Probe`): the
+plain idempotent producer beside delayq writing to the same partitions (:class:`support.traffic_testing.Probe`): the
 moment it can write again is the moment delivery could be back, and the stall is measured from there.
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import Cluster, kafka_pid, now_ms, start_private_stack, thaw
-from traffic_testing import Probe, readme_producer, while_writing
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import Cluster, kafka_pid, now_ms, start_private_stack, thaw
+from support.traffic_testing import Probe, readme_producer, while_writing
 
 from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards, kafka_status

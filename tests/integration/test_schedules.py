@@ -15,9 +15,9 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer
-from kafka_testing import create_topics, read_topic
-from process_testing import run_delayq, wait_until
-from service_testing import Cluster, assert_reconcile_clean, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import run_delayq, wait_until
+from support.service_testing import Cluster, assert_reconcile_clean, now_ms
 
 from delayq import Cron, Every, Producer, RetryPolicy, Settings, lookup, retry_later, wire
 from delayq.settings import DispatchLimit

@@ -24,10 +24,10 @@ import pytest
 from confluent_kafka import Message
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka_testing import read_topic
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
-from process_testing import run_delayq, wait_until
+from support.kafka_testing import read_topic
+from support.process_testing import run_delayq, wait_until
 
 from delayq import Producer, Settings, wire
 from delayq.clock import now_ms

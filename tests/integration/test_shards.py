@@ -19,9 +19,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import Cluster, Feeder, assert_reconcile_clean, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import Cluster, Feeder, assert_reconcile_clean, now_ms
 
 from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards

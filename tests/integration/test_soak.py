@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from process_testing import run_delayq
+from support.process_testing import run_delayq
 
 from delayq.bench.soak_faults import FAULT_KINDS
 

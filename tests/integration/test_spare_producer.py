@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaException
-from kafka_testing import create_topics, read_topic
+from support.kafka_testing import create_topics, read_topic
 
 from delayq.delay_service.master_producer import SpareProducer, master_producer
 

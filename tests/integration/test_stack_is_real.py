@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaException, Producer
-from kafka_testing import create_topics, read_topic
 from kazoo.client import KazooClient
+from support.kafka_testing import create_topics, read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import json
 import subprocess
 
 import pytest
-from process_testing import assert_one_command_error, assert_one_error_line, run_delayq, wait_until
-from service_testing import Cluster
+from support.process_testing import assert_one_command_error, assert_one_error_line, run_delayq, wait_until
+from support.service_testing import Cluster
 
 from delayq import Producer, Settings, __version__
 from delayq.clock import now_ms

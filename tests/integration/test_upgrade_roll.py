@@ -21,8 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from kafka_testing import create_topics, read_topic
-from process_testing import run_delayq, wait_until
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import run_delayq, wait_until
 
 import delayq
 from delayq import Settings, wire

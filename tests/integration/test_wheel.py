@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from kafka_testing import read_topic
+from support.kafka_testing import read_topic
 
 from delayq import wire
 from delayq.delay_service import ensure_topics

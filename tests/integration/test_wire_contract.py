@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Producer
-from kafka_testing import create_topics, read_topic
-from process_testing import wait_until
-from service_testing import Feeder, now_ms
+from support.kafka_testing import create_topics, read_topic
+from support.process_testing import wait_until
+from support.service_testing import Feeder, now_ms
 
 from delayq import wire
 from delayq.delay_service.partitioners import murmur2

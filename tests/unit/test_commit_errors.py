@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-from stand_ins import shard_feed
+from support.stand_ins import shard_feed
 
 from delayq import Settings, wire
 from delayq.delay_service import stored

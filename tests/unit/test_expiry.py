@@ -12,7 +12,7 @@ import math
 from datetime import timedelta
 
 import pytest
-from stand_ins import zookeeper
+from support.stand_ins import zookeeper
 
 import delayq.election
 from delayq import Every, Producer, wire

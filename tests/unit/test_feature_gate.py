@@ -8,7 +8,7 @@ learn the level, is refused in one line before anything is sent.
 from __future__ import annotations
 
 import pytest
-from stand_ins import zookeeper
+from support.stand_ins import zookeeper
 
 import delayq
 import delayq.election

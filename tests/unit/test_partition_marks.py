@@ -13,7 +13,7 @@ from unittest import mock
 
 import pytest
 from confluent_kafka import Producer
-from stand_ins import shard_feed
+from support.stand_ins import shard_feed
 
 from delayq import Settings, wire
 from delayq.delay_service import delivery as delivery_module

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from process_testing import run_delayq
+from support.process_testing import run_delayq
 
 import delayq
 from delayq import Settings

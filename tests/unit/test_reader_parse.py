@@ -6,8 +6,8 @@ The reader process itself, killed and replaced, is in tests/integration/test_rea
 
 from __future__ import annotations
 
-import wire_cases
 from confluent_kafka import KafkaError, Message
+from support import wire_cases
 
 from delayq import wire
 from delayq.delay_service import stored

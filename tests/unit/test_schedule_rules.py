@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-import wire_cases
 from confluent_kafka import Message
 from pydantic import ValidationError
+from support import wire_cases
 
 from delayq import Cron, Every, RetryPolicy, Settings, wire
 from delayq.delay_service import stored
@@ -270,7 +270,7 @@ def test_dispatch_limits_come_from_the_environment_as_json_and_refuse_a_bad_entr
 def test_a_master_holds_messages_over_a_limit_in_due_order_and_drops_one_cancelled_while_it_waited():
     from unittest import mock
 
-    from stand_ins import shard_feed
+    from support.stand_ins import shard_feed
 
     from delayq.delay_service.delivery import Delivery, InFlight, Wakeup
     from delayq.election import Cursor

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from rich.console import Console
-from stand_ins import zookeeper
+from support.stand_ins import zookeeper
 
 import delayq
 from delayq.cli import main

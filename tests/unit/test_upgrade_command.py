@@ -10,7 +10,7 @@ import json
 
 import pytest
 from kazoo.exceptions import BadVersionError, NodeExistsError
-from stand_ins import zookeeper
+from support.stand_ins import zookeeper
 
 import delayq
 import delayq.election

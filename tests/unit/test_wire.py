@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from wire_cases import CASES, PARTITIONS, Case
+from support.wire_cases import CASES, PARTITIONS, Case
 
 from delayq import wire
 from delayq.wire import Envelope, MalformedRecord, check_delay_id, new_delay_id, parse_buffer_record
