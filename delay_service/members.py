@@ -52,8 +52,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from delayq.election import connect_for, evict
-from delayq.errors import UnavailableError
+from delayq.election import Features, Layout, connect_for, evict
+from delayq.errors import ConfigurationError, UnavailableError
+from delayq.features import introduced_by
 from delayq.settings import Settings
 from delayq.store import StoredEntry
 
@@ -71,6 +72,9 @@ WATCH_EVERY_S = 0.1
 RESTARTS_BEFORE_BACKOFF = 5
 RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 5.0
+# The feature level that brings member processes: a node of an older release places shards without their groups,
+# so a cluster that may still have one (finalized below it) runs no members.
+MEMBERS_LEVEL = 2
 # How long the front waits for a member's answer (a probe, a scrape, a lookup).
 MEMBER_ANSWER_S = 2.0
 _PR_SET_PDEATHSIG = 1
@@ -142,6 +146,7 @@ class MemberProcesses:
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
         s = self.settings
+        self._check_level()
         self.http = NodeHTTPServer(GroupView(self), s.http_host, s.http_port, GroupHandler)
         self.http.start()
         log.info("node %s: starting %d member processes (%s), HTTP on %s:%d (members on %s), data in %s", s.node_id,
@@ -164,6 +169,30 @@ class MemberProcesses:
                 self._zk.stop()
                 self._zk.close()
         return code
+
+    def _zookeeper(self) -> KazooClient:
+        if self._zk is None:
+            self._zk = connect_for(self.settings)
+        return self._zk
+
+    def _check_level(self) -> None:
+        """Run members only on a cluster finalized at :data:`MEMBERS_LEVEL` or above, or on a new one.
+
+        Raises:
+            ConfigurationError: the cluster may still have nodes that place shards without groups.
+            UnavailableError: ZooKeeper did not answer.
+        """
+        s = self.settings
+        zk = self._zookeeper()
+        finalized = Features(zk, s.zk_root).read()
+        level = finalized.level
+        if level is None or level >= MEMBERS_LEVEL or (not finalized.recorded and Layout(zk, s.zk_root).read() is None):
+            return  # a damaged record stops no node (it is reported), and a new cluster is recorded at the newest
+        raise ConfigurationError(
+            f"DELAYQ_PROCESSES={s.processes}: cluster {s.cluster} is finalized at feature level {level}, and member "
+            f"processes need level {MEMBERS_LEVEL} (delayq {introduced_by(MEMBERS_LEVEL)}: older nodes place shards "
+            "without the members' group); run `delayq upgrade finalize` once every node runs "
+            f"{introduced_by(MEMBERS_LEVEL)} or later, or set DELAYQ_PROCESSES=1")
 
     def _start(self, member: Member) -> None:
         env = member_environment(self.settings, member.index, member.port, dict(os.environ))
@@ -198,9 +227,7 @@ class MemberProcesses:
     def _evict(self, member: Member) -> None:
         """Its shards move now, not a session timeout later (its process is reaped: nothing of it can act)."""
         try:
-            if self._zk is None:
-                self._zk = connect_for(self.settings)
-            removed = evict(self._zk, self.settings.zk_root, member.node_id)
+            removed = evict(self._zookeeper(), self.settings.zk_root, member.node_id)
             log.info("node %s: removed %d ZooKeeper traces of member %s", self.settings.node_id, len(removed),
                      member.node_id)
         except (KazooException, UnavailableError) as err:

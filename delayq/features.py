@@ -42,7 +42,8 @@ LEVELS: tuple[FeatureLevel, ...] = (
         2, "0.2.0", ("level", "expires"), 5,
         "frame option level=N (a frame that uses an option above level 1 says the level it needs), "
         "expires=<epoch ms> (stored form 5), store format 5 (the producer writes of copy detection in a column "
-        "family of their own; migrated in place when the level is finalized)"),
+        "family of their own; migrated in place when the level is finalized), member processes (a node's "
+        "registration with a group, which placement counts as one node: DELAYQ_PROCESSES)"),
 )
 
 # The highest level this code speaks: what a new cluster starts at, and what its nodes register.
