@@ -59,6 +59,7 @@ from delayq.settings import Settings
 from delayq.store import StoredEntry
 
 from .http import MESSAGES, NodeHandler, NodeHTTPServer
+from .stores import MEMBERS_DIR, forget_stores
 
 log = logging.getLogger("delayq.node")
 
@@ -98,7 +99,7 @@ def member_environment(settings: Settings, index: int, port: int, base: dict[str
         "DELAYQ_NODE_GROUP": settings.node_id,
         "DELAYQ_PROCESSES": "1",
         "DELAYQ_HTTP_PORT": str(port),
-        "DELAYQ_DATA_DIR": str(settings.data_dir / "members" / str(index)),
+        "DELAYQ_DATA_DIR": str(settings.data_dir / MEMBERS_DIR / str(index)),
         "DELAYQ_LOG_LEVEL": settings.log_level,
     })
     return env
@@ -147,6 +148,7 @@ class MemberProcesses:
         signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
         s = self.settings
         self._check_level()
+        self._forget_other_shapes()
         self.http = NodeHTTPServer(GroupView(self), s.http_host, s.http_port, GroupHandler)
         self.http.start()
         log.info("node %s: starting %d member processes (%s), HTTP on %s:%d (members on %s), data in %s", s.node_id,
@@ -193,6 +195,15 @@ class MemberProcesses:
             f"processes need level {MEMBERS_LEVEL} (delayq {introduced_by(MEMBERS_LEVEL)}: older nodes place shards "
             "without the members' group); run `delayq upgrade finalize` once every node runs "
             f"{introduced_by(MEMBERS_LEVEL)} or later, or set DELAYQ_PROCESSES=1")
+
+    def _forget_other_shapes(self) -> None:
+        """The stores of this node as one process, and of members beyond the count, are no one's any more."""
+        s = self.settings
+        forget_stores(s.data_dir, f"this node runs as {len(self.members)} member processes now, each with its own")
+        folder = s.data_dir / MEMBERS_DIR
+        for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+            if not (path.name.isdigit() and int(path.name) < len(self.members)):
+                forget_stores(path, f"this node runs {len(self.members)} member processes now")
 
     def _start(self, member: Member) -> None:
         env = member_environment(self.settings, member.index, member.port, dict(os.environ))

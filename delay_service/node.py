@@ -48,7 +48,7 @@ from .master_producer import SpareProducer
 from .metrics import NodeMetrics
 from .placement import holders, masters
 from .reader import ReaderGone
-from .stores import ShardStores
+from .stores import MEMBERS_DIR, ShardStores, forget_stores
 from .topics import EndOffsets, admin_client, buffer_info
 
 log = logging.getLogger("delayq.node")
@@ -179,6 +179,10 @@ class Node:
         self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
                                             compaction_lag_ms=self.info.min_compaction_lag_ms)
         stores.end_offsets = ingest.end_offsets
+        if s.node_group is None:
+            # Stores of members this node ran with DELAYQ_PROCESSES > 1 are no one's now.
+            for folder in sorted((s.data_dir / MEMBERS_DIR).glob("*")):
+                forget_stores(folder, "this node runs as one process now")
         self.membership = Membership(self.zk, s.zk_root, s.node_id)
         # A registration of this id left by this node's previous process goes when its session expires.
         self.membership.claim(self._record(), timeout_s=s.zk_session_timeout_ms / 1000 + 2)

@@ -22,7 +22,7 @@ from delayq.clock import now_ms
 from delayq.election import Features, ShardLayout
 from delayq.features import SUPPORTED_LEVEL, UNRECORDED_LEVEL, feature_level
 from delayq.settings import Settings
-from delayq.store import StoreFormatError, StoreOptions, TimeIndex
+from delayq.store import StoreError, StoreFormatError, StoreOptions, TimeIndex
 
 from .metrics import NodeMetrics
 from .topics import BufferInfo, EndOffsets, committed_end_offsets
@@ -40,9 +40,29 @@ class RebuildReason(enum.StrEnum):
 
 
 SHARDS_DIR = "shards"  # <data_dir>/shards/<k>: one store per shard held
+MEMBERS_DIR = "members"  # <data_dir>/members/<i>: member i's data folder (DELAYQ_PROCESSES > 1, members.py)
 META_TOPIC_ID = "buffer_topic_id"
 # How often the node reads the cluster's finalized feature level: a finalize migrates the stores within it.
 FOLLOW_LEVEL_EVERY_S = 5.0
+
+
+def forget_stores(root: Path, why: str) -> None:
+    """Delete the shard stores under ``root`` (``root/shards/<k>``) that no process uses any more; ``why`` is logged.
+
+    When a node's data folder changes shape (``DELAYQ_PROCESSES`` raised or lowered), the stores
+    of the old shape would stay on disk for good. They are views of the buffer: deleting one
+    costs at most a rebuild. One that is open (its process still runs) or no store is left alone.
+    """
+    folder = root / SHARDS_DIR
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.iterdir()):
+        try:
+            TimeIndex.destroy(path)
+        except StoreError as err:
+            log.warning("left %s: %s", path, err)
+            continue
+        log.info("removed store %s: %s", path, why)
 
 
 class ShardStores:
