@@ -4,7 +4,7 @@ A node's buffer reader (delay_service/reader.py) parses records in a process of 
 sends them as frames of plain tuples (``marshal`` carries no classes): each op as its tag, then
 its fields in the order of its named tuple here. :func:`put_frame`, :func:`remove_frame` and
 :func:`malformed_frame` build them, :func:`decode` turns them back into the ops that
-:meth:`delayq.store.TimeIndex.apply` takes. tests/unit/test_store.py checks that a frame of each
+:meth:`delayq.store.TimeIndex.apply` takes. tests/unit/store/test_store.py checks that a frame of each
 op decodes to the op built by name.
 """
 

@@ -14,7 +14,7 @@ from hypothesis import settings as hypothesis_settings
 from delayq import Settings
 from delayq.dev import DevStack, StackError
 
-# Property-based tests (tests/unit/test_fuzz_parsers.py). "ci", the default, is reproducible (the same
+# Property-based tests (tests/unit/delayq/test_fuzz_parsers.py). "ci", the default, is reproducible (the same
 # examples every run, no example database left behind) and has no per-example deadline, which a slow
 # shared machine would trip; `pytest --hypothesis-profile=explore` searches longer, from fresh seeds.
 hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=200,

@@ -11,7 +11,7 @@ import pytest
 from delayq import extras
 from delayq.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The distribution that brings each module delayq imports (pyproject.toml names distributions).
 DISTRIBUTIONS = {"kazoo": "kazoo", "rocksdict": "rocksdict", "prometheus_client": "prometheus-client",
                  "pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas", "matplotlib": "matplotlib",

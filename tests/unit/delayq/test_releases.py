@@ -13,7 +13,7 @@ import delayq
 from delayq.cli import main
 from delayq.releases import Release, ReleaseRecordError, parse_releases, previous_release, releases
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_record_lists_0_1_0_at_the_full_sha_of_8f62a6c_on_the_day_of_that_commit():

@@ -34,7 +34,7 @@ from delayq.dev import cache_dir
 # The first test to run may build helm (minutes, once per machine); the checks themselves take milliseconds.
 pytestmark = pytest.mark.timeout(900)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "helm" / "delayq"
 RELEASE = "dq"
 NAMESPACE = "delayq-test"
