@@ -260,7 +260,7 @@ class Soak:
     def _start_cluster(self) -> Settings:
         o = self.options
         python = self._release_python()
-        kafka_port, zk_port = _free_ports(o.brokers)
+        kafka_port, zk_port = free_ports(o.brokers)
         if o.brokers > 1:
             # Compiled before anything starts: a missing JDK fails the run at once, not at its first leader_move.
             self.leader_mover = LeaderMover(self.run_dir / "java")
@@ -722,7 +722,7 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def _free_ports(brokers: int = 1) -> tuple[int, int]:
+def free_ports(brokers: int = 1) -> tuple[int, int]:
     """The soak's stack's ports (:func:`delayq.testing.free_stack_ports`: outside the ephemeral range, where a
     killed broker's port could meanwhile be some client's local port)."""
     try:

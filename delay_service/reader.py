@@ -173,7 +173,7 @@ class BufferReader:
             code = self.process.poll()
             raise ReaderGone(f"the buffer reader {'exited with ' + str(code) if code is not None else 'broke its pipe'}"
                              f" ({type(err).__name__})") from err
-        return _unframe(data)
+        return unpack_frame(data)
 
     def stop(self) -> None:
         """End the reader (SIGTERM, then SIGKILL) and close the pipe; safe to call twice."""
@@ -299,8 +299,9 @@ def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers 
     return malformed_frame(partition, offset, stored.pack_malformed(record), own_id)
 
 
-def _frame(positions: list[tuple[int, int]], batch: Batch | None,
-           held: Mapping[int, tuple[int, int]] | None = None) -> bytes:
+def pack_frame(positions: list[tuple[int, int]], batch: Batch | None,
+               held: Mapping[int, tuple[int, int]] | None = None) -> bytes:
+    """The bytes of one frame the reader sends the node: positions, the batch if any, held partitions."""
     # A batch's own ``held`` stays in the reader (it pauses those partitions): the frame says them all.
     fields = None if batch is None else (
         {k: (b.ops, b.offsets, b.settled, b.earliest_put) for k, b in batch.shards.items()}, batch.counts,
@@ -308,7 +309,7 @@ def _frame(positions: list[tuple[int, int]], batch: Batch | None,
     return marshal.dumps((positions, fields, dict(held or {})))
 
 
-def _unframe(data: bytes) -> Frame:
+def unpack_frame(data: bytes) -> Frame:
     """A frame back as positions, batch and held partitions.
 
     Raises:
@@ -340,7 +341,7 @@ def read(config: ReaderConfig, connection: Connection) -> None:
     # upgraded (a new reader starts from the store's offsets, which stop there too).
     held: dict[int, tuple[int, int]] = {}
     try:
-        connection.send_bytes(_frame([], None))  # started: the node's first receive() returns
+        connection.send_bytes(pack_frame([], None))  # started: the node's first receive() returns
         while os.getppid() == parent:
             # What has come in, at once; if nothing, wait for the first record only: consume()
             # returns when its batch is full or its timeout passes, so a batch-sized wait would hold
@@ -361,9 +362,9 @@ def read(config: ReaderConfig, connection: Connection) -> None:
             positions = [(tp.partition, held[tp.partition][0] if tp.partition in held else tp.offset)
                          for tp in consumer.position(place) if tp.offset >= 0 or tp.partition in held]
             if batch is not None:
-                connection.send_bytes(_frame(positions, batch, held))
+                connection.send_bytes(pack_frame(positions, batch, held))
             elif positions != sent:
-                connection.send_bytes(_frame(positions, None, held))
+                connection.send_bytes(pack_frame(positions, None, held))
             else:
                 continue
             sent = positions

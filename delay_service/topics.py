@@ -146,7 +146,7 @@ def ensure_topics(settings: Settings, admin: AdminClient | None = None) -> list[
             futures = admin.create_topics([NewTopic(topic, partitions, replication.factor, config=config)])
             try:
                 futures[topic].result(30)
-                _wait_until_served(admin, topic, partitions, timeout_s=60.0)
+                wait_until_served(admin, topic, partitions, timeout_s=60.0)
                 created = True
             except KafkaException as err:
                 if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
@@ -283,7 +283,7 @@ def topic_facts(admin: AdminClient, topic: str, metadata, timeout_s: float = 30.
     )
 
 
-def _wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout_s: float) -> None:
+def wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout_s: float) -> None:
     """Wait until the brokers' metadata lists ``topic`` with a leader for each partition.
 
     CreateTopics answers once the controller has created the topic; a broker busy

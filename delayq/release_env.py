@@ -102,7 +102,7 @@ def ensure_release_env(release: Release, *, repo: Path | None = None, cache: Pat
                  f"pip install of delayq {release.version}", "check that PyPI is reachable, then run again")
             (venv / BUILT_MARK).write_text(json.dumps({"version": release.version, "commit": release.commit}),
                                            encoding="utf-8")
-        _move_into_place(venv, root, release)
+        move_into_place(venv, root, release)
     finally:
         shutil.rmtree(building, ignore_errors=True)
     console.print(f"delayq {release.version} environment ready: {root}")
@@ -132,7 +132,7 @@ def _run(command: list[str], what: str, fix: str) -> None:
         raise ReleaseEnvError(f"{what} failed ({last}): {fix}")
 
 
-def _move_into_place(venv: Path, root: Path, release: Release) -> None:
+def move_into_place(venv: Path, root: Path, release: Release) -> None:
     """Rename the finished ``venv`` to ``root``; a damaged ``root`` is moved aside first, a finished one kept."""
     if root.exists() and not is_built(root, release):
         shutil.rmtree(root, ignore_errors=True)

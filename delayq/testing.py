@@ -41,7 +41,7 @@ def free_stack_ports(brokers: int = 1) -> tuple[int, int]:
         RuntimeError: no such ports were found.
     """
     span = Ports(kafka=0, zk=0, brokers=brokers).last_kafka_port + 1  # the brokers' ports, then the controllers'
-    low, high = _ephemeral_ports()
+    low, high = ephemeral_ports()
     ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > span + 1]
     draw = random.SystemRandom()
     for _ in range(200):
@@ -58,7 +58,7 @@ def free_stack_ports(brokers: int = 1) -> tuple[int, int]:
     raise RuntimeError(f"found no {span} free consecutive loopback ports for a dev stack's Kafka")
 
 
-def _ephemeral_ports() -> tuple[int, int]:
+def ephemeral_ports() -> tuple[int, int]:
     """The kernel's range of clients' local ports (Linux's default where it cannot be read)."""
     try:
         low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())

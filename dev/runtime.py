@@ -143,7 +143,7 @@ def ensure_runtime(runtime: Runtime, *, say=print) -> Path:
         if result.returncode != 0 or not any(staged.glob("*.jar")):
             raise StackError(
                 f"downloading {runtime.name} {runtime.version} from Maven Central failed "
-                f"(mvn exit {result.returncode}; Maven said: {_maven_says(result.stdout + result.stderr)}): "
+                f"(mvn exit {result.returncode}; Maven said: {maven_says(result.stdout + result.stderr)}): "
                 "check the network or Maven's proxy settings (~/.m2/settings.xml), then run delayq dev up again"
             )
         if target.exists():
@@ -154,7 +154,7 @@ def ensure_runtime(runtime: Runtime, *, say=print) -> Path:
     return libs
 
 
-def _maven_says(output: str, limit: int = 300) -> str:
+def maven_says(output: str, limit: int = 300) -> str:
     """Maven's first error line (the later ones repeat it or point at help pages), in one line."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("[ERROR]") and "-> [Help" not in line

@@ -703,7 +703,7 @@ class DevStack:
         """
         shutil.rmtree(data, ignore_errors=True)
         data.mkdir(parents=True)
-        cluster_id = self._existing_cluster_id() or _kafka_cluster_id(self.draw_uuid)
+        cluster_id = self._existing_cluster_id() or kafka_cluster_id(self.draw_uuid)
         try:
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
@@ -716,7 +716,7 @@ class DevStack:
             raise
         if fmt.returncode != 0 or not (data / "meta.properties").exists():
             shutil.rmtree(data, ignore_errors=True)
-            said = _telling_line((fmt.stdout + fmt.stderr).splitlines()) or "nothing"
+            said = telling_line((fmt.stdout + fmt.stderr).splitlines()) or "nothing"
             raise StackError(
                 f"Kafka's StorageTool could not format {data} (exit {fmt.returncode}, cluster id {cluster_id}); "
                 f"it said: {said}; fix that and run delayq dev up --state-dir {self.folder} again"
@@ -915,7 +915,7 @@ class DevStack:
         if not any(tails):
             return "nothing (no log written)"
         log, out = tails
-        return _telling_line(out + log) or "nothing"
+        return telling_line(out + log) or "nothing"
 
 
 # Probing a server that is still starting fails by design; kazoo would log every attempt.
@@ -924,7 +924,7 @@ _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
-def _telling_line(lines: list[str], limit: int = 300) -> str:
+def telling_line(lines: list[str], limit: int = 300) -> str:
     """The last line that reports an error (else the last non-blank one), shortened to fit in one line."""
     lines = [line.strip() for line in lines if line.strip()]
     errors = [line for line in lines
@@ -956,7 +956,7 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def _kafka_cluster_id(draw_uuid: Callable[[], uuid.UUID] | None = None) -> str:
+def kafka_cluster_id(draw_uuid: Callable[[], uuid.UUID] | None = None) -> str:
     # Kafka wants 16 random bytes, base64url without padding (what `kafka-storage random-uuid` prints).
     # One id in 64 begins with "-", which StorageTool's argument parser takes for an option: draw again,
     # as Kafka's own Uuid.randomUuid() does.

@@ -758,7 +758,7 @@ def anomalous(judged: DataFrame) -> DataFrame:
     return judged.where(reduce(or_, (F.col(flag) for flag in ANOMALY_FLAGS.values()))).orderBy("due_ms", "id")
 
 
-def _refuse_newer_levels(count: int) -> None:
+def refuse_newer_levels(count: int) -> None:
     """Raise ReconcileError when the buffer holds ``count`` > 0 records of a feature level this code cannot read.
 
     Judged without them, every message they carry would look missing or unexpected.
@@ -846,7 +846,7 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
                       F.count(F.when(code == NEWER_LEVEL_CODE, 1)).alias(NEWER_LEVEL_CODE),
                       *(F.count(F.when(code == reason, 1)).alias(reason) for reason in MALFORMED_CODES)).first()
     assert seen is not None  # a global aggregate has one row
-    _refuse_newer_levels(seen[NEWER_LEVEL_CODE])
+    refuse_newer_levels(seen[NEWER_LEVEL_CODE])
     put_topics = sorted(seen["topics"])
     letters = None
     if settings.dead_letter_topic in found:
@@ -869,7 +869,7 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     if targets:
         raw = read_topics(spark, settings, options, targets, from_ms=options.since_ms - options.lookback_ms)
     else:
-        raw = spark.createDataFrame([], _KAFKA_SCHEMA)
+        raw = spark.createDataFrame([], KAFKA_SCHEMA)
     topics = sorted(set(put_topics) | set(targets))
     versions = per_version(buffer, delivery_rows(raw), topics, options.early_tolerance_ms,
                            copies=seen["copies"] > 0, dead_letters=letters,
@@ -920,5 +920,6 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
     )
 
 
-_KAFKA_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
-                 "timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+# The rows Spark's Kafka source gives: what the job reads, and what tests build in memory in its place.
+KAFKA_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+                "timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")

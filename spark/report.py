@@ -184,7 +184,7 @@ figure{margin:1em 0}
 """
 
 # What each dead-letter reason code means, for the page.
-_CODE_MEANING = {
+CODE_MEANING = {
     "missing-topic": "undeliverable: the target topic does not exist",
     "bad-partition": "undeliverable: the target partition does not exist",
     "rejected": "undeliverable: Kafka refused the record (too large, ...)",
@@ -360,7 +360,7 @@ def _dead_letter_html(letters: dict[str, Any], malformed: dict[str, int], totals
     if total:
         by_code = sorted(letters.get("by_code", {}).items(), key=lambda item: (-item[1], item[0]))
         parts.append(_table(["reason code", "dead letters", "meaning"],
-                            [[code, count, _Text(_CODE_MEANING.get(code, ""))] for code, count in by_code]))
+                            [[code, count, _Text(CODE_MEANING.get(code, ""))] for code, count in by_code]))
         listed = letters.get("listed", [])
         shown = listed[:HTML_ROWS]
         which = f"All {total:,}" if len(shown) == total else f"The first {len(shown):,}"
@@ -383,7 +383,7 @@ def _dead_letter_html(letters: dict[str, Any], malformed: dict[str, int], totals
                  "verdicts above, as on the nodes, which dead-letter them.</p>")
     if malformed:
         parts.append(_table(["reason code", "records", "meaning"],
-                            [[code, count, _Text(_CODE_MEANING.get(code, ""))]
+                            [[code, count, _Text(CODE_MEANING.get(code, ""))]
                              for code, count in sorted(malformed.items(), key=lambda i: (-i[1], i[0]))]))
     return parts
 

@@ -23,7 +23,7 @@ from support.kafka_testing import create_topics
 
 from delayq import Settings, wire
 from delayq.spark import ReconcileOptions, spark_session
-from delayq.spark.job import _KAFKA_SCHEMA, buffer_rows, read_topics
+from delayq.spark.job import KAFKA_SCHEMA, buffer_rows, read_topics
 from delayq.spark.records import CANCEL, DONE, NEWER_LEVEL_CODE, PUT
 
 PARTITIONS = 3
@@ -143,7 +143,7 @@ def test_spark_classifies_every_record_as_a_node_does_in_memory():
              [{"key": name, "value": data} for name, data in c.headers] or None)
             for offset, c in enumerate(CASES)]
 
-    found = _spark_verdicts(spark.createDataFrame(rows, _KAFKA_SCHEMA))
+    found = _spark_verdicts(spark.createDataFrame(rows, KAFKA_SCHEMA))
 
     assert {c.name: found[(c.partition, offset)] for offset, c in enumerate(CASES)} == \
         {c.name: node_verdict(c) for c in CASES}
@@ -156,7 +156,7 @@ def test_the_masters_partition_marks_take_no_part_in_the_reconciliation():
     rows = [(MARK, None, "buffer", 1, 0, when, 0, mark_headers),
             (MARK, _put("-\nx"), "buffer", 1, 1, when, 0, None)]
 
-    found = _spark_verdicts(spark.createDataFrame(rows, _KAFKA_SCHEMA))
+    found = _spark_verdicts(spark.createDataFrame(rows, KAFKA_SCHEMA))
 
     assert found == {(1, 1): (None, "bad-id")}, "the mark is left out; a put of its id is malformed, as on a node"
 

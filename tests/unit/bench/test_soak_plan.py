@@ -504,10 +504,10 @@ def test_the_soaks_ports_lie_outside_the_kernels_ephemeral_range(monkeypatch):
     from delayq import testing
     from delayq.bench import soak
 
-    monkeypatch.setattr(testing, "_ephemeral_ports", lambda: (32768, 60999))
+    monkeypatch.setattr(testing, "ephemeral_ports", lambda: (32768, 60999))
     for brokers, span in ((1, 2), (3, 6)):
         for _ in range(20):
-            kafka, zk = soak._free_ports(brokers)
+            kafka, zk = soak.free_ports(brokers)
 
             assert all(not 32768 <= port <= 60999 for port in (*range(kafka, kafka + span), zk))
             assert not kafka <= zk < kafka + span

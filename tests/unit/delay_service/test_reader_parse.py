@@ -11,7 +11,7 @@ from support import wire_cases
 
 from delayq import wire
 from delayq.delay_service import stored
-from delayq.delay_service.reader import Frame, ShardBatch, _frame, _unframe, parse_batch
+from delayq.delay_service.reader import Frame, ShardBatch, pack_frame, parse_batch, unpack_frame
 from delayq.store import Malformed, Put, Remove, decode, producer_write
 
 P = wire_cases.PARTITIONS
@@ -127,8 +127,8 @@ def test_every_case_of_the_wire_table_parses_as_the_node_reads_it():
 def test_a_frame_carries_the_batch_and_positions_through_marshal_unchanged():
     batch = parse_batch([record(1, put_value(1_800_000_000_000)),
                          record(2, None, wire.control_headers(wire.OP_CANCEL, ID))], P)
-    assert _unframe(_frame([(OWN, 3)], batch)) == Frame({OWN: 3}, batch, {})
-    assert _unframe(_frame([(0, 1)], None, {2: (7, 3)})) == Frame({0: 1}, None, {2: (7, 3)})
+    assert unpack_frame(pack_frame([(OWN, 3)], batch)) == Frame({OWN: 3}, batch, {})
+    assert unpack_frame(pack_frame([(0, 1)], None, {2: (7, 3)})) == Frame({0: 1}, None, {2: (7, 3)})
 
 
 def test_a_record_of_a_newer_level_holds_its_partition_there_and_nothing_of_it_is_dead_lettered():
@@ -177,4 +177,4 @@ def test_a_batch_is_split_by_shard_each_with_its_own_ops_offsets_settled_and_ear
     assert zero.offsets == {wire.buffer_partition(ids[0], P): 5}
     assert two.offsets == {wire.buffer_partition(ids[2], P): 3}
     assert batch.records == 4 and batch.counts[b"put"] == 3
-    assert _unframe(_frame([], batch)) == Frame({}, batch, {})
+    assert unpack_frame(pack_frame([], batch)) == Frame({}, batch, {})

@@ -31,7 +31,7 @@ def test_it_returns_once_every_partition_has_a_leader(monkeypatch):
     admin.list_topics.side_effect = [cluster_view("b", None), cluster_view("b", [1, -1, 1]),
                                      cluster_view("b", [1, 1, 1])]
 
-    topics._wait_until_served(admin, "b", 3, timeout_s=60)
+    topics.wait_until_served(admin, "b", 3, timeout_s=60)
 
     assert admin.list_topics.call_count == 3
 
@@ -45,4 +45,4 @@ def test_it_says_which_topic_no_broker_serves_after_the_timeout(monkeypatch):
 
     with pytest.raises(UnavailableError, match=r"topic delayq-c-buffer was created but no broker serves all its 2 "
                                                r"partitions after 60s: .*delayq init"):
-        topics._wait_until_served(admin, "delayq-c-buffer", 2, timeout_s=60)
+        topics.wait_until_served(admin, "delayq-c-buffer", 2, timeout_s=60)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from delayq.release_env import BUILT_MARK, ReleaseEnvError, _move_into_place, env_key, env_path, is_built
+from delayq.release_env import BUILT_MARK, ReleaseEnvError, env_key, env_path, is_built, move_into_place
 from delayq.releases import Release
 
 RELEASE = Release("0.1.0", "8f62a6ccc226f43f8db61eebe2b8316e8415e110", datetime.date(2026, 11, 25))
@@ -54,9 +54,9 @@ def test_a_finished_build_replaces_a_damaged_one_and_leaves_another_builders_fin
     root = tmp_path / "0.1.0-8f62a6ccc226"
     root.mkdir()
     (root / "junk").write_text("")  # a build that stopped half way, renamed by nobody
-    _move_into_place(finished(tmp_path / "mine"), root, RELEASE)
+    move_into_place(finished(tmp_path / "mine"), root, RELEASE)
     assert is_built(root, RELEASE) and not (root / "junk").exists()
 
     theirs = (root / BUILT_MARK).read_text()
-    _move_into_place(finished(tmp_path / "second"), root, RELEASE)  # a second builder finishing later
+    move_into_place(finished(tmp_path / "second"), root, RELEASE)  # a second builder finishing later
     assert is_built(root, RELEASE) and (root / BUILT_MARK).read_text() == theirs

@@ -41,7 +41,7 @@ def test_mavens_first_error_line_is_what_it_said():
     output = ("[INFO] Scanning\n[ERROR] Failed to execute goal on project x: Could not resolve dependencies\n"
               "[ERROR] \n[ERROR] Re-run Maven using the -X switch\n[ERROR] -> [Help 1]\n")
 
-    assert runtime_module._maven_says(output) == (
+    assert runtime_module.maven_says(output) == (
         "[ERROR] Failed to execute goal on project x: Could not resolve dependencies")
 
 

@@ -23,14 +23,14 @@ def test_the_kafka_cluster_id_never_begins_with_a_dash(monkeypatch):
     draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" * 16)])
     monkeypatch.setattr(stack_module.uuid, "uuid4", lambda: next(draws))
 
-    cluster_id = stack_module._kafka_cluster_id()
+    cluster_id = stack_module.kafka_cluster_id()
 
     assert cluster_id == base64.urlsafe_b64encode(b"\x01" * 16).decode().rstrip("=")
 
 
 def test_every_kafka_cluster_id_is_16_bytes_of_base64url_without_a_leading_dash():
     for _ in range(2000):
-        cluster_id = stack_module._kafka_cluster_id()
+        cluster_id = stack_module.kafka_cluster_id()
         assert not cluster_id.startswith("-")
         assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
 
@@ -133,9 +133,9 @@ def test_the_telling_line_of_a_log_is_its_last_error_in_one_line():
     log = ["[t] INFO starting", "[t] ERROR Exiting Kafka due to fatal exception (kafka.Kafka$)",
            "java.lang.RuntimeException: bad", "\tat kafka.Kafka.main(Kafka.scala:1)", "[t] INFO shutting down"]
 
-    assert stack_module._telling_line(log) == "java.lang.RuntimeException: bad"
-    assert stack_module._telling_line(["[t] INFO a", "[t] INFO b", ""]) == "[t] INFO b"
-    assert len(stack_module._telling_line(["x" * 1000])) == 300
+    assert stack_module.telling_line(log) == "java.lang.RuntimeException: bad"
+    assert stack_module.telling_line(["[t] INFO a", "[t] INFO b", ""]) == "[t] INFO b"
+    assert len(stack_module.telling_line(["x" * 1000])) == 300
 
 
 # -- delayq demo: which Kafka and ZooKeeper ---------------------------------------------------------

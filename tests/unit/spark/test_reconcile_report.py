@@ -343,8 +343,8 @@ def test_page_titles_say_how_tables_are_ordered_and_charts_use_plain_numbers(tmp
 
 def test_every_reason_code_a_cluster_dead_letter_can_carry_is_explained_on_the_page():
     from delayq import wire
-    from delayq.spark.report import _CODE_MEANING
+    from delayq.spark.report import CODE_MEANING
 
     written_by_nodes = {code.value for code in wire.Reason} - {wire.Reason.RETRIES_EXHAUSTED.value}
-    assert written_by_nodes <= set(_CODE_MEANING), written_by_nodes - set(_CODE_MEANING)
-    assert all(_CODE_MEANING[code.value].startswith("undeliverable:") for code in wire.UNDELIVERABLE)
+    assert written_by_nodes <= set(CODE_MEANING), written_by_nodes - set(CODE_MEANING)
+    assert all(CODE_MEANING[code.value].startswith("undeliverable:") for code in wire.UNDELIVERABLE)

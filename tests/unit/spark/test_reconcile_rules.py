@@ -17,7 +17,7 @@ import pytest
 
 from delayq import wire
 from delayq.spark import ReconcileOptions, spark_session
-from delayq.spark.job import _KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
+from delayq.spark.job import KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
 from delayq.spark.records import DEAD_LETTER_SCHEMA
 
 if TYPE_CHECKING:
@@ -283,8 +283,8 @@ def judged(cases: list[History], options: ReconcileOptions = OPTIONS) -> DataFra
     """The job's verdicts on ``cases``: buffer_rows, delivery_rows, per_version, per_id and judge."""
     spark = spark_session("local[2]")
     _fix_partitions(cases)
-    buffer = buffer_rows(spark.createDataFrame([r for h in cases for r in h.buffer], _KAFKA_SCHEMA), PARTITIONS)
-    deliveries = delivery_rows(spark.createDataFrame([r for h in cases for r in h.deliveries], _KAFKA_SCHEMA))
+    buffer = buffer_rows(spark.createDataFrame([r for h in cases for r in h.buffer], KAFKA_SCHEMA), PARTITIONS)
+    deliveries = delivery_rows(spark.createDataFrame([r for h in cases for r in h.deliveries], KAFKA_SCHEMA))
     letters = spark.createDataFrame([r for h in cases for r in h.letters], DEAD_LETTER_SCHEMA)
     versions = per_version(buffer, deliveries, [TOPIC], options.early_tolerance_ms, dead_letters=letters,
                            reorder_tolerance_ms=options.reorder_tolerance_ms)
@@ -424,7 +424,7 @@ def test_malformed_tombstones_take_no_part(verdicts):
     ]
     where = wire.buffer_partition(a, PARTITIONS)
     rows = [(k, value, BUFFER, where, i, _time(T0), 0, headers) for i, (k, value, headers) in enumerate(records)]
-    found = buffer_rows(spark.createDataFrame(rows, _KAFKA_SCHEMA), PARTITIONS).orderBy("offset").collect()
+    found = buffer_rows(spark.createDataFrame(rows, KAFKA_SCHEMA), PARTITIONS).orderBy("offset").collect()
     assert [(r["kind"], r["code"], r["malformed"]) for r in found] == [
         *[(None, "bad-control", 1)] * 4, (2, None, 0), (1, None, 0)]
     assert (found[4]["version"], found[4]["cutoff"]) == (0, 1)
@@ -633,10 +633,10 @@ def test_every_stage_of_the_judgement_stays_small_enough_for_the_jvm_to_compile(
 
 
 def test_a_buffer_holding_records_of_a_newer_feature_level_is_not_judged():
-    from delayq.spark.job import _refuse_newer_levels
+    from delayq.spark.job import refuse_newer_levels
     from delayq.spark.session import ReconcileError
 
-    _refuse_newer_levels(0)
+    refuse_newer_levels(0)
     with pytest.raises(ReconcileError, match=r"holds 2 record\(s\) of a feature level above 2, which this delayq "
                                              r"cannot read: run the reconciliation of the delayq version the nodes"):
-        _refuse_newer_levels(2)
+        refuse_newer_levels(2)
