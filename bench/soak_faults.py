@@ -490,18 +490,18 @@ class Chaos(threading.Thread):
             first_round = self.plan[:len(self.kinds)]
             for fault in first_round:
                 self._idle(fault.gap_s)
-                self._inject(fault)
+                self.inject(fault)
             # A kind the first round had to skip (no master, no standby just then) gets one more try.
             for fault in first_round:
                 if not self.done[fault.kind]:
                     self._idle(fault.gap_s)
-                    self._inject(fault)
+                    self.inject(fault)
             for fault in self.plan[len(self.kinds):]:
                 if (time.monotonic() + fault.gap_s + fault.estimate_s(self.session_timeout_s, self.brokers)
                         > self.deadline):
                     break
                 self._idle(fault.gap_s)
-                self._inject(fault)
+                self.inject(fault)
         except Exception as err:  # the soak reports it: a dead chaos thread is no quiet run
             self.failure = err
         finally:
@@ -516,7 +516,8 @@ class Chaos(threading.Thread):
             self.check_crashes()
             self.stop.wait(min(0.25, max(0.0, end - time.monotonic())))
 
-    def _inject(self, fault: PlannedFault) -> None:
+    def inject(self, fault: PlannedFault) -> None:
+        """Carry out ``fault``, recording its window or why it was skipped (health first, up to heal_limit_s / 2)."""
         if self.stop.is_set():
             return
         healthy, problems = self._wait_healthy(self.heal_limit_s / 2)

@@ -200,7 +200,7 @@ def test_a_pause_stops_the_service_for_its_hold_then_continues_it_and_counts_as_
     stack = FakeStack()
     chaos = chaos_on(stack)
 
-    chaos._inject(PlannedFault(kind, 0, 0.3, 0))
+    chaos.inject(PlannedFault(kind, 0, 0.3, 0))
 
     assert stack.signals == [(service, signal.SIGSTOP), (service, signal.SIGCONT)]
     window, = chaos.windows
@@ -219,14 +219,14 @@ def test_a_pause_interrupted_by_an_exception_still_continues_the_service():
 
     chaos._idle = interrupted  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
-        chaos._inject(PlannedFault("kafka_pause", 0, 8, 0))
+        chaos.inject(PlannedFault("kafka_pause", 0, 8, 0))
 
     assert stack.signals == [("kafka", signal.SIGSTOP), ("kafka", signal.SIGCONT)]
 
 
 def pause_begun(chaos, stack, fault: PlannedFault) -> threading.Thread:
     """``fault`` (a pause) injected on a thread of its own, returned once its first signal was sent (or after 5 s)."""
-    pausing = threading.Thread(target=chaos._inject, args=(fault,))
+    pausing = threading.Thread(target=chaos.inject, args=(fault,))
     pausing.start()
     deadline = time.monotonic() + 5
     while not stack.signals and time.monotonic() < deadline:
@@ -248,7 +248,7 @@ def test_release_continues_a_service_mid_pause_once_and_no_pause_starts_after_it
     assert stack.signals == [("zookeeper", signal.SIGSTOP), ("zookeeper", signal.SIGCONT)]
     assert "cut short" in chaos.windows[0].detail
     chaos.stop.clear()
-    chaos._inject(PlannedFault("kafka_pause", 0, 1, 0))
+    chaos.inject(PlannedFault("kafka_pause", 0, 1, 0))
     assert len(stack.signals) == 2
     assert chaos.skipped[0].startswith("kafka_pause: the soak is stopping")
 
@@ -257,7 +257,7 @@ def test_a_service_that_is_not_running_is_not_paused_and_the_fault_is_skipped():
     stack = FakeStack(down=("kafka",))
     chaos = chaos_on(stack)
 
-    chaos._inject(PlannedFault("kafka_pause", 0, 1, 0))
+    chaos.inject(PlannedFault("kafka_pause", 0, 1, 0))
 
     assert stack.signals == [] and chaos.windows == []
     assert chaos.skipped[0].startswith("kafka_pause: kafka was not running")
@@ -385,7 +385,7 @@ def test_a_broker_kill_kills_the_chosen_broker_restarts_it_and_counts_the_outage
     stack = FakeCluster()
     chaos = broker_chaos(stack)
 
-    chaos._inject(PlannedFault("broker_kill", 0, 0.6, 0.1))  # the busiest buffer leader: broker 1 (a tie, lowest)
+    chaos.inject(PlannedFault("broker_kill", 0, 0.6, 0.1))  # the busiest buffer leader: broker 1 (a tie, lowest)
 
     assert stack.signals == [("kafka-1", signal.SIGKILL), ("kafka-1", "start")]
     window, = chaos.windows
@@ -398,7 +398,7 @@ def test_two_brokers_down_kills_two_then_restarts_one_and_the_other_and_is_out_m
     stack = FakeCluster()
     chaos = broker_chaos(stack)
 
-    chaos._inject(PlannedFault("two_brokers_down", 0, 0.5, 0.9))
+    chaos.inject(PlannedFault("two_brokers_down", 0, 0.5, 0.9))
 
     kills = [name for name, sig in stack.signals if sig == signal.SIGKILL]
     assert len(set(kills)) == 2
@@ -425,7 +425,7 @@ def test_a_rolling_restart_stops_and_starts_every_broker_in_turn_without_an_outa
     stack = FakeCluster()
     chaos = broker_chaos(stack)
 
-    chaos._inject(PlannedFault("rolling_restart", 0, 0, 0))
+    chaos.inject(PlannedFault("rolling_restart", 0, 0, 0))
 
     assert stack.signals == [(f"kafka-{i}", sig) for i in (1, 2, 3) for sig in (signal.SIGTERM, "start")]
     window, = chaos.windows
@@ -447,11 +447,11 @@ def test_a_leader_move_is_the_movers_and_a_failed_one_is_skipped():
 
     moved, failed = Mover(False), Mover(True)
     chaos = broker_chaos(FakeCluster(), moved)  # type: ignore[arg-type]
-    chaos._inject(PlannedFault("leader_move", 0, 0, 0))
+    chaos.inject(PlannedFault("leader_move", 0, 0, 0))
     assert moved.calls == [[BUFFER, "target"]] and chaos.done["leader_move"] == 1
 
     chaos = broker_chaos(FakeCluster(), failed)  # type: ignore[arg-type]
-    chaos._inject(PlannedFault("leader_move", 0, 0, 0))
+    chaos.inject(PlannedFault("leader_move", 0, 0, 0))
     assert chaos.done["leader_move"] == 0 and "the reassignment failed" in chaos.skipped[0]
 
 
@@ -588,7 +588,7 @@ def test_an_upgrade_roll_replaces_every_node_in_turn_then_finalizes():
     cluster = RollingCluster()
     chaos, roll, restarted = rolling_chaos(cluster)
 
-    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))
+    chaos.inject(PlannedFault("upgrade_roll", 0, 0, 0))
 
     assert cluster.replaced == ["node-a", "node-b", "node-c"] and restarted == []
     assert {node.python for node in cluster.nodes.values()} == {"new-python"}
@@ -598,7 +598,7 @@ def test_an_upgrade_roll_replaces_every_node_in_turn_then_finalizes():
     assert window.kind == "upgrade_roll" and "raised from 1 to 2" in window.detail
     assert "stores rebuilt 0, migrated in place 0" in window.detail
     assert chaos.done["upgrade_roll"] == 1
-    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))  # never twice
+    chaos.inject(PlannedFault("upgrade_roll", 0, 0, 0))  # never twice
     assert chaos.done["upgrade_roll"] == 1 and "finalized already" in chaos.skipped[0]
 
 
@@ -606,7 +606,7 @@ def test_a_node_that_does_not_stop_cleanly_stops_the_roll_before_the_finalize_an
     cluster = RollingCluster(refuse="node-b")
     chaos, roll, restarted = rolling_chaos(cluster)
 
-    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))
+    chaos.inject(PlannedFault("upgrade_roll", 0, 0, 0))
 
     assert cluster.replaced == ["node-a"] and restarted == ["node-b"]  # node-b runs again, as the release
     assert cluster.nodes["node-c"].python == "old-python" and not roll.finalized.is_set()
@@ -616,7 +616,7 @@ def test_a_node_that_does_not_stop_cleanly_stops_the_roll_before_the_finalize_an
 
 def test_a_refused_finalize_and_a_store_rebuilt_on_a_node_not_wiped_fail_the_run():
     chaos, roll, _ = rolling_chaos(RollingCluster(), finalize_exit=2)
-    chaos._inject(PlannedFault("upgrade_roll", 0, 0, 0))
+    chaos.inject(PlannedFault("upgrade_roll", 0, 0, 0))
     assert roll.problems() == ["the upgrade from 0.1.0 did not end finalized: finalize exited 2: refused"]
 
     roll = UpgradeRoll("0.1.0", "new-python")
