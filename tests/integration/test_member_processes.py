@@ -23,6 +23,9 @@ from support.service_testing import Feeder, now_ms
 
 from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards, ensure_topics
+from delayq.election import FeatureRecord, Features, connect_for
+from delayq.features import SUPPORTED_LEVEL
+from delayq.store import Put, TimeIndex
 from delayq.testing import NodeProcess, free_ports
 
 pytestmark = pytest.mark.integration
@@ -115,3 +118,37 @@ def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exa
         code = node.stop()
     assert code == 0, node.log_tail()
     assert not [pid for pid in members.values() if Path(f"/proc/{pid}").exists()], "a member outlived its node"
+
+
+def test_members_wait_for_level_2_and_take_over_a_single_nodes_folder(settings, tmp_path):
+    """On a cluster still at level 1 (0.1.0 nodes place shards without groups) a node of members stops in one line;
+    once finalized it starts, and the stores of the node it was as one process are removed, not left for good."""
+    settings = settings.model_copy(update={"shards": SHARDS, "buffer_partitions": PARTITIONS})
+    ensure_topics(settings)
+    ensure_shards(settings)
+    zk = connect_for(settings)
+    try:
+        zk.delete(f"{settings.zk_root}/features")  # as a cluster that ran 0.1.0: no feature record, level 1
+        data = tmp_path / "box"
+        with TimeIndex(data / "shards" / "0") as store:  # the node ran as one process before
+            store.apply([Put(wire.new_delay_id(), now_ms() + 60_000, b"x")], {0: 1})
+        port = free_ports(3)
+        members = settings.model_copy(update={"processes": 2})
+        refused = NodeProcess(members, "box", data, http_port=port).start()
+        assert refused.running.wait(60) == 1, refused.log_tail()
+        [line] = [line for line in refused.own_log().splitlines() if "cannot start" in line]
+        assert (f"DELAYQ_PROCESSES=2: cluster {settings.cluster} is finalized at feature level 1" in line
+                and "delayq upgrade finalize" in line and "DELAYQ_PROCESSES=1" in line), line
+        assert "Traceback" not in refused.own_log() and TimeIndex.exists(data / "shards" / "0"), "nothing touched"
+
+        Features(zk, settings.zk_root).record_new_cluster(FeatureRecord.of(SUPPORTED_LEVEL))  # finalized
+        node = NodeProcess(members, "box", data, http_port=port).start()
+        try:
+            assert wait_until(lambda: ready(port), timeout_s=90), node.log_tail()
+            assert not (data / "shards" / "0").exists(), "the single node's store is no one's now"
+            assert f"removed store {data / 'shards' / '0'}" in node.own_log()
+        finally:
+            assert node.stop() == 0, node.log_tail()
+    finally:
+        zk.stop()
+        zk.close()
