@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_future
@@ -41,13 +40,11 @@ from delayq.store import StoredEntry, TimeIndex
 from . import stored
 from .dead_letters import produce_copy
 from .ingest import ShardFeed
-from .limits import DispatchLimiter
 from .master_producer import SpareProducer
-from .partitioners import partition_for
+from .routing import Outgoing, Router, Undeliverable, expiry_of, is_expired, refusal_of
 
 log = logging.getLogger("delayq.delivery")
 
-TOPIC_CACHE_S = 30.0
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
@@ -136,19 +133,6 @@ _RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._INVALID_A
                             KafkaError._UNKNOWN_TOPIC})
 
 
-def _denied(topic: str) -> str:
-    """Why a target the nodes' principal may not write is dead-lettered (forbidden-topic), and the fix."""
-    return (f"Kafka denies the nodes' principal writing to {topic} (TOPIC_AUTHORIZATION_FAILED): grant it "
-            f"(delayq acls --node User:NAME --targets {topic} --apply), or leave {topic} out of target_topics")
-
-
-def _refused(item: Outgoing, error: KafkaError) -> Undeliverable:
-    """A delivery the broker kept refusing, as it is dead-lettered: an ACL missing for the target is forbidden-topic."""
-    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        return Undeliverable(item, wire.Reason.FORBIDDEN_TOPIC, _denied(item.message.topic))
-    return Undeliverable(item, wire.Reason.REJECTED, f"Kafka refused the record: {error.str()}")
-
-
 class EndsUnreadable(KafkaException):
     """The buffer's end offsets could not be read for a cover: no transaction is open then.
 
@@ -165,47 +149,6 @@ class RecordRejected(Exception):
         super().__init__(error.str())
         self.item = item
         self.error = error
-
-
-@dataclass
-class Retry:
-    attempts: int
-    next_try_ms: int
-    reason: str
-
-
-@dataclass
-class Undeliverable:
-    """A message the master gives up on: dead-lettered with its reason code and text, and closed by a `done`."""
-
-    item: Outgoing
-    code: wire.Reason
-    text: str
-
-
-def _expired(message: wire.Envelope, now: int) -> bool:
-    """Whether ``message`` (picked at ``now``) may no longer be delivered: its ``expires=`` time has passed."""
-    return message.expires_at_ms is not None and now > message.expires_at_ms
-
-
-def _expiry(item: Outgoing, now: int) -> Undeliverable:
-    """The dead letter of an expired message (``_expired``)."""
-    m = item.pending.message
-    assert m.expires_at_ms is not None  # _expired said so
-    return Undeliverable(item, wire.Reason.EXPIRED,
-                         f"picked {now - m.deliver_at_ms} ms after its due time {m.deliver_at_ms}, past its expiry "
-                         f"{m.expires_at_ms} (expires=, {m.expires_at_ms - m.deliver_at_ms} ms after the due time)")
-
-
-@dataclass(slots=True)
-class Outgoing:
-    entry: StoredEntry
-    pending: stored.PendingMessage
-    target_partition: int
-
-    @property
-    def message(self) -> wire.Envelope:
-        return self.pending.message
 
 
 class InFlight:
@@ -401,21 +344,13 @@ class Delivery:
         self.cursor = cursor
         self.wakeup = wakeup
         self.in_flight = in_flight
-        self.retries: dict[str, Retry] = {}
         self.cutoff = Cutoff(feed.partitions)
-        # Dispatch limits: this shard's part of each limited topic's rate, and the messages
-        # picked over it, waiting in due order for their topic's bucket (their ids left out of picks).
-        self.limiter = DispatchLimiter(settings, feed.shards)
-        self._waiting: dict[str, deque[Outgoing]] = {}
-        self._waiting_ids: set[str] = set()
+        # Where each pick goes (now, after a dispatch limit, after a back-off, or to the dead letters).
+        self.router = Router(settings, feed.shards, feed.store, self.log, lambda: self._txn_producer())
         # Due ids of each held partition, not covered yet: left out of picks until it moves on
         # (kept across covers: a long hold's backlog is not walked again by every cover).
         self._uncovered: dict[int, set[str]] = {}
         self._retry_held_at = 0.0  # when (monotonic s) a cover next looks at the held partitions
-        # Ids whose stored value this node cannot read (a damaged store): never picked again this term.
-        self._unreadable: set[str] = set()
-        self._topics: dict[str, tuple[float, int | None]] = {}
-        self._denied_topics: set[str] = set()  # targets Kafka says the nodes' principal may not see (no ACL)
         self.delivered_total = 0
         self.producer: Producer | None = None
         # Where this term's producer comes from: made while the node waited in line, or now.
@@ -698,7 +633,7 @@ class Delivery:
             skip = self._skip(now)
             prepared = None  # picked before the repair: pick again, leaving the repaired ids out
         # Messages that waited for their topic's dispatch limit, now within it (their ids are in skip still).
-        released = self._release_waiting() if self._waiting else []
+        released = self.router.release_waiting() if self.router.waiting else []
         if prepared is not None:
             outgoing = [item for item in prepared[0] if item.entry.delay_id not in skip]
             dead = [d for d in prepared[1] if d.item.entry.delay_id not in skip]
@@ -710,12 +645,12 @@ class Delivery:
                 self._write_cursor(term.epoch)  # idle: the last batches' progress shows in `delayq status`
                 self.wakeup.sleep_until(self._next_wake(skip), term)
                 return 0
-            outgoing, dead = self._route(entries or [], now)
+            outgoing, dead = self.router.route(entries or [], now)
         if released:
             fresh = []
             for item in released:  # an expiry that passed while the message waited for its dispatch limit
-                if _expired(item.pending.message, now):
-                    dead.append(_expiry(item, now))
+                if is_expired(item.pending.message, now):
+                    dead.append(expiry_of(item, now))
                 else:
                     fresh.append(item)
             outgoing = fresh + outgoing
@@ -747,117 +682,19 @@ class Delivery:
 
     def _skip(self, now: int) -> set[str]:
         """Ids not to pick now: in flight, in retry back-off, unreadable, or waiting on a held partition."""
-        skip = self.in_flight.snapshot()  # a copy of its own: extended in place
-        if self._waiting_ids:
-            # The messages waiting for a dispatch limit can be many: a union copies them as a block
-            # (set | set), where adding them to the small set would insert them one by one.
-            skip = self._waiting_ids | skip
-        if self._unreadable:
-            skip |= self._unreadable
+        skip = self.router.held(self.in_flight.snapshot(), now)  # the snapshot, a copy of its own, is extended
         for waiting in self._uncovered.values():
             skip |= waiting
-        if self.retries:
-            skip.update(i for i, r in self.retries.items() if r.next_try_ms > now)
         return skip
 
     def _next_wake(self, skip: set[str]) -> int | None:
         upcoming = self.store.due(2**62, 1, skip=skip)
-        retry_at = min((r.next_try_ms for r in self.retries.values()), default=None)
+        retry_at = self.router.next_try_ms(now_ms())
         if self._uncovered:  # look at the held partitions again soon
             held_at = now_ms() + int(PARTIAL_COVER_S * 1000)
             retry_at = held_at if retry_at is None else min(retry_at, held_at)
-        if self._waiting:  # when the first topic over its limit may deliver again
-            released_at = now_ms() + 1 + int(1000 * min(self.limiter.release_in(t) for t in self._waiting))
-            retry_at = released_at if retry_at is None else min(retry_at, released_at)
         candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
         return min(candidates, default=None)
-
-    def _route(self, entries: list[StoredEntry], now: int) -> tuple[list[Outgoing], list[Undeliverable]]:
-        outgoing, dead = [], []
-        counts: dict[str, int | None] = {}  # this batch's partition counts: one cache lookup per topic
-        refusals: dict[str, str | None] = {}  # and why a topic is forbidden (None: it is not), once per topic
-        limited = self.limiter.active
-        for entry in entries:
-            try:
-                pending = stored.unpack(entry.payload)
-            except stored.MalformedStoredEntry as err:
-                self.log.error("message %s: %s; leaving it out", entry.delay_id, err)
-                self._unreadable.add(entry.delay_id)
-                continue
-            message = pending.message
-            if message.expires_at_ms is not None and _expired(message, now):
-                dead.append(_expiry(Outgoing(entry, pending, message.partition or 0), now))
-                continue
-            topic = message.topic
-            if topic in refusals:
-                forbidden = refusals[topic]
-            else:
-                forbidden = refusals[topic] = self.settings.forbidden_target(topic)
-            if forbidden is not None:
-                # Never delivered, never retried: the buffer's writer may not reach this topic through delayq.
-                item = Outgoing(entry, pending, message.partition if message.partition is not None else 0)
-                dead.append(Undeliverable(item, wire.Reason.FORBIDDEN_TOPIC, forbidden))
-                continue
-            if topic in counts:
-                count = counts[topic]
-            else:
-                count = counts[topic] = self._partition_count(topic)
-            problem: tuple[wire.Reason, str] | None = None
-            if count is None and topic in self._denied_topics:
-                problem = wire.Reason.FORBIDDEN_TOPIC, _denied(topic)
-            elif count is None:
-                problem = wire.Reason.MISSING_TOPIC, f"target topic {topic} does not exist"
-            elif message.partition is not None and message.partition >= count:
-                problem = (wire.Reason.BAD_PARTITION,
-                           f"partition {message.partition} of {topic} does not exist (it has {count})")
-            if message.partition is not None:
-                target = message.partition
-            else:
-                target = partition_for(message.key, count or 1, message.partitioner)
-            item = Outgoing(entry, pending, target)
-            if problem is not None:
-                if self._give_up(entry.delay_id, problem[1], now):
-                    dead.append(Undeliverable(item, *problem))
-            elif limited and (topic in self._waiting or not self.limiter.take(topic)):
-                # Over its topic's dispatch limit: it waits, behind the earlier ones, for the bucket to refill.
-                self._waiting.setdefault(topic, deque()).append(item)
-                self._waiting_ids.add(entry.delay_id)
-            else:
-                outgoing.append(item)
-        return outgoing, dead
-
-    def _release_waiting(self) -> list[Outgoing]:
-        """The waiting messages whose topics' buckets have refilled, as many as the buckets allow, in due order.
-
-        Each is checked against the store first: one cancelled or rescheduled while it waited
-        is dropped (the store offers its new version to the next pick).
-        """
-        released: list[Outgoing] = []
-        room = self.settings.delivery_batch_size
-        for topic, queue in list(self._waiting.items()):
-            if self.limiter.released(topic):
-                while queue and len(released) < room and self.limiter.take(topic):
-                    item = queue.popleft()
-                    self._waiting_ids.discard(item.entry.delay_id)
-                    stored_now = self.store.get(item.entry.delay_id)
-                    if stored_now is None or stored_now.version != item.pending.version:
-                        self.limiter.give_back(topic)
-                        continue
-                    released.append(item)
-            if not queue:
-                del self._waiting[topic]
-        return released
-
-    def _give_up(self, delay_id: str, reason: str, now: int) -> bool:
-        """Count one failed attempt; True when the message has had all its attempts."""
-        retry = self.retries.get(delay_id)
-        attempts = 1 if retry is None else retry.attempts + 1
-        if attempts >= self.settings.delivery_max_attempts:
-            return True
-        backoff = self.settings.delivery_retry_backoff_ms * 2 ** (attempts - 1)
-        self.retries[delay_id] = Retry(attempts, now + backoff, reason)
-        self.log.info("message %s: %s; attempt %d, retrying in %d ms", delay_id, reason, attempts, backoff)
-        return False
 
     def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
         if not outgoing and not dead:
@@ -896,8 +733,8 @@ class Delivery:
                 return
             now = now_ms()
             for item in outgoing:
-                if self._give_up(item.entry.delay_id, f"rejected: {error.str()}", now):
-                    self._commit(term, [], [_refused(item, error)])
+                if self.router.give_up(item.entry.delay_id, f"rejected: {error.str()}", now):
+                    self._commit(term, [], [refusal_of(item, error)])
 
     def _repair(self, term: Term, shadowed: dict[str, bytes | None]) -> None:
         """Make each shadowed id's newest buffer record say what is stored of it, before compaction.
@@ -919,7 +756,7 @@ class Delivery:
                 writes.append((delay_id, stored.unpack(value), copy is None))
             except stored.MalformedStoredEntry as err:
                 self.log.error("message %s: %s; not repairing it", delay_id, err)
-                self._unreadable.add(delay_id)
+                self.router.unreadable.add(delay_id)
         if not writes:
             return
         self._txn_producer().begin_transaction()
@@ -945,9 +782,7 @@ class Delivery:
         ids = [i.entry.delay_id for i in outgoing] + [d.item.entry.delay_id for d in dead]
         self._commit_transaction(term, ids, overlap=True)
         committed_at = now_ms()
-        if self.retries:
-            for delay_id in ids:
-                self.retries.pop(delay_id, None)
+        self.router.delivered(ids)
         self.metrics.lateness.observe_many([max(0, committed_at - item.entry.deliver_at_ms) / 1000
                                             for item in outgoing])
         self.metrics.delivered.inc(len(outgoing))
@@ -1101,7 +936,7 @@ class Delivery:
             if due <= self.cutoff.covers_ms:
                 entries = self._pick(skip)
                 if entries:
-                    self._prepared = self._route(entries, now)
+                    self._prepared = self.router.route(entries, now)
                 return
             while not commit.done():
                 wait_ms = due - now_ms()
@@ -1213,23 +1048,6 @@ class Delivery:
             self._txn_producer().abort_transaction(ABORT_TIMEOUT_S)
         except KafkaException as err:
             raise TransactionStuck(f"abort failed: {err.args[0].str()}") from err
-
-    def _partition_count(self, topic: str) -> int | None:
-        cached = self._topics.get(topic)
-        if cached is not None and time.monotonic() - cached[0] < TOPIC_CACHE_S and cached[1] is not None:
-            return cached[1]
-        metadata = self._txn_producer().list_topics(topic, timeout=10).topics.get(topic)
-        count = None
-        if metadata is not None and metadata.error is None and metadata.partitions:
-            count = len(metadata.partitions)
-        # A topic the nodes' principal may not describe looks missing; Kafka says which it is.
-        if metadata is not None and metadata.error is not None and \
-                metadata.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-            self._denied_topics.add(topic)
-        else:
-            self._denied_topics.discard(topic)
-        self._topics[topic] = (time.monotonic(), count)
-        return count
 
     def _close_producer(self, flush_s: float = CLOSE_FLUSH_S) -> None:
         producer, self.producer = self.producer, None

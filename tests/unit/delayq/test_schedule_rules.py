@@ -265,32 +265,3 @@ def test_dispatch_limits_come_from_the_environment_as_json_and_refuse_a_bad_entr
         Settings()
     assert settings_problem(refused.value) == ("invalid setting: DELAYQ_DISPATCH_LIMITS (orders.rate) = 0: Input "
                                                "should be greater than 0")
-
-
-def test_a_master_holds_messages_over_a_limit_in_due_order_and_drops_one_cancelled_while_it_waited():
-    from unittest import mock
-
-    from support.stand_ins import shard_feed
-
-    from delayq.delay_service.delivery import Delivery, InFlight, Wakeup
-    from delayq.election import Cursor
-    from delayq.store import StoredEntry
-
-    clock = Clock()
-    settings = Settings(dispatch_limits={"orders": {"rate": 10, "burst": 2}})
-    feed = shard_feed([0])
-    delivery = Delivery(settings, feed, mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
-    delivery.limiter = DispatchLimiter(settings, 1, clock=clock)
-    delivery._partition_count = lambda topic: 1  # type: ignore[method-assign]
-    ids = [wire.new_delay_id() for _ in range(5)]
-    entries = [StoredEntry(i, NOW + n, stored.pack(0, 10 + n, wire.Envelope(i, "orders", NOW + n, b"v")), 10 + n)
-               for n, i in enumerate(ids)]
-    outgoing, dead = delivery._route(entries, NOW + 10)
-    assert [o.entry.delay_id for o in outgoing] == ids[:2] and not dead  # the burst
-    assert delivery._skip(NOW) >= set(ids[2:])  # the rest wait, out of the picks
-    assert delivery._release_waiting() == []  # the bucket is empty
-    by_id = {e.delay_id: e for e in entries}
-    feed.store.get.side_effect = lambda i: None if i == ids[2] else by_id[i]  # ids[2] was cancelled meanwhile
-    clock.now += 0.2  # two tokens
-    assert [o.entry.delay_id for o in delivery._release_waiting()] == ids[3:5]
-    assert not delivery._waiting and not delivery._waiting_ids
