@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_future
 from dataclasses import dataclass
@@ -35,9 +34,10 @@ from delayq import wire
 from delayq.clock import now_ms
 from delayq.election import Cursor, CursorRecord, FencedError, Term
 from delayq.settings import Settings
-from delayq.store import StoredEntry, TimeIndex
+from delayq.store import TimeIndex
 
 from . import stored
+from .cover import MARK_HELD_AFTER_S, Cutoff, Ends, EndsUnreadable, ShardCover
 from .dead_letters import produce_copy
 from .ingest import ShardFeed
 from .master_producer import SpareProducer
@@ -48,20 +48,6 @@ log = logging.getLogger("delayq.delivery")
 MAX_IDLE_WAIT_S = 1.0
 # How long to wait before trying again after a Kafka error that can pass.
 KAFKA_RETRY_S = 0.5
-# How long a partition may be held back by an open transaction before the master warns (it
-# goes on waiting for it, and delivering from the other partitions: see Delivery._cover).
-OPEN_TRANSACTION_WARN_S = 5.0
-# How long a partition may be held back by an open transaction before the master commits its
-# partition mark there (wire.mark_id), and how often again while the hold lasts. Kafka can
-# leave a transaction of the master's producer open on a partition for good (its markers
-# lost over a broker restart): the mark ends it. Anyone else's transaction it leaves alone.
-MARK_HELD_AFTER_S = 2.0
-MARK_AGAIN_S = 5.0
-# How long a cover waits for a partition not known to be held back before it covers the others
-# without it; and how often, while messages wait on a held partition, a cover looks at it again.
-PARTIAL_COVER_S = 0.1
-# A partition that has not moved on for this long counts in delayq_held_partitions.
-HELD_GAUGE_S = 1.0
 # While a commit lasts and messages are falling due, how often the master reads the buffer's
 # end offsets for the next cover (one ListOffsets round trip each).
 EARLY_ENDS_INTERVAL_S = 0.002
@@ -85,11 +71,6 @@ COMMIT_GIVE_UP_S = 6.0
 # An abort that takes longer ends the term at once (the next master's init_transactions aborts for it):
 # the transaction was not going to deliver anything anyway.
 ABORT_TIMEOUT_S = 5.0
-# How long one read of the buffer's end offsets for a cover waits (a ListOffsets takes milliseconds). A failed
-# read is tried again through a new admin client, with new metadata: a read sent to the leader a broker had
-# before it died waits for its whole timeout, and at 10 s the master's second read, sent just before the
-# controllers fenced the dead broker, kept delivery 9.5 s behind Kafka (test_replicated_kafka).
-END_OFFSETS_CALL_S = 2.0
 # A term's first init_transactions call, and the most any later one waits. A call that fails (times out) is
 # tried again with a new producer, each call twice as long as the last: librdkafka keeps asking a transaction
 # coordinator that died (its broker SIGKILLed) until that broker is back, long after Kafka moved the
@@ -133,15 +114,6 @@ _RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._INVALID_A
                             KafkaError._UNKNOWN_TOPIC})
 
 
-class EndsUnreadable(KafkaException):
-    """The buffer's end offsets could not be read for a cover: no transaction is open then.
-
-    Delivery keeps its producer and waits for Kafka: a new producer's ``init_transactions`` would
-    wait for the coordinator, and for the markers of whatever the last one left open, for seconds
-    after the partitions had new leaders (2.3 s of test_replicated_kafka's stall after a broker was lost).
-    """
-
-
 class RecordRejected(Exception):
     """produce() refused one delivery for what it is (too large, ...): dead-letter it, deliver the rest."""
 
@@ -175,112 +147,6 @@ class InFlight:
     def snapshot(self) -> set[str]:
         with self._lock:
             return set(self._ids)
-
-
-@dataclass
-class HeldCover:
-    """A partition's oldest cover that ingest has not reached: an open transaction may hold it back."""
-
-    read_at_ms: int
-    target: int
-    since_s: float  # monotonic: when the partition last moved on
-    # It moved on at the last settle (to an older cover): lagging, not stuck, so covers wait for it again.
-    moving: bool = False
-    warned: bool = False
-    marked_at: float | None = None  # monotonic: when the master last committed its mark there
-    marks: int = 0  # how many marks this hold has had
-
-
-class Cutoff:
-    """How far the master has read each buffer partition, and the time before which that covers every write.
-
-    ``partition_ms[p]``: a time at or before which partition p's high watermark was read,
-    ``offsets[p]``; everything below it is ingested. Every record of p acknowledged by
-    then is below it, so a message of p (its put, cancels, reschedules and `done`s all go
-    to p) that falls due by then may be delivered. ``covers_ms``: the latest of those, what
-    the next cover is measured against; ``uniform``: every partition is covered up to it.
-
-    A partition ingest could not read up to the ends of a cover (an open transaction holds
-    it back, or ingest lags) keeps that cover as ``held[p]``, and is covered up to it once
-    ingest gets there: it moves on, one cover behind, even while the master's own writes
-    keep moving its high watermark.
-    """
-
-    def __init__(self, partitions: Iterable[int]) -> None:
-        self.partitions = list(partitions)
-        self.covers_ms = -1
-        self.partition_ms: dict[int, int] = {}
-        self.offsets: dict[int, int] = {}
-        self.uniform = True
-        self.held: dict[int, HeldCover] = {}
-
-    def awaited(self, targets: dict[int, int]) -> dict[int, int]:
-        """The targets a cover waits for: all but those of the partitions stuck (all, if all are)."""
-        return {p: end for p, end in targets.items()
-                if p not in self.held or self.held[p].moving} or targets
-
-    def settle(self, ends: Ends, positions: Mapping[int, int], now_s: float) -> set[int]:
-        """Cover each partition as far as ingest (at ``positions``) has read; the partitions that moved on."""
-        moved = set()
-        for p, target in ends.targets.items():
-            position = positions.get(p, 0)
-            if position >= target:
-                self._cover(p, ends.read_at_ms, target)
-                self.held.pop(p, None)
-                moved.add(p)
-                continue
-            held = self.held.get(p)
-            if held is not None and position >= held.target:
-                self._cover(p, held.read_at_ms, held.target)
-                moved.add(p)
-                self.held[p] = HeldCover(ends.read_at_ms, target, now_s, moving=True)
-            elif held is None:
-                self.held[p] = HeldCover(ends.read_at_ms, target, now_s)
-            else:
-                held.moving = False
-        if moved:
-            self.covers_ms = max(self.partition_ms.values())
-            self.uniform = all(self.partition_ms.get(p) == self.covers_ms for p in self.partitions)
-        return moved
-
-    def stuck_for(self, seconds: float, now_s: float) -> int:
-        """How many partitions have not moved on for ``seconds``."""
-        return sum(1 for held in self.held.values() if now_s - held.since_s >= seconds)
-
-    def newly_held_for(self, seconds: float, now_s: float) -> list[int]:
-        """The partitions that have not moved on for ``seconds``, each returned once per hold."""
-        found = sorted(p for p, held in self.held.items() if not held.warned and now_s - held.since_s >= seconds)
-        for p in found:
-            self.held[p].warned = True
-        return found
-
-    def due_for_mark(self, after_s: float, again_s: float, now_s: float) -> list[int]:
-        """The partitions held for ``after_s`` and not marked for ``again_s``; they count as marked now."""
-        found = sorted(p for p, held in self.held.items() if now_s - held.since_s >= after_s
-                       and (held.marked_at is None or now_s - held.marked_at >= again_s))
-        for p in found:
-            self.held[p].marked_at = now_s
-            self.held[p].marks += 1
-        return found
-
-    def _cover(self, partition: int, read_at_ms: int, target: int) -> None:
-        self.partition_ms[partition] = read_at_ms
-        self.offsets[partition] = target
-
-
-@dataclass(frozen=True)
-class Ends:
-    """The buffer's high watermarks, read at ``read_at_ms``: the offsets a cover's ingest must reach.
-
-    Every write acknowledged by ``read_at_ms`` is below them, including one behind an open
-    transaction: a producer's, or a master's still being committed or aborted (after a
-    broker restart that can take seconds). The last stable offset stops at such a
-    transaction, so a cover up to it would miss a cancel acknowledged behind it. A
-    read_committed reader reaches the high watermark once every transaction below it has ended.
-    """
-
-    read_at_ms: int
-    targets: dict[int, int]
 
 
 class Wakeup:
@@ -344,13 +210,10 @@ class Delivery:
         self.cursor = cursor
         self.wakeup = wakeup
         self.in_flight = in_flight
-        self.cutoff = Cutoff(feed.partitions)
+        # How far the shard's partitions are read, and up to when that covers every write.
+        self.cover = ShardCover(feed, feed.metrics, self.log, self._mark_held)
         # Where each pick goes (now, after a dispatch limit, after a back-off, or to the dead letters).
         self.router = Router(settings, feed.shards, feed.store, self.log, lambda: self._txn_producer())
-        # Due ids of each held partition, not covered yet: left out of picks until it moves on
-        # (kept across covers: a long hold's backlog is not walked again by every cover).
-        self._uncovered: dict[int, set[str]] = {}
-        self._retry_held_at = 0.0  # when (monotonic s) a cover next looks at the held partitions
         self.delivered_total = 0
         self.producer: Producer | None = None
         # Where this term's producer comes from: made while the node waited in line, or now.
@@ -372,6 +235,11 @@ class Delivery:
         self._prepared: tuple[list[Outgoing], list[Undeliverable]] | None = None
         self._early_ends: Ends | None = None
         self._start_times = StartTimes()
+
+    @property
+    def cutoff(self) -> Cutoff:
+        """The cover's cutoff now (each `done` records its partition's offset)."""
+        return self.cover.cutoff
 
     # -- the term --------------------------------------------------------
 
@@ -436,13 +304,12 @@ class Delivery:
                 # Nothing is covered until read again now: a transaction of this term whose
                 # commit failed may have committed after all (init_transactions settled it),
                 # and its `done`s must be read before its ids, no longer in flight, are picked.
-                self.cutoff = Cutoff(self.feed.partitions)
-                self._uncovered.clear()
+                self.cover.reset()
                 self._prepared = self._early_ends = None
                 # After init_transactions no older master can commit, so once ingest reaches the
                 # high watermarks (every transaction below them ended, an older master's committing
                 # one included) every `done` of every committed delivery is in the store.
-                if self._cover(term):
+                if self.cover.cover(term):
                     # After init_transactions: no older master's transaction can still move the mark.
                     self._handled = self.feed.ledger.handled(self.feed.partitions)
                     self._ledger_due = 0.0
@@ -473,43 +340,6 @@ class Delivery:
                                "_start(), writes to Kafka")
         return producer
 
-    def _cover(self, term: Term, ends: Ends | None = None) -> bool:
-        """Ingest the buffer up to end offsets read now (or ``ends``, read earlier); False if the term ended first.
-
-        The clock is read before the offsets are asked for, so every write acknowledged
-        by then is below them: what falls due by then may be delivered once they are read.
-
-        Raises:
-            KafkaException: the end offsets could not be read.
-        """
-        if ends is None:
-            ends = self._read_ends()
-        targets = ends.targets
-        # A partition held back (see Cutoff) is not waited for: the others are covered without
-        # it, and every cover looks at it again.
-        awaited = self.cutoff.awaited(targets)
-        settle_at = time.monotonic() + PARTIAL_COVER_S
-        while term.active:
-            done = self.feed.wait_until_read(awaited, PARTIAL_COVER_S, abandon=lambda: not term.active)
-            if not done and time.monotonic() < settle_at:
-                continue
-            # Never covered short of its targets: a cancel acknowledged behind an open
-            # transaction would lose to its message (see Ends).
-            moved = self.cutoff.settle(ends, self.feed.positions(), time.monotonic())
-            self.metrics.held_partitions.set(self.cutoff.stuck_for(HELD_GAUGE_S, time.monotonic()))
-            to_mark = self.cutoff.due_for_mark(MARK_HELD_AFTER_S, MARK_AGAIN_S, time.monotonic())
-            if to_mark:
-                self._mark_held(term, to_mark, targets)
-            long_held = self.cutoff.newly_held_for(OPEN_TRANSACTION_WARN_S, time.monotonic())
-            if long_held:
-                self._say_what_holds_back(long_held, targets)
-            for p in moved:
-                self._uncovered.pop(p, None)
-            if moved:
-                self._retry_held_at = time.monotonic() + PARTIAL_COVER_S
-                return True
-        return False
-
     def _mark_held(self, term: Term, partitions: list[int], targets: dict[int, int]) -> None:
         """Commit the partition mark to those of ``partitions`` an open transaction holds back.
 
@@ -525,7 +355,7 @@ class Delivery:
         Raises:
             KafkaException: the last stable offsets could not be read, or the commit failed.
         """
-        held = self._held_by_transactions(partitions, targets)
+        held = self.cover.held_by_transactions(partitions, targets)
         if not held:
             return  # ingest lags there: nothing to end
         count = self.feed.partition_count
@@ -535,52 +365,12 @@ class Delivery:
             self._to_buffer(mark, partition, None, wire.done_headers(mark, 0, 0))
         self._commit_transaction(term, [])
         self.metrics.partition_marks.inc(len(held))
-        first = any(p in self.cutoff.held and self.cutoff.held[p].marks == 1 for p in held)
+        cutoff = self.cover.cutoff
+        first = any(p in cutoff.held and cutoff.held[p].marks == 1 for p in held)
         self.log.log(logging.WARNING if first else logging.INFO,
                 "buffer partitions %s: a transaction held them open for %.0fs; committed the partition mark "
                 "there, which ends one of this master's producer that Kafka left open (its markers lost, as over "
                 "a broker restart); if the hold lasts, it is another producer's", held, MARK_HELD_AFTER_S)
-
-    def _held_by_transactions(self, partitions: list[int], targets: dict[int, int]) -> list[int]:
-        """Those of ``partitions`` an open transaction holds back: ingest is at their last stable offset.
-
-        Raises:
-            KafkaException: the last stable offsets could not be read.
-        """
-        stable = self.feed.read_ends(timeout_s=5.0)
-        return self.feed.held_back({p: targets[p] for p in partitions}, stable)
-
-    def _say_what_holds_back(self, long_held: list[int], targets: dict[int, int]) -> None:
-        """Warn of partitions held back for long, and by what: an open transaction, or ingest lagging."""
-        try:
-            held = self._held_by_transactions(long_held, targets)
-        except KafkaException as err:
-            self.log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs (the last "
-                        "stable offsets cannot be read: %s); what falls due there waits", long_held,
-                        OPEN_TRANSACTION_WARN_S, err.args[0].str())
-            return
-        if held:
-            self.log.warning("buffer partitions %s: a transaction is open there (a producer's, or a master's being "
-                        "committed or aborted) with acknowledged writes behind it; for %.0fs what falls due there "
-                        "has waited for it to end (the other partitions deliver)", held, OPEN_TRANSACTION_WARN_S)
-        behind = [p for p in long_held if p not in held]
-        if behind:
-            self.log.warning("buffer partitions %s: ingest has not reached their high watermarks for %.0fs: it is "
-                        "behind; what falls due there waits", behind, OPEN_TRANSACTION_WARN_S)
-
-    def _read_ends(self) -> Ends:
-        """The high watermarks a cover waits for, read now (see :class:`Ends`).
-
-        The clock is read first: every write acknowledged by then is below them.
-
-        Raises:
-            EndsUnreadable: the end offsets could not be read.
-        """
-        read_at = now_ms()
-        try:
-            return Ends(read_at, self.feed.read_ends(timeout_s=END_OFFSETS_CALL_S, committed=False))
-        except KafkaException as err:
-            raise EndsUnreadable(*err.args) from err
 
     def _passing_error(self, term: Term, err: KafkaException) -> None:
         """Note a Kafka error that may pass, wait a little, and let the loop try again."""
@@ -616,11 +406,11 @@ class Delivery:
         if self.cutoff.covers_ms < now:
             first = self.store.due(now, 1, skip=skip)
             fell_due = bool(first) and first[0].deliver_at_ms > self.cutoff.covers_ms
-            if fell_due or (self._uncovered and time.monotonic() >= self._retry_held_at):
+            if fell_due or self.cover.looks_again():
                 # Something fell due after the last cutoff (or waits on a held partition): read
                 # the buffer up to now first, so a cancel or reschedule acknowledged before its
                 # due time wins.
-                if not self._cover(term, early_ends):
+                if not self.cover.cover(term, early_ends):
                     return 0
                 skip = self._skip(now)
                 # Its `done`s would record the new cutoff, not the one it was picked under.
@@ -638,7 +428,7 @@ class Delivery:
             outgoing = [item for item in prepared[0] if item.entry.delay_id not in skip]
             dead = [d for d in prepared[1] if d.item.entry.delay_id not in skip]
         else:
-            entries = self._pick(skip)
+            entries = self.cover.pick(self.store, self.settings.delivery_batch_size, skip)
             if not entries and not released:
                 if entries is None:
                     return 0  # only uncovered ones: pick again without them
@@ -657,43 +447,15 @@ class Delivery:
         self._commit(term, outgoing, dead)
         return len(outgoing)
 
-    def _pick(self, skip: set[str]) -> list[StoredEntry] | None:
-        """The next batch the cutoff covers, in due order; None if all it found waits on a held partition.
-
-        While every partition is covered up to the same time (the usual case) that is the
-        store's due entries; otherwise each is checked against its own partition's cover,
-        and the ones not covered are left out until the next cover.
-        """
-        cutoff = self.cutoff
-        entries = self.store.due(cutoff.covers_ms, self.settings.delivery_batch_size, skip=skip)
-        if cutoff.uniform or not entries:
-            return entries
-        count = self.feed.partition_count
-        covered = cutoff.partition_ms
-        picked = []
-        for entry in entries:
-            partition = wire.buffer_partition(entry.delay_id, count)
-            if covered.get(partition, -1) >= entry.deliver_at_ms:
-                picked.append(entry)
-            else:
-                self._uncovered.setdefault(partition, set()).add(entry.delay_id)
-                skip.add(entry.delay_id)
-        return picked or None
-
     def _skip(self, now: int) -> set[str]:
         """Ids not to pick now: in flight, in retry back-off, unreadable, or waiting on a held partition."""
-        skip = self.router.held(self.in_flight.snapshot(), now)  # the snapshot, a copy of its own, is extended
-        for waiting in self._uncovered.values():
-            skip |= waiting
-        return skip
+        # The snapshot is a copy of its own: extended in place.
+        return self.cover.held_ids(self.router.held(self.in_flight.snapshot(), now))
 
     def _next_wake(self, skip: set[str]) -> int | None:
         upcoming = self.store.due(2**62, 1, skip=skip)
-        retry_at = self.router.next_try_ms(now_ms())
-        if self._uncovered:  # look at the held partitions again soon
-            held_at = now_ms() + int(PARTIAL_COVER_S * 1000)
-            retry_at = held_at if retry_at is None else min(retry_at, held_at)
-        candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, retry_at) if t is not None]
+        candidates = [t for t in (upcoming[0].deliver_at_ms if upcoming else None, self.router.next_try_ms(now_ms()),
+                                  self.cover.next_look_ms()) if t is not None]
         return min(candidates, default=None)
 
     def _commit(self, term: Term, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
@@ -721,8 +483,7 @@ class Delivery:
                 # An error that may pass (a commit is resumed in _commit_resuming, so this is
                 # one before it, or a commit given up as the term ended): deliver nothing of
                 # the batch again until a fresh cover has read whatever of it may have committed.
-                self.cutoff = Cutoff(self.feed.partitions)
-                self._uncovered.clear()
+                self.cover.reset()
                 return
             if len(outgoing) + len(dead) > 1:
                 # Find the record the broker rejects: deliver one per transaction.
@@ -934,7 +695,7 @@ class Delivery:
                 return
             due = upcoming[0].deliver_at_ms
             if due <= self.cutoff.covers_ms:
-                entries = self._pick(skip)
+                entries = self.cover.pick(self.store, self.settings.delivery_batch_size, skip)
                 if entries:
                     self._prepared = self.router.route(entries, now)
                 return
@@ -945,7 +706,7 @@ class Delivery:
                     continue
                 # Read again while the commit lasts: the later the read, the more it covers (a
                 # cover up to them waits for this commit's markers).
-                self._early_ends = self._read_ends()
+                self._early_ends = self.cover.read_ends()
                 wait_for_future([commit], timeout=EARLY_ENDS_INTERVAL_S)
         except Exception as err:  # the commit's outcome decides; the next batch starts afresh
             self.log.info("could not prepare the next batch during a commit: %s", err)

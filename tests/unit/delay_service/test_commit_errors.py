@@ -204,7 +204,7 @@ def test_an_init_that_times_out_is_tried_again_with_a_new_producer_and_twice_as_
     delivery = master(producers[0])
     spare = iter(producers[1:])
     monkeypatch.setattr(delivery.spare, "take", lambda: next(spare))
-    monkeypatch.setattr(delivery, "_cover", lambda _term: True)
+    monkeypatch.setattr(delivery.cover, "cover", lambda _term: True)
     monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda _due, _term: None)
 
     assert delivery._start(Term(4)) is True
@@ -253,7 +253,7 @@ def test_delivery_that_cannot_read_its_cover_waits_with_the_same_producer(monkey
     def deliver_due(term_: Term) -> int:
         calls.append(delivery.producer)
         if len(calls) < 3:
-            delivery._read_ends()  # the buffer's end offsets cannot be read
+            delivery.cover.read_ends()  # the buffer's end offsets cannot be read
         term.end("done")
         return 0
 

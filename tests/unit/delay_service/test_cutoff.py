@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from delayq.delay_service.delivery import Cutoff, Ends
+from delayq.delay_service.cover import Cutoff, Ends
 
 
 def test_a_cover_every_partition_reached_covers_them_all_up_to_its_time():

@@ -16,8 +16,9 @@ from confluent_kafka import Producer
 from support.stand_ins import shard_feed
 
 from delayq import Settings, wire
-from delayq.delay_service import delivery as delivery_module
-from delayq.delay_service.delivery import Cutoff, Delivery, Ends, InFlight, Wakeup
+from delayq.delay_service import cover as cover_module
+from delayq.delay_service.cover import Cutoff, Ends
+from delayq.delay_service.delivery import Delivery, InFlight, Wakeup
 from delayq.delay_service.ingest import Ingest, ShardFeed
 from delayq.election import Cursor, Term
 
@@ -44,7 +45,7 @@ class Buffer:
 
 @pytest.mark.timeout(20)
 def test_a_partition_held_by_an_open_transaction_gets_the_mark_and_a_lagging_one_does_not(monkeypatch):
-    monkeypatch.setattr(delivery_module, "MARK_HELD_AFTER_S", 0.0)
+    monkeypatch.setattr(cover_module, "MARK_HELD_AFTER_S", 0.0)
     # Partition 0: ingest at its last stable offset (50), short of the high watermark (80): a
     # transaction holds it. Partition 1: ingest behind the last stable offset: it lags.
     buffer = Buffer(positions={0: 50, 1: 20}, stable={0: 50, 1: 80})
@@ -54,7 +55,7 @@ def test_a_partition_held_by_an_open_transaction_gets_the_mark_and_a_lagging_one
     delivery = Delivery(Settings(), buffer.feed(), mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
     delivery.producer = producer
 
-    assert delivery._cover(Term(7), Ends(READ_AT_MS, {0: 80, 1: 80}))
+    assert delivery.cover.cover(Term(7), Ends(READ_AT_MS, {0: 80, 1: 80}))
 
     mark = wire.mark_id(0, 2)
     producer.produce.assert_called_once_with(Settings().buffer_topic, key=mark.encode(), value=None, partition=0,
