@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.election import Features, Layout, connect_for, evict
 from delayq.errors import ConfigurationError, UnavailableError
-from delayq.features import introduced_by
+from delayq.features import MEMBERS_LEVEL, introduced_by
 from delayq.settings import Settings
 from delayq.store import StoredEntry
 
@@ -73,9 +73,6 @@ WATCH_EVERY_S = 0.1
 RESTARTS_BEFORE_BACKOFF = 5
 RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 5.0
-# The feature level that brings member processes: a node of an older release places shards without their groups,
-# so a cluster that may still have one (finalized below it) runs no members.
-MEMBERS_LEVEL = 2
 # How long the front waits for a member's answer (a probe, a scrape, a lookup).
 MEMBER_ANSWER_S = 2.0
 _PR_SET_PDEATHSIG = 1

@@ -46,6 +46,10 @@ LEVELS: tuple[FeatureLevel, ...] = (
         "registration with a group, which placement counts as one node: DELAYQ_PROCESSES)"),
 )
 
+# The level that brings member processes (DELAYQ_PROCESSES, delay_service/members.py): a node of an older release
+# places shards without the members' group, so they run only on a cluster finalized at it (or a new one).
+MEMBERS_LEVEL = 2
+
 # The highest level this code speaks: what a new cluster starts at, and what its nodes register.
 SUPPORTED_LEVEL = LEVELS[-1].level
 # The level of a cluster whose ZooKeeper records none: one that ran 0.1.0, which records no level.
