@@ -45,6 +45,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
@@ -76,6 +77,7 @@ RESTART_BACKOFF_S = 5.0
 # How long the front waits for a member's answer (a probe, a scrape, a lookup).
 MEMBER_ANSWER_S = 2.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def member_id(node_id: str, index: int) -> str:
@@ -151,6 +153,7 @@ class MemberProcesses:
         log.info("node %s: starting %d member processes (%s), HTTP on %s:%d (members on %s), data in %s", s.node_id,
                  len(self.members), ", ".join(m.node_id for m in self.members), s.http_host, self.http.port,
                  ", ".join(str(m.port) for m in self.members), s.data_dir / "members")
+        _adopt_orphans()
         for member in self.members:
             self._start(member)
         code = 0
@@ -207,8 +210,24 @@ class MemberProcesses:
         member.process = subprocess.Popen(self.command, env=env)
         member.started_at = time.monotonic()
 
+    def _reap_orphans(self) -> None:
+        """Wait for the children that are no members: a killed member's buffer reader, orphaned, comes to this process.
+
+        It exits by itself (it watches its parent), but only its new parent can wait for it: in a
+        container this process is pid 1, and this process is made the members' subreaper
+        outside one, so without this each killed member would leave a zombie behind.
+        """
+        members = {m.process.pid for m in self.members if m.process is not None}
+        for child in children(os.getpid()):
+            if child not in members:
+                try:
+                    os.waitpid(child, os.WNOHANG)
+                except ChildProcessError:  # not ours to wait for, or waited for already
+                    pass
+
     def _watch(self) -> int | None:
         """Start again each member that exited; an exit code if one could not start (the node stops then)."""
+        self._reap_orphans()
         for member in self.members:
             process = member.process
             if process is None or process.poll() is None:
@@ -254,6 +273,25 @@ class MemberProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _adopt_orphans() -> None:
+    """Be the subreaper of the members' children (Linux): a killed member's reader is orphaned to this process."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (Linux's /proc; none elsewhere)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # a thread ended meanwhile
+            continue
+    return found
 
 
 def _free_port() -> int:

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from delayq.delay_service import ensure_topics
+from delayq.delay_service.members import children
 from delayq.dev import Ports
 from delayq.election import connect_for
 from delayq.settings import Settings
@@ -97,14 +98,8 @@ def free_ports(count: int) -> int:
 
 def child_processes(parent: int) -> list[int]:
     """Pids of ``parent``'s live children (zombies left out)."""
-    children: list[int] = []
-    for task in Path(f"/proc/{parent}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:  # the thread or the parent ended meanwhile
-            continue
     alive = []
-    for child in children:
+    for child in children(parent):
         try:
             if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                 alive.append(child)
@@ -327,6 +322,8 @@ class NodeProcess:
         for child in child_processes(self.running.pid):
             try:
                 environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+                if b"delayq.delay_service.reader" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    continue  # a killed member's reader, orphaned to the node until it exits
             except OSError:
                 continue
             for entry in environ:

@@ -23,6 +23,7 @@ from support.service_testing import Feeder, now_ms
 
 from delayq import Settings, wire
 from delayq.delay_service import cluster_status, ensure_shards, ensure_topics
+from delayq.delay_service.members import children
 from delayq.election import FeatureRecord, Features, connect_for
 from delayq.features import SUPPORTED_LEVEL
 from delayq.store import Put, TimeIndex
@@ -114,6 +115,9 @@ def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exa
         print(f"shard 0 delivered again {resumed_s:.2f}s after its master member was killed")
         assert wait_until(lambda: set(node.members()) == {"box-0", "box-1"}, timeout_s=30)
         members = node.members()
+        # The killed member's reader, orphaned to the node, exits and is waited for: no zombie stays behind.
+        assert wait_until(lambda: set(children(node.running.pid)) == set(node.members().values()), timeout_s=15), (
+            f"children {children(node.running.pid)} besides the members {node.members()}")
     finally:
         code = node.stop()
     assert code == 0, node.log_tail()
