@@ -135,7 +135,7 @@ class MemberProcesses:
     def __init__(self, settings: Settings, *, command: list[str] | None = None):
         self.settings = settings
         self.command = command or [sys.executable, "-m", "delayq", "node"]
-        self.members = [Member(i, member_id(settings.node_id, i), member_port(settings, i) or _free_port())
+        self.members = [Member(i, member_id(settings.node_id, i), member_port(settings, i) or free_port())
                         for i in range(settings.processes)]
         self.stopping = threading.Event()
         self._zk: KazooClient | None = None
@@ -152,7 +152,7 @@ class MemberProcesses:
         self.http.start()
         log.info("node %s: starting %d member processes (%s), HTTP on %s:%d (members on %s), data in %s", s.node_id,
                  len(self.members), ", ".join(m.node_id for m in self.members), s.http_host, self.http.port,
-                 ", ".join(str(m.port) for m in self.members), s.data_dir / "members")
+                 ", ".join(str(m.port) for m in self.members), s.data_dir / MEMBERS_DIR)
         _adopt_orphans()
         for member in self.members:
             self._start(member)
@@ -294,7 +294,8 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free now (a member of a node given HTTP port 0 gets one)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from delayq.delay_service import ensure_topics
-from delayq.delay_service.members import children
+from delayq.delay_service.members import children, free_port
 from delayq.dev import Ports
 from delayq.election import connect_for
 from delayq.settings import Settings
@@ -75,12 +75,6 @@ def _port_free(port: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def free_ports(count: int) -> int:
