@@ -5,7 +5,7 @@ for their topic's dispatch limit (in due order, their ids out of the picks), the
 those Kafka refused for a while (their back-off), the ids whose stored value cannot be read,
 and the target topics' partition counts. It decides, per picked message, to deliver it now,
 to let it wait, to try it again later, or to dead-letter it with a reason code; it writes
-nothing to Kafka (delivery.py's transaction does).
+nothing to Kafka (transactions.py writes what the delivery loop decides).
 """
 
 from __future__ import annotations

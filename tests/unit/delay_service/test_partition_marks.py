@@ -18,7 +18,8 @@ from support.stand_ins import shard_feed
 from delayq import Settings, wire
 from delayq.delay_service import cover as cover_module
 from delayq.delay_service.cover import Cutoff, Ends
-from delayq.delay_service.delivery import Delivery, InFlight, Wakeup
+from delayq.delay_service.delivery import Delivery
+from delayq.delay_service.handoff import InFlight, Wakeup
 from delayq.delay_service.ingest import Ingest, ShardFeed
 from delayq.election import Cursor, Term
 
@@ -53,7 +54,7 @@ def test_a_partition_held_by_an_open_transaction_gets_the_mark_and_a_lagging_one
     # The mark's commit ends the transaction: ingest then reads partition 0 to its end.
     producer.commit_transaction.side_effect = lambda *_: buffer.positions.update({0: 80})
     delivery = Delivery(Settings(), buffer.feed(), mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
-    delivery.producer = producer
+    delivery.transactions.producer = producer
 
     assert delivery.cover.cover(Term(7), Ends(READ_AT_MS, {0: 80, 1: 80}))
 

@@ -13,8 +13,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from support.stand_ins import shard_feed
 
 from delayq import Settings, wire
-from delayq.delay_service import stored
-from delayq.delay_service.delivery import Delivery, InFlight, LeadershipLost, Outgoing, Wakeup
+from delayq.delay_service import stored, transactions
+from delayq.delay_service.delivery import INIT_CALL_S, Delivery
+from delayq.delay_service.handoff import InFlight, Wakeup
+from delayq.delay_service.routing import Outgoing
+from delayq.delay_service.transactions import ABORT_TIMEOUT_S, LeadershipLost, TransactionStuck
 from delayq.election import Cursor, Term
 from delayq.store import StoredEntry
 
@@ -23,7 +26,7 @@ DUE_MS = 1_795_000_000_000
 
 def master(producer: Producer) -> Delivery:
     delivery = Delivery(Settings(), shard_feed([0, 1]), mock.Mock(spec_set=Cursor), Wakeup(), InFlight())
-    delivery.producer = producer
+    delivery.transactions.producer = producer
     return delivery
 
 
@@ -43,7 +46,7 @@ def test_a_commit_that_timed_out_is_resumed_never_aborted():
     delivery = master(producer)
     items = outgoing(3)
 
-    delivery._commit(Term(4), items, [])
+    delivery.commit(Term(4), items, [])
 
     # librdkafka refuses an abort while a timed-out commit is pending, and the commit may
     # have reached the coordinator: it is called again, which resumes it.
@@ -64,7 +67,7 @@ def test_a_commit_left_unconfirmed_when_the_term_ends_is_given_up_and_nothing_is
     delivery = master(producer)
 
     with pytest.raises(LeadershipLost):
-        delivery._commit(term, outgoing(2), [])
+        delivery.commit(term, outgoing(2), [])
 
     assert producer.commit_transaction.call_count == 1
     producer.abort_transaction.assert_not_called()
@@ -75,10 +78,8 @@ def test_a_commit_unconfirmed_for_longer_than_a_broker_stall_should_last_ends_th
     # A broker frozen or restarting: each short call times out and is resumed, and after
     # COMMIT_GIVE_UP_S the term ends, so the shard gets a master whose init_transactions
     # settles the transaction (the masters waited a minute in 30 s calls first).
-    from delayq.delay_service import delivery as delivery_module
-
     clock = [1000.0]
-    monkeypatch.setattr(delivery_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(transactions.time, "monotonic", lambda: clock[0])
     calls = []
 
     def time_out(timeout):
@@ -91,10 +92,10 @@ def test_a_commit_unconfirmed_for_longer_than_a_broker_stall_should_last_ends_th
     delivery = master(producer)
 
     with pytest.raises(LeadershipLost, match=r"the commit was not confirmed within [67]s"):
-        delivery._commit(Term(4), outgoing(2), [])
+        delivery.commit(Term(4), outgoing(2), [])
 
-    assert calls and all(timeout <= delivery_module.COMMIT_CALL_S for timeout in calls)
-    assert sum(calls) >= delivery_module.COMMIT_GIVE_UP_S and sum(calls) < delivery_module.COMMIT_GIVE_UP_S + 3
+    assert calls and all(timeout <= transactions.COMMIT_CALL_S for timeout in calls)
+    assert sum(calls) >= transactions.COMMIT_GIVE_UP_S and sum(calls) < transactions.COMMIT_GIVE_UP_S + 3
     producer.abort_transaction.assert_not_called()
     assert delivery.in_flight.snapshot() == set(), "its ids wait for the next master's cover"
 
@@ -109,9 +110,8 @@ def test_an_abort_that_does_not_finish_ends_the_term_within_seconds():
     delivery = master(producer)
 
     with pytest.raises(LeadershipLost, match="abort failed"):
-        delivery._commit(Term(4), outgoing(1), [])
+        delivery.commit(Term(4), outgoing(1), [])
 
-    from delayq.delay_service.delivery import ABORT_TIMEOUT_S
     producer.abort_transaction.assert_called_once_with(ABORT_TIMEOUT_S)
     assert ABORT_TIMEOUT_S <= 5
 
@@ -125,7 +125,7 @@ def test_a_transaction_that_cannot_commit_is_aborted_and_its_messages_tried_one_
     delivery = master(producer)
     items = outgoing(2)
 
-    delivery._commit(Term(4), items, [])
+    delivery.commit(Term(4), items, [])
 
     producer.abort_transaction.assert_called_once()
     assert producer.commit_transaction.call_count == 3
@@ -137,13 +137,13 @@ def test_a_term_that_ends_before_its_batch_commits_aborts_the_open_transaction(m
     producer = mock.Mock(spec_set=Producer)
     delivery = master(producer)
     term = Term(4)
-    monkeypatch.setattr(delivery, "_start", lambda term: True)
+    monkeypatch.setattr(delivery, "start", lambda term: True)
 
     def build_a_batch_and_lose_the_term(term_: Term) -> None:
         producer.begin_transaction()
         producer.produce("orders", b"v")
         term.end("handed over to node-b (balance)" if routine else "a newer master holds epoch 5", routine=routine)
-        delivery._commit_transaction(term, [])  # raises LeadershipLost: the term ended before the commit
+        delivery.transactions.commit(term, [])  # raises LeadershipLost: the term ended before the commit
 
     monkeypatch.setattr(delivery, "deliver_due", build_a_batch_and_lose_the_term)
     delivery.run(term)
@@ -151,17 +151,15 @@ def test_a_term_that_ends_before_its_batch_commits_aborts_the_open_transaction(m
     # Aborted by the master that opened it, not left for the next master's init_transactions to end.
     producer.abort_transaction.assert_called_once()
     producer.commit_transaction.assert_not_called()
-    assert delivery.producer is None, "the term's producer is closed"
+    assert delivery.transactions.producer is None, "the term's producer is closed"
 
 
 def test_a_stuck_transaction_ends_the_term_without_waiting_on_the_producer_again(monkeypatch):
     # An abort would be refused while the commit is pending, and a flush waits on the same stuck
     # records: each cost the soak 5 s more before the shard's lock passed on.
-    from delayq.delay_service.delivery import TransactionStuck
-
     producer = mock.Mock(spec_set=Producer)
     delivery = master(producer)
-    monkeypatch.setattr(delivery, "_start", lambda term: True)
+    monkeypatch.setattr(delivery, "start", lambda term: True)
 
     def stuck(term_: Term) -> None:
         raise TransactionStuck("the commit was not confirmed within 15s (timed out): the next master settles it")
@@ -171,7 +169,7 @@ def test_a_stuck_transaction_ends_the_term_without_waiting_on_the_producer_again
 
     producer.abort_transaction.assert_not_called()
     producer.flush.assert_called_once_with(0.0)
-    assert delivery.producer is None
+    assert delivery.transactions.producer is None
 
 
 def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypatch):
@@ -180,7 +178,7 @@ def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypat
         KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
     delivery = master(producer)
     term = Term(4)
-    monkeypatch.setattr(delivery, "_start", lambda term: True)
+    monkeypatch.setattr(delivery, "start", lambda term: True)
 
     def fenced(term_: Term) -> None:
         raise LeadershipLost("the master's producer failed: fenced")
@@ -189,29 +187,27 @@ def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypat
     delivery.run(term)  # returns: never raises a Kafka error
 
     producer.abort_transaction.assert_called_once()
-    assert delivery.producer is None
+    assert delivery.transactions.producer is None
 
 
 def test_an_init_that_times_out_is_tried_again_with_a_new_producer_and_twice_as_long(monkeypatch):
     # A transaction coordinator whose broker was killed: librdkafka asks that broker until it is back;
     # a new producer finds the coordinator Kafka moved, and a live but slow one gets longer calls.
-    from delayq.delay_service import delivery as module
-
     timed_out = KafkaException(KafkaError(KafkaError._TIMED_OUT, "init timed out", retriable=True))
     producers = [mock.Mock(spec_set=Producer) for _ in range(3)]
     producers[0].init_transactions.side_effect = timed_out
     producers[1].init_transactions.side_effect = timed_out
     delivery = master(producers[0])
     spare = iter(producers[1:])
-    monkeypatch.setattr(delivery.spare, "take", lambda: next(spare))
+    monkeypatch.setattr(delivery.transactions.spare, "take", lambda: next(spare))
     monkeypatch.setattr(delivery.cover, "cover", lambda _term: True)
     monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda _due, _term: None)
 
-    assert delivery._start(Term(4)) is True
+    assert delivery.start(Term(4)) is True
 
     calls = [p.init_transactions.call_args.args[0] for p in producers]
-    assert calls == [module.INIT_CALL_S, 2 * module.INIT_CALL_S, 4 * module.INIT_CALL_S]
-    assert delivery.producer is producers[2]
+    assert calls == [INIT_CALL_S, 2 * INIT_CALL_S, 4 * INIT_CALL_S]
+    assert delivery.transactions.producer is producers[2]
     for closed in producers[:2]:
         closed.flush.assert_called()  # closed before the next was taken
 
@@ -234,11 +230,11 @@ def test_a_cover_whose_end_offsets_cannot_be_read_keeps_the_producer_and_its_fen
     delivery.feed.ledger.handled.return_value = {}
     monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda _due, _term: None)
 
-    assert delivery._start(term) is True
+    assert delivery.start(term) is True
 
     producer.init_transactions.assert_called_once()  # fenced once, not again after each failed read
     producer.flush.assert_not_called()  # never closed
-    assert delivery.producer is producer and delivery.failing is None
+    assert delivery.transactions.producer is producer and delivery.failing is None
     assert delivery.feed.read_ends.call_count == 3
 
 
@@ -246,12 +242,12 @@ def test_delivery_that_cannot_read_its_cover_waits_with_the_same_producer(monkey
     producer = mock.Mock(spec_set=Producer)
     delivery = master(producer)
     term = Term(4)
-    monkeypatch.setattr(delivery, "_start", lambda term_: True)
+    monkeypatch.setattr(delivery, "start", lambda term_: True)
     monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda _due, _term: None)
     calls = []
 
     def deliver_due(term_: Term) -> int:
-        calls.append(delivery.producer)
+        calls.append(delivery.transactions.producer)
         if len(calls) < 3:
             delivery.cover.read_ends()  # the buffer's end offsets cannot be read
         term.end("done")
