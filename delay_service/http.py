@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from delayq.errors import ConfigurationError
 from delayq.store import StoredEntry
-from delayq.wire import check_delay_id
+from delayq.wire import check_delay_id, series_options
 
 from . import stored
 
@@ -142,7 +142,7 @@ class NodeHandler(BaseHTTPRequestHandler):
                   "deliver_at": iso_ms(entry.deliver_at_ms), "topic": message.topic}
         if message.series is not None:  # a repeating message: the occurrence pending, and the schedule
             answer["occurrence"] = message.occurrence or 1
-            answer["repeat"] = message.series.options().strip()
+            answer["repeat"] = series_options(message.series).strip()
         if message.attempt is not None:
             answer["attempt"] = message.attempt
         self._json(200, answer)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import marshal
 from dataclasses import dataclass
 
-from delayq.wire import Envelope, Series
+from delayq.schedule import Series
+from delayq.wire import Envelope
 
 # Form 4 added a repeating message's schedule and occurrence and a retry's attempt. Form 5 adds
 # the expiry (feature level 2) and is written only for a message that has one: every other

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import functools
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from pydantic_settings import (
 )
 
 from .errors import ConfigurationError
+from .schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 DAY_MS = 24 * 3600 * 1000
 ENV_PREFIX = "DELAYQ_"
@@ -93,35 +93,6 @@ def is_secret_name(name: str) -> bool:
     """True for a librdkafka setting that holds a secret (its name says password, secret, key, ...)."""
     lowered = name.lower()
     return any(part in lowered for part in SECRET_NAME_PARTS)
-
-
-# RocketMQ's messageDelayLevel default: level N (1-18) is the Nth of these.
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-
-
-@functools.lru_cache(maxsize=16)
-def parse_delay_levels(text: str) -> tuple[int, ...]:
-    """The delay of each level, in ms, from a RocketMQ-style list (``"1s 5s 10s 30s 1m ... 2h"``).
-
-    Durations in delayq's grammar (delayq.clock: ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``),
-    separated by spaces (or commas). Each must be above 0.
-
-    Raises:
-        ValueError: an empty list, a part that is no duration, or a zero delay.
-    """
-    from .clock import parse_duration_ms
-
-    parts = text.replace(",", " ").split()
-    if not parts:
-        raise ValueError(f"delay levels {text!r} is empty: list durations, like {DEFAULT_DELAY_LEVELS!r}")
-    levels = []
-    for number, part in enumerate(parts, 1):
-        ms = parse_duration_ms(part, f"delay level {number}")
-        if ms <= 0:
-            raise ValueError(f"delay level {number} is {part!r}: a level's delay must be above 0 (level 0 means "
-                             "no delay)")
-        levels.append(ms)
-    return tuple(levels)
 
 
 class DispatchLimit(BaseModel):

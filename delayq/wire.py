@@ -4,7 +4,9 @@ The one home of the contract between the producer proxy, the delay-service nodes
 reconciliation job, bench and tests (docs/DESIGN.md, "Wire format"): the frame, the
 control records, the header names, the partition rule, the delay-id format, the
 partitioner names and the dead-letter reason codes. Anything that writes or reads
-buffer records imports them from here; nothing else defines them. A buffer record is one of::
+buffer records imports them from here; nothing else defines them. The schedule rules a
+frame carries (the earliest due time, a series and its cron expression) are
+:mod:`delayq.schedule`'s: this module writes and reads them. A buffer record is one of::
 
     put      key = the delay id (lower-case UUID text; UUIDv7 from delayq's tools)
              partition = crc32(id) % partitions, for every record of the id
@@ -34,7 +36,6 @@ every node consumes the record.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import enum
 import functools
 import hashlib
@@ -48,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from delayq.features import LEVELS, SUPPORTED_LEVEL
+from delayq.schedule import MAX_MULTIPLIER, MIN_DUE_MS, Series, check_cron, time_zone
 
 OP = "delayq-op"
 ID = "delayq-id"
@@ -124,9 +126,6 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 FRAME_SYNTAX = "'put <deliver-at ms> <topic> <key length or -> [option ...]' and a newline"
 
 
-# Due times below this (2000-01-01T00:00:00Z in ms) are refused: they are almost always
-# seconds given where milliseconds are meant, and would be delivered at once.
-MIN_DUE_MS = 946_684_800_000
 # The partitioner names a frame's ``partitioner=`` option may carry (librdkafka's).
 PARTITIONERS = frozenset({"random", "consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a",
                           "fnv1a_random"})
@@ -300,120 +299,28 @@ def check_delay_id(delay_id: object, argument: str = "delay_id") -> str:
 
 # -- repeating messages ------------------------------------------------------
 
-# The largest multiplier and the most occurrences a series may have: past them the interval or
-# the count means a mistake, and an interval that overflows an epoch-ms due time ends the series.
-MAX_MULTIPLIER = 1000.0
-MAX_DUE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
-_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,?#-]+")
 
-
-@dataclass(frozen=True, slots=True)
-class Series:
-    """A repeating message's schedule, as its put's frame carries it (options ``every=``/``cron=`` ...).
-
-    Exactly one of ``every_ms`` (a fixed interval, each ``multiplier`` times the last) and
-    ``cron`` (five fields, matched in time zone ``tz``) is set. ``times`` caps the number of
-    occurrences, ``until_ms`` the due time of the last.
-    """
-
-    every_ms: int | None = None
-    multiplier: float = 1.0
-    cron: str | None = None
-    tz: str = "UTC"
-    times: int | None = None
-    until_ms: int | None = None
-
-    def next_due(self, due_ms: int, occurrence: int) -> int | None:
-        """Due time of occurrence ``occurrence + 1``, after occurrence ``occurrence`` due at ``due_ms``.
-
-        Counted from the due time, not from when the occurrence was delivered: a series
-        keeps its rhythm, and after an outage the occurrences it missed follow one another
-        at once, none skipped. None when the series is over (``times``, ``until_ms``, or a
-        due time past year 9999).
-        """
-        if self.times is not None and occurrence >= self.times:
-            return None
-        if self.every_ms is not None:
-            gap = self.every_ms
-            if self.multiplier != 1.0:
-                try:
-                    gap = round(gap * self.multiplier ** (occurrence - 1))
-                except OverflowError:  # an interval past any due time: the series is over
-                    return None
-            following: int | None = due_ms + max(1, gap)
-        else:
-            following = next_cron_match(self.cron or "", self.tz, due_ms)
-        if following is None or following > MAX_DUE_MS or (self.until_ms is not None and following > self.until_ms):
-            return None
-        return following
-
-    def options(self) -> str:
-        """This schedule as frame options (each after a space)."""
-        text = ""
-        if self.every_ms is not None:
-            text += f" {EVERY_OPTION}={self.every_ms}"
-            if self.multiplier != 1.0:
-                text += f" {MULTIPLIER_OPTION}={format_multiplier(self.multiplier)}"
-        if self.cron is not None:
-            text += f" {CRON_OPTION}={'_'.join(self.cron.split())}"
-            if self.tz != "UTC":
-                text += f" {TZ_OPTION}={self.tz}"
-        if self.times is not None:
-            text += f" {TIMES_OPTION}={self.times}"
-        if self.until_ms is not None:
-            text += f" {UNTIL_OPTION}={self.until_ms}"
-        return text
-
-    def as_tuple(self) -> tuple:
-        """The fields in order (a node's stored form keeps them so)."""
-        return (self.every_ms, self.multiplier, self.cron, self.tz, self.times, self.until_ms)
+def series_options(series: Series) -> str:
+    """A repeating message's schedule as frame options (each after a space)."""
+    text = ""
+    if series.every_ms is not None:
+        text += f" {EVERY_OPTION}={series.every_ms}"
+        if series.multiplier != 1.0:
+            text += f" {MULTIPLIER_OPTION}={format_multiplier(series.multiplier)}"
+    if series.cron is not None:
+        text += f" {CRON_OPTION}={'_'.join(series.cron.split())}"
+        if series.tz != "UTC":
+            text += f" {TZ_OPTION}={series.tz}"
+    if series.times is not None:
+        text += f" {TIMES_OPTION}={series.times}"
+    if series.until_ms is not None:
+        text += f" {UNTIL_OPTION}={series.until_ms}"
+    return text
 
 
 def format_multiplier(multiplier: float) -> str:
     """A multiplier as the frame writes it: plain decimal digits, at most 6 after the point."""
     return f"{multiplier:.6f}".rstrip("0").rstrip(".")
-
-
-@functools.lru_cache(maxsize=256)
-def time_zone(name: str) -> datetime.tzinfo:
-    """The IANA time zone ``name`` (zoneinfo), or ValueError naming it."""
-    import zoneinfo
-
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"time zone {name!r:.60} is not an IANA time zone name (like 'UTC' or "
-                         "'Europe/Berlin')") from None
-
-
-@functools.lru_cache(maxsize=256)
-def check_cron(expression: str) -> str:
-    """``expression`` with single spaces if it is a standard five-field cron expression (cronsim), else ValueError."""
-    import cronsim
-
-    fields = expression.split()
-    if len(fields) != 5 or not all(_CRON_FIELD.fullmatch(f) for f in fields):
-        raise ValueError(f"cron expression {expression!r:.100} must have five fields (minute hour day-of-month "
-                         "month day-of-week), like '*/5 * * * *'")
-    text = " ".join(fields)
-    try:
-        cronsim.CronSim(text, datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC))
-    except cronsim.CronSimError as err:
-        raise ValueError(f"cron expression {text!r:.100} is not valid: {err}") from None
-    return text
-
-
-def next_cron_match(expression: str, tz: str, after_ms: int) -> int | None:
-    """Epoch ms of the first minute matching ``expression`` in ``tz`` strictly after ``after_ms``; None if none."""
-    import cronsim
-
-    zone = time_zone(tz)
-    start = datetime.datetime.fromtimestamp(after_ms / 1000, datetime.UTC).astimezone(zone)
-    try:
-        match = next(cronsim.CronSim(check_cron(expression), start))
-    except (StopIteration, OverflowError, ValueError):  # no match before year 9999
-        return None
-    return int(match.timestamp() * 1000)
 
 
 # -- the envelope ------------------------------------------------------------
@@ -560,7 +467,7 @@ def frame_options(partition: int | None, partitioner: str | None, null_value: bo
 def schedule_options(series: Series | None, occurrence: int | None, attempt: int | None,
                      follows: int | None = None, cutoff: int | None = None) -> str:
     """The frame options of a repeating message and of a retry (empty, or each option after a space)."""
-    options = series.options() if series is not None else ""
+    options = series_options(series) if series is not None else ""
     if occurrence is not None and occurrence != 1:
         options += f" {OCCURRENCE_OPTION}={occurrence}"
     if follows is not None:

@@ -79,6 +79,7 @@ BOXES = (
          ("delayq/features.py", "feature levels"),
          ("delayq/extras.py", "which pip extra each part needs"),
          ("delayq/clock.py", "now, and the one duration grammar"),
+         ("delayq/schedule.py", "due times, delay levels, a series' next occurrence"),
          ("delayq/__init__.py", "the version")),
         ),
 )

@@ -14,7 +14,6 @@ Never add partitions to the buffer topic: pending ids would move.
 from __future__ import annotations
 
 import itertools
-import math
 import numbers
 import operator
 import os
@@ -23,7 +22,7 @@ import time
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
@@ -31,6 +30,7 @@ from pydantic import ValidationError
 
 from delayq import wire
 from delayq.errors import ConfigurationError
+from delayq.schedule import MIN_DUE_MS, clock_error, due_ms, first_due
 from delayq.settings import ENV_PREFIX, Settings, closest_setting, validation_problems
 from delayq.wire import buffer_partition, check_delay_id, control_headers, frame_head, put_value
 
@@ -48,11 +48,8 @@ _time_ns = time.time_ns
 
 _RESERVED = frozenset({wire.RESERVED_PREFIX, wire.RESERVED_PREFIX.encode()})
 _RESERVED_LEN = len(wire.RESERVED_PREFIX)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_MS = timedelta(milliseconds=1)
-_HALF_MS = timedelta(microseconds=500)
-# A clock before 2000-01-01 would make even delay=0 a due time the nodes refuse (wire.MIN_DUE_MS).
-_MIN_CLOCK_NS = wire.MIN_DUE_MS * 1_000_000
+# A clock before 2000-01-01 would make even delay=0 a due time the nodes refuse (schedule.MIN_DUE_MS).
+_MIN_CLOCK_NS = MIN_DUE_MS * 1_000_000
 
 
 # -- delay ids ---------------------------------------------------------------
@@ -88,11 +85,11 @@ class _DelayTicks:
 
         Raises:
             RuntimeError: the clock reads before 2000-01-01. Checked here, once per
-                millisecond, so every tick's ``ms`` is at or after wire.MIN_DUE_MS and
+                millisecond, so every tick's ``ms`` is at or after schedule.MIN_DUE_MS and
                 ``ms + delay`` (delay >= 0) is never a due time the nodes refuse.
         """
         if now_ns < _MIN_CLOCK_NS:
-            raise _clock_error(now_ns // 1_000_000)
+            raise clock_error(now_ns // 1_000_000)
         ms = now_ns // 1_000_000
         tail = int.from_bytes(os.urandom(8), "big") & (1 << 62) - 1 | 1 << 63
         head = f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-7"
@@ -123,7 +120,7 @@ def new_id(now_ns: int | None = None) -> str:
 def now_ms_of(now_ns: int) -> int:
     """``now_ns`` in ms, refused before 2000-01-01 (a due time from it would be too)."""
     if now_ns < _MIN_CLOCK_NS:
-        raise _clock_error(now_ns // 1_000_000)
+        raise clock_error(now_ns // 1_000_000)
     return now_ns // 1_000_000
 
 
@@ -241,7 +238,7 @@ def settings_from_conf(own: dict[str, typing.Any]) -> Settings:
         raise ValueError("delayq settings are not valid: " + validation_problems(err, named)) from None
 
 
-# -- due times ---------------------------------------------------------------
+# -- expiry ------------------------------------------------------------------
 
 
 # The feature level a message that expires needs (delayq/features.py): its frame says expires=.
@@ -276,146 +273,6 @@ def expiry_options(due: int, expire_after: object, repeat: object) -> str:
     return wire.expiry_options(due + round(seconds * 1000))
 
 
-def due_ms(now_ms: int, delay: object, deliver_at: object, max_delay_ms: int) -> int:
-    """The due time in epoch ms for ``delay`` or ``deliver_at``, checked; the full rules.
-
-    A due time below :data:`delayq.wire.MIN_DUE_MS` (2000-01-01T00:00:00Z) is refused, as
-    every node refuses it (dead-letter reason ``bad-due-time``): it is almost always
-    seconds given where milliseconds are meant, and would be delivered at once.
-
-    Raises:
-        TypeError: ``delay`` is not an int, float or timedelta (a bool or str is refused);
-            ``deliver_at`` is not a datetime or int.
-        ValueError: both or neither given; negative, NaN or infinite delay; naive datetime;
-            ``deliver_at`` before 2000-01-01 (epoch ms or datetime); due beyond
-            ``max_delay_ms`` from now.
-        RuntimeError: ``now_ms`` (the clock) is before 2000-01-01, so a delay from it is too.
-    """
-    if delay is not None and deliver_at is not None:
-        raise ValueError("give delay or deliver_at, not both: delay is relative (seconds), deliver_at absolute")
-    if delay is not None:
-        if isinstance(delay, timedelta):
-            if delay < timedelta(0):
-                raise ValueError(f"delay must be >= 0; got {delay!r}")
-            ms = (delay + _HALF_MS) // _ONE_MS
-        else:
-            if isinstance(delay, bool) or not isinstance(delay, numbers.Real):
-                raise TypeError(f"delay must be seconds as an int or float, or a timedelta; "
-                                f"got {type(delay).__name__} {delay!r}")
-            seconds = float(delay)
-            if math.isnan(seconds) or math.isinf(seconds):
-                raise ValueError(f"delay must be a finite number of seconds; got {delay!r}")
-            if seconds < 0:
-                raise ValueError(f"delay must be >= 0 seconds; got {delay!r}")
-            ms = round(seconds * 1000)
-        due = now_ms + ms
-        if due < wire.MIN_DUE_MS:  # ms >= 0: only a clock before 2000 gets here
-            raise _clock_error(now_ms)
-    elif deliver_at is not None:
-        if isinstance(deliver_at, datetime):
-            if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
-                raise ValueError(f"deliver_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc) "
-                                 f"+ timedelta(...)); got naive {deliver_at.isoformat()}")
-            # Ceiling: a due time between two milliseconds is not reached before the later one.
-            due = -((deliver_at - _EPOCH) // -_ONE_MS)
-            if due < wire.MIN_DUE_MS:
-                raise ValueError(f"deliver_at {deliver_at.isoformat()} is before 2000-01-01T00:00:00Z: delayq "
-                                 "refuses due times before 2000 (the nodes would dead-letter the message)")
-        elif isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
-            due = int(deliver_at)
-            if due < wire.MIN_DUE_MS:
-                raise ValueError(_early_epoch_ms(due, now_ms, max_delay_ms))
-        else:
-            raise TypeError(f"deliver_at must be a timezone-aware datetime or epoch milliseconds as an int; "
-                            f"got {type(deliver_at).__name__} {deliver_at!r}")
-    else:
-        raise ValueError("give delay (seconds or a timedelta) or deliver_at (a datetime or epoch ms)")
-    if due - now_ms > max_delay_ms:
-        given = f"delay {delay!r}" if delay is not None else f"deliver_at {deliver_at!r}"
-        raise ValueError(f"{given} is {_span(due - now_ms)} ahead, beyond the maximum delay of "
-                         f"{_span(max_delay_ms)} (setting max_delay_ms: DELAYQ_MAX_DELAY_MS or conf key "
-                         "delayq.max.delay.ms)")
-    return due
-
-
-def level_delay_ms(level: object, levels: tuple[int, ...]) -> int:
-    """The delay of ``delay_level`` ``level`` (1 is the first of ``levels``, 0 no delay), in ms.
-
-    Raises:
-        TypeError: ``level`` is not an int.
-        ValueError: ``level`` is not from 0 to the number of levels (RocketMQ clamps such a
-            level to the nearest one; delayq refuses it, naming the table).
-    """
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"delay_level must be an int (0 for no delay, 1 to {len(levels)}); got "
-                        f"{type(level).__name__} {level!r:.60}")
-    if level == 0:
-        return 0
-    if not 1 <= level <= len(levels):
-        table = ", ".join(f"{n}={_level_text(ms)}" for n, ms in enumerate(levels, 1))
-        raise ValueError(f"delay_level {level} is not a level: levels are {table} (setting delay_levels: "
-                         f"DELAYQ_DELAY_LEVELS or conf key delayq.delay.levels); 0 means no delay")
-    return levels[level - 1]
-
-
-def _level_text(ms: int) -> str:
-    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
-def scheduled_due(now_ms: int, delay: object, deliver_at: object, delay_level: object, repeat: object,
-                  settings: Settings) -> tuple[int | None, wire.Series | None]:
-    """Due time and schedule of a produce with ``delay_level`` or ``repeat``: the full rules.
-
-    Returns (None, None) for ``delay_level=0`` without ``repeat``: no delay, a plain produce.
-
-    Raises:
-        TypeError, ValueError: as :func:`due_ms`, :func:`level_delay_ms`; ``delay_level``
-            with ``delay`` or ``deliver_at``; ``repeat`` not an Every or Cron; an ``until``
-            before the first occurrence.
-    """
-    if delay_level is not None:
-        if delay is not None or deliver_at is not None:
-            raise ValueError("give delay_level, or delay or deliver_at, not both: a level names a delay")
-        delay = timedelta(milliseconds=level_delay_ms(delay_level, settings.delay_levels_ms))
-        if repeat is None and delay == timedelta(0):
-            return None, None
-    if repeat is None:
-        return due_ms(now_ms, delay, deliver_at, settings.max_delay_ms), None
-    if not isinstance(repeat, (Every, Cron)):
-        raise TypeError(f"repeat must be a delayq.Every or delayq.Cron; got {type(repeat).__name__} {repeat!r:.60}")
-    series = repeat.series()
-    if delay is None and deliver_at is None:
-        due = repeat.first_due(now_ms)
-    else:
-        due = due_ms(now_ms, delay, deliver_at, settings.max_delay_ms)
-    if series.until_ms is not None and series.until_ms < due:
-        raise ValueError(f"repeat's until ({series.until_ms} ms) is before the first occurrence ({due} ms): "
-                         "nothing would be delivered")
-    return due, series
-
-
-def _early_epoch_ms(due: int, now_ms: int, max_delay_ms: int) -> str:
-    """Why an int ``deliver_at`` below wire.MIN_DUE_MS is refused, and what was likely meant."""
-    text = f"deliver_at {due} is before 2000-01-01 in epoch milliseconds"
-    point = (f"deliver_at is a point in time: epoch milliseconds from {wire.MIN_DUE_MS} (2000-01-01T00:00:00Z), "
-             "or a timezone-aware datetime")
-    if due < 0:
-        return f"{text}; {point}"
-    if wire.MIN_DUE_MS <= due * 1000 <= now_ms + max_delay_ms:
-        return f"{text}: did you mean seconds? use deliver_at={due * 1000} or a datetime"
-    if due * 1000 <= max_delay_ms:
-        return f"{text}: did you mean seconds? {point}; for {due} s from now use delay={due}"
-    return f"{text}: did you mean seconds? {point}"
-
-
-def _clock_error(now_ms: int) -> RuntimeError:
-    return RuntimeError(f"this machine's clock reads {now_ms} ms since the epoch, before 2000-01-01: a due time "
-                        "counted from it would be refused by every node; set the clock (NTP)")
-
-
 def _check_timestamp(timestamp: object) -> int:
     """``timestamp`` of a delayed message, refused before anything is sent unless an int.
 
@@ -427,12 +284,6 @@ def _check_timestamp(timestamp: object) -> int:
         raise TypeError(f"timestamp must be epoch milliseconds as an int (0: now); got {type(timestamp).__name__} "
                         f"{timestamp!r:.100}")
     return int(timestamp)
-
-
-def _span(ms: int) -> str:
-    if ms >= 86_400_000:
-        return f"{ms / 86_400_000:g} days ({ms} ms)"
-    return f"{ms / 1000:g} s ({ms} ms)"
 
 
 def _as_bytes(data: object, argument: str) -> bytes:
@@ -553,7 +404,12 @@ class BufferWriter:
                 raise ValueError("expire_after bounds how late a delayed message may be delivered: give delay, "
                                  "deliver_at or delay_level too")
             return None, ""
-        due, series = scheduled_due(now_ms, delay, deliver_at, delay_level, repeat, self.settings)
+        if repeat is not None and not isinstance(repeat, (Every, Cron)):
+            raise TypeError(f"repeat must be a delayq.Every or delayq.Cron; got {type(repeat).__name__} "
+                            f"{repeat!r:.60}")
+        series = None if repeat is None else repeat.series()
+        due = first_due(now_ms, delay, deliver_at, delay_level, series, self.settings.delay_levels_ms,
+                        self.settings.max_delay_ms)
         if due is None:
             return None, ""
         options = wire.schedule_options(series, None, None)
@@ -746,7 +602,7 @@ class Producer(confluent_kafka.Producer):
         untouched, and returns None. With one of them the message goes to the buffer
         topic and this returns its delay id (a UUIDv7 str) for :meth:`cancel`,
         :meth:`reschedule` and :func:`delayq.lookup`. ``deliver_at`` as an int is epoch
-        **milliseconds**; a due time before 2000-01-01 (:data:`delayq.wire.MIN_DUE_MS`) is
+        **milliseconds**; a due time before 2000-01-01 (:data:`delayq.schedule.MIN_DUE_MS`) is
         refused, since it is almost always seconds meant as milliseconds (every node
         refuses it too). A due time already past (after 2000) is delivered as soon as
         possible. The delivered record has the ``key``,

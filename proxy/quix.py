@@ -37,7 +37,7 @@ try:
 except ImportError as err:  # an optional extra: say how to get it
     raise ImportError(f"delayq.quix needs quixstreams: pip install 'delayq[quix]' ({err})") from None
 
-from delayq import wire
+from delayq import schedule, wire
 
 from .producer import Producer
 
@@ -136,7 +136,7 @@ class DelaySink(BaseSink):
             return
         when = self._due(*row) if self._due is not None else self._delay
         if isinstance(when, datetime) or (isinstance(when, int) and not isinstance(when, bool)
-                                          and when >= wire.MIN_DUE_MS):
+                                          and when >= schedule.MIN_DUE_MS):
             timing: dict[str, typing.Any] = {"deliver_at": when}
         else:
             timing = {"delay": when}

@@ -1,15 +1,12 @@
 """Repeating messages: ``produce(..., repeat=Every(...))`` and ``repeat=Cron(...)``.
 
-A series is one delay id whose put carries its schedule (frame options, delayq.wire.Series).
+A series is one delay id whose put carries its schedule (frame options, delayq.schedule.Series).
 The master delivers each occurrence with ``delayq-occurrence`` = 1, 2, ... and, in the same
 transaction, puts the next one under the same id; ``cancel(id)`` stops the series and
 ``lookup(id)`` shows the next occurrence (docs/DESIGN.md, "Repeating messages").
 
-Cron expressions are read by cronsim (standard five fields, Vixie/Debian cron semantics:
-a day-of-month and a day-of-week both restricted match either, and DST gaps and repeats
-handled as cron does). Why cronsim: it is small, pure Python, maintained, does exactly
-the five standard fields (no seconds field or Quartz extensions that a node of another
-language could not read the same way), and takes a zoneinfo time zone.
+These classes check the user's arguments and make the schedule; its math (the first and
+next due times, cron expressions) is delayq.schedule's.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import numbers
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from delayq import wire
+from delayq import schedule, wire
 from delayq.clock import seconds_of
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -50,7 +47,7 @@ def _until_ms(until: object) -> int | None:
             raise ValueError(f"until must be a timezone-aware datetime; got naive {until.isoformat()}")
         return (until - _EPOCH) // timedelta(milliseconds=1)
     if isinstance(until, int) and not isinstance(until, bool):
-        if until < wire.MIN_DUE_MS:
+        if until < schedule.MIN_DUE_MS:
             raise ValueError(f"until {until} is before 2000-01-01 in epoch milliseconds: did you mean seconds?")
         return int(until)
     raise TypeError(f"until must be a timezone-aware datetime or epoch milliseconds (an int); got "
@@ -83,18 +80,14 @@ class Every:
         _until_ms(self.until)
         if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, numbers.Real):
             raise TypeError(f"multiplier must be a number; got {type(self.multiplier).__name__}")
-        if not 1.0 <= float(self.multiplier) <= wire.MAX_MULTIPLIER:
-            raise ValueError(f"multiplier must be from 1 to {wire.MAX_MULTIPLIER:g}; got {self.multiplier!r}")
+        if not 1.0 <= float(self.multiplier) <= schedule.MAX_MULTIPLIER:
+            raise ValueError(f"multiplier must be from 1 to {schedule.MAX_MULTIPLIER:g}; got {self.multiplier!r}")
 
-    def series(self) -> wire.Series:
+    def series(self) -> schedule.Series:
         """The schedule as the buffer's frame carries it."""
         multiplier = float(wire.format_multiplier(float(self.multiplier)))
-        return wire.Series(every_ms=_interval_ms(self.interval, "Every interval"), multiplier=multiplier,
-                           times=_times(self.times), until_ms=_until_ms(self.until))
-
-    def first_due(self, now_ms: int) -> int:
-        """The first occurrence's due time when the produce gives none: one interval from now."""
-        return now_ms + _interval_ms(self.interval, "Every interval")
+        return schedule.Series(every_ms=_interval_ms(self.interval, "Every interval"), multiplier=multiplier,
+                               times=_times(self.times), until_ms=_until_ms(self.until))
 
 
 @dataclass(frozen=True)
@@ -118,22 +111,15 @@ class Cron:
             raise TypeError(f"Cron expression must be a str like '*/5 * * * *'; got {type(self.expression).__name__}")
         if not isinstance(self.tz, str):
             raise TypeError(f"tz must be an IANA time zone name (a str); got {type(self.tz).__name__}")
-        wire.check_cron(self.expression)
-        wire.time_zone(self.tz)
+        schedule.check_cron(self.expression)
+        schedule.time_zone(self.tz)
         _times(self.times)
         _until_ms(self.until)
 
-    def series(self) -> wire.Series:
+    def series(self) -> schedule.Series:
         """The schedule as the buffer's frame carries it."""
-        return wire.Series(cron=wire.check_cron(self.expression), tz=self.tz, times=_times(self.times),
-                           until_ms=_until_ms(self.until))
-
-    def first_due(self, now_ms: int) -> int:
-        """The first occurrence's due time when the produce gives none: the next match after now."""
-        due = wire.next_cron_match(self.expression, self.tz, now_ms)
-        if due is None:
-            raise ValueError(f"cron expression {self.expression!r} never matches again")
-        return due
+        return schedule.Series(cron=schedule.check_cron(self.expression), tz=self.tz, times=_times(self.times),
+                               until_ms=_until_ms(self.until))
 
 
 Repeat = Every | Cron

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 from delayq.cli import CommandError
 from delayq.clock import DURATION_FORMS, parse_duration_ms
 from delayq.errors import UsageError
-from delayq.wire import MIN_DUE_MS
+from delayq.schedule import MIN_DUE_MS
 
 if TYPE_CHECKING:
     from delayq.proxy import Producer
     from delayq.settings import Settings
-# The earliest due time delayq takes (delayq.wire.MIN_DUE_MS): 2000-01-01T00:00:00Z.
+# The earliest due time delayq takes (delayq.schedule.MIN_DUE_MS): 2000-01-01T00:00:00Z.
 _MIN_AT = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=MIN_DUE_MS)
 
 
@@ -45,7 +45,7 @@ def parse_at(text: str) -> datetime:
 
     Raises:
         argparse.ArgumentTypeError: not ISO 8601, no timezone, or before 2000-01-01
-            (delayq refuses such due times: delayq.wire.MIN_DUE_MS).
+            (delayq refuses such due times: delayq.schedule.MIN_DUE_MS).
     """
     try:
         when = datetime.fromisoformat(text)

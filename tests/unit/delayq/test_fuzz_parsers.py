@@ -29,6 +29,7 @@ from delayq import wire
 from delayq.delay_service import stored
 from delayq.delay_service.http import NodeHTTPServer
 from delayq.delay_service.metrics import NodeMetrics
+from delayq.schedule import MIN_DUE_MS
 from delayq.store import Put, TimeIndex
 from delayq.wire import BufferRecord, Envelope, MalformedRecord, check_delay_id, parse_buffer_record
 
@@ -50,7 +51,7 @@ user_bytes = st.one_of(
     st.binary(min_size=500, max_size=2000),
 )
 offsets = st.integers(0, 10**18 - 1)  # what the frame's and the headers' 18 digits hold
-dues = st.one_of(st.integers(wire.MIN_DUE_MS, 10**18 - 1), st.just(wire.MIN_DUE_MS))  # a due time nodes take
+dues = st.one_of(st.integers(MIN_DUE_MS, 10**18 - 1), st.just(MIN_DUE_MS))  # a due time nodes take
 PARTITIONERS = ["consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a", "fnv1a_random", "random"]
 partitioners = st.one_of(st.none(), st.sampled_from(PARTITIONERS))
 user_header_names = st.text(max_size=20).filter(lambda name: not name.startswith(wire.RESERVED_PREFIX))
@@ -73,7 +74,7 @@ any_keys = st.one_of(st.none(), st.binary(max_size=40), delay_ids.map(str.encode
 numbers = st.one_of(
     offsets.map(lambda n: str(n).encode()),
     dues.map(lambda n: str(n).encode()),
-    st.sampled_from([str(wire.MIN_DUE_MS).encode(), str(wire.MIN_DUE_MS - 1).encode(), b"1795404000"]),
+    st.sampled_from([str(MIN_DUE_MS).encode(), str(MIN_DUE_MS - 1).encode(), b"1795404000"]),
     st.integers(10**18, 10**40).map(lambda n: str(n).encode()),
     st.integers(-(10**6), -1).map(lambda n: str(n).encode()),
     st.sampled_from([b"", b"0", b"00", b"007", b"1e3", b"0x10", b"1_000", b"+5", b"1.5", b" 1", b"1 ", b"\xff",
@@ -145,7 +146,7 @@ def expected(key: bytes | None, value: bytes | None, headers, timestamp_ms: int)
     fields = value[:line_end].split(b" ")
     if len(fields) < 4 or fields[0] != b"put" or not _DIGITS.fullmatch(fields[1]):
         return None
-    if int(fields[1]) < wire.MIN_DUE_MS:  # 2000-01-01 in ms: below it, seconds were meant
+    if int(fields[1]) < MIN_DUE_MS:  # 2000-01-01 in ms: below it, seconds were meant
         return None
     if not _TOPIC.fullmatch(fields[2]) or fields[2] in (b".", b".."):
         return None

@@ -1,11 +1,12 @@
-"""Delay levels, repeating messages, retry policies and dispatch limits: the pure rules, no server.
+"""Repeating messages, retry policies and dispatch limits as the parts apply them: the pure rules, no server.
 
-On the real stack: tests/integration/test_schedules.py.
+The schedule math itself (due times, delay levels, next occurrences): test_schedule.py. On the
+real stack: tests/integration/test_schedules.py.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -17,9 +18,9 @@ from delayq import Cron, Every, RetryPolicy, Settings, wire
 from delayq.delay_service import stored
 from delayq.delay_service.limits import DispatchLimiter
 from delayq.delay_service.reader import parse_batch
-from delayq.proxy.producer import level_delay_ms, scheduled_due
+from delayq.proxy.producer import BufferWriter
 from delayq.proxy.retry import attempt_of
-from delayq.settings import parse_delay_levels, settings_problem
+from delayq.settings import settings_problem
 from delayq.store import Put, Remove, TimeIndex, decode
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
@@ -30,87 +31,7 @@ def ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
 
-# -- delay levels -------------------------------------------------------------
-
-
-def test_the_default_levels_are_rocketmqs_eighteen():
-    assert Settings().delay_levels_ms == tuple(s * 1000 for s in (
-        1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
-
-
-def test_a_level_is_its_tables_delay_and_an_out_of_range_level_is_refused_with_the_table():
-    levels = parse_delay_levels("500ms 2s 1m,1h")
-    assert levels == (500, 2000, 60_000, 3_600_000)
-    assert [level_delay_ms(n, levels) for n in range(5)] == [0, 500, 2000, 60_000, 3_600_000]
-    for bad in (5, -1):
-        with pytest.raises(ValueError, match=r"is not a level: levels are 1=500ms, 2=2s, 3=1m, 4=1h"):
-            level_delay_ms(bad, levels)
-    for wrong in (True, 1.0, "1"):
-        with pytest.raises(TypeError, match="delay_level must be an int"):
-            level_delay_ms(wrong, levels)
-
-
-@pytest.mark.parametrize("text", ["", "1s 0s", "1s soon"])
-def test_a_bad_level_table_is_refused_in_one_line(text, monkeypatch):
-    monkeypatch.setenv("DELAYQ_DELAY_LEVELS", text)
-    with pytest.raises(ValidationError) as refused:
-        Settings()
-    assert settings_problem(refused.value).startswith(f"invalid setting: DELAYQ_DELAY_LEVELS = {text!r}: Value error")
-
-
-def test_a_level_with_a_delay_is_refused_and_level_0_is_no_delay():
-    settings = Settings()
-    assert scheduled_due(NOW, None, None, 2, None, settings) == (NOW + 5000, None)
-    assert scheduled_due(NOW, None, None, 0, None, settings) == (None, None)
-    with pytest.raises(ValueError, match="not both"):
-        scheduled_due(NOW, 5, None, 2, None, settings)
-    with pytest.raises(ValueError, match="not both"):
-        scheduled_due(NOW, None, NOW + 5, 2, None, settings)
-
-
 # -- repeating messages ---------------------------------------------------------
-
-
-def test_every_counts_from_each_due_time_and_stops_at_times_and_until():
-    series = Every(1.5, times=3).series()
-    assert series.next_due(NOW, 1) == NOW + 1500
-    assert series.next_due(NOW + 1500, 2) == NOW + 3000
-    assert series.next_due(NOW + 3000, 3) is None
-    until = Every(timedelta(minutes=1), until=datetime.fromtimestamp((NOW + 120_000) / 1000, UTC)).series()
-    assert until.next_due(NOW + 60_000, 2) == NOW + 120_000
-    assert until.next_due(NOW + 120_000, 3) is None
-
-
-def test_a_multiplier_makes_each_interval_that_much_longer_than_the_last():
-    series = Every(60, multiplier=2).series()
-    due, gaps = NOW, []
-    for occurrence in range(1, 6):
-        following = series.next_due(due, occurrence)
-        assert following is not None
-        gaps.append(following - due)
-        due = following
-    assert gaps == [60_000, 120_000, 240_000, 480_000, 960_000]
-    assert Every(1, multiplier=1000).series().next_due(NOW, 10**6) is None  # past year 9999: over
-
-
-def test_cron_matches_in_its_time_zone_across_a_dst_change():
-    # Berlin leaves summer time at 03:00 on 2026-10-25: "0 9 * * *" stays at 09:00 local time.
-    series = Cron("0 9 * * *", tz="Europe/Berlin").series()
-    saturday = ms(datetime(2026, 10, 24, 7, 0, tzinfo=UTC))  # 09:00 CEST
-    sunday = series.next_due(saturday, 1)
-    assert sunday == ms(datetime(2026, 10, 25, 8, 0, tzinfo=UTC))  # 09:00 CET
-    weekdays = Cron("30 8 * * 1-5").series()
-    friday = ms(datetime(2026, 11, 27, 8, 30, tzinfo=UTC))
-    assert weekdays.next_due(friday, 1) == ms(datetime(2026, 11, 30, 8, 30, tzinfo=UTC))  # Monday
-
-
-def test_a_cron_series_without_a_due_time_starts_at_the_next_match():
-    due, series = scheduled_due(NOW + 1, None, None, None, Cron("*/5 * * * *", times=2), Settings())
-    assert due == NOW + 300_000 and series is not None and series.times == 2
-    due, _ = scheduled_due(NOW, 3, None, None, Cron("*/5 * * * *"), Settings())
-    assert due == NOW + 3000  # the given time first, then the matches
-    due, _ = scheduled_due(NOW, None, None, None, Every(90), Settings())
-    assert due == NOW + 90_000  # Every without a due time: one interval from now
 
 
 @pytest.mark.parametrize("make, error, text", [
@@ -131,10 +52,13 @@ def test_a_bad_schedule_is_refused_before_anything_is_sent(make, error, text):
 
 
 def test_a_repeat_that_is_no_schedule_or_ends_before_it_starts_is_refused():
+    writer = BufferWriter(Settings())
     with pytest.raises(TypeError, match=r"delayq\.Every or delayq\.Cron"):
-        scheduled_due(NOW, 1, None, None, "every minute", Settings())
+        writer.schedule(NOW, 1, None, None, "every minute")
     with pytest.raises(ValueError, match="before the first occurrence"):
-        scheduled_due(NOW, 60, None, None, Every(1, until=NOW + 1000), Settings())
+        writer.schedule(NOW, 60, None, None, Every(1, until=NOW + 1000))
+    assert writer.schedule(NOW, None, None, 2) == (NOW + 5000, "")
+    assert writer.schedule(NOW, None, None, 0) == (None, "")
 
 
 def test_a_series_round_trips_through_the_frame_and_the_stored_form():

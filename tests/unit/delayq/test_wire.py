@@ -8,6 +8,7 @@ import pytest
 from support.wire_cases import CASES, PARTITIONS, Case
 
 from delayq import wire
+from delayq.schedule import MIN_DUE_MS
 from delayq.wire import Envelope, MalformedRecord, check_delay_id, new_delay_id, parse_buffer_record
 
 
@@ -86,11 +87,11 @@ def test_every_reason_code_is_a_stable_lower_case_word_and_reads_back():
 def test_the_due_time_bound_is_2000_01_01_in_ms():
     from datetime import UTC, datetime
 
-    assert int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000) == wire.MIN_DUE_MS
+    assert int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000) == MIN_DUE_MS
     key = new_delay_id().encode()
-    assert parse_buffer_record(key, b"put %d t -\n" % wire.MIN_DUE_MS, []).envelope.deliver_at_ms == wire.MIN_DUE_MS
+    assert parse_buffer_record(key, b"put %d t -\n" % MIN_DUE_MS, []).envelope.deliver_at_ms == MIN_DUE_MS
     with pytest.raises(MalformedRecord) as refused:
-        parse_buffer_record(key, b"put %d t -\n" % (wire.MIN_DUE_MS - 1), [])
+        parse_buffer_record(key, b"put %d t -\n" % (MIN_DUE_MS - 1), [])
     assert refused.value.code is wire.Reason.BAD_DUE_TIME
 
 

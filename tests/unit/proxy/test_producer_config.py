@@ -1,4 +1,4 @@
-"""delayq.Producer without a broker: its settings, due-time arithmetic and delay ids.
+"""delayq.Producer without a broker: its settings, due-time checks before sending, and delay ids.
 
 Nothing here reaches Kafka: the producers point at a closed port and are purged. What
 reaches the broker, and what must not, is tested in tests/integration/test_producer.py.
@@ -17,8 +17,9 @@ import pytest
 import delayq
 from delayq import cli
 from delayq.proxy import producer as producer_module
-from delayq.proxy.producer import due_ms, new_id
-from delayq.wire import MIN_DUE_MS, check_delay_id, new_delay_id, parse_buffer_record
+from delayq.proxy.producer import new_id
+from delayq.schedule import MIN_DUE_MS
+from delayq.wire import check_delay_id, new_delay_id, parse_buffer_record
 
 NOWHERE = {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}
 
@@ -71,23 +72,6 @@ def test_an_invalid_delayq_value_names_the_key():
 
 NOW = 1_800_000_000_000
 DAY = 86_400_000
-
-
-@pytest.mark.parametrize("delay,deliver_at,expected", [
-    (30, None, NOW + 30_000),
-    (0, None, NOW),
-    (0.25, None, NOW + 250),
-    (timedelta(minutes=2), None, NOW + 120_000),
-    (timedelta(microseconds=1500), None, NOW + 2),  # half a millisecond rounds up
-    (None, NOW + 5, NOW + 5),
-    (None, NOW - 60_000, NOW - 60_000),  # already past: kept, delivered as soon as possible
-    (None, datetime.fromtimestamp((NOW + 1234) / 1000, UTC), NOW + 1234),
-    (None, datetime.fromtimestamp((NOW + 1234) / 1000, timezone(timedelta(hours=-7))), NOW + 1234),
-    (None, datetime.fromtimestamp(NOW / 1000, UTC) + timedelta(microseconds=1), NOW + 1),  # never early
-    (365 * 86_400, None, NOW + 365 * DAY),  # exactly the maximum is allowed
-])
-def test_due_time_in_epoch_ms(delay, deliver_at, expected):
-    assert due_ms(NOW, delay, deliver_at, 365 * DAY) == expected
 
 
 def test_delay_ids_are_canonical_uuidv7_unique_and_in_creation_order(producer):
@@ -154,42 +138,7 @@ def test_the_remembered_frame_line_never_leaks_into_another_topic_key_or_due_tim
          NOW + delay * 1000) for topic, key, value, delay in calls]
 
 
-# -- due times before 2000 (delayq.wire.MIN_DUE_MS): seconds meant as milliseconds ---------
-
-YEAR_MS = 365 * DAY
-UTC = UTC
-
-
-@pytest.mark.parametrize("deliver_at,message", [
-    (1_795_404_000, "deliver_at 1795404000 is before 2000-01-01 in epoch milliseconds: did you mean seconds? "
-                    "use deliver_at=1795404000000 or a datetime"),
-    (1_600_000_000, "did you mean seconds? use deliver_at=1600000000000 or a datetime"),  # seconds, in the past
-    (MIN_DUE_MS - 1, f"deliver_at {MIN_DUE_MS - 1} is before 2000-01-01 in epoch milliseconds: did you mean "
-                     f"seconds? deliver_at is a point in time: epoch milliseconds from {MIN_DUE_MS}"),
-    (30, "did you mean seconds? deliver_at is a point in time: epoch milliseconds from 946684800000 "
-         "(2000-01-01T00:00:00Z), or a timezone-aware datetime; for 30 s from now use delay=30"),
-    (0, "deliver_at 0 is before 2000-01-01 in epoch milliseconds"),
-    (-1, "deliver_at -1 is before 2000-01-01 in epoch milliseconds; deliver_at is a point in time"),
-    (datetime(1999, 12, 31, 23, 59, 59, 999_000, UTC),
-     "deliver_at 1999-12-31T23:59:59.999000+00:00 is before 2000-01-01T00:00:00Z: delayq refuses due times before "
-     "2000 (the nodes would dead-letter the message)"),
-    (datetime(2000, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))), "is before 2000-01-01T00:00:00Z"),
-    (datetime(1, 1, 1, tzinfo=UTC), "deliver_at 0001-01-01T00:00:00+00:00 is before 2000-01-01"),
-], ids=["seconds", "seconds-past", "bound-minus-1", "a-delay", "zero", "negative", "datetime-1999",
-        "datetime-offset", "datetime-year-1"])
-def test_a_due_time_before_2000_is_refused_asking_whether_seconds_were_meant(deliver_at, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        due_ms(NOW, None, deliver_at, YEAR_MS)
-
-
-@pytest.mark.parametrize("deliver_at", [
-    MIN_DUE_MS,
-    datetime(2000, 1, 1, tzinfo=UTC),
-    datetime(2000, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
-    datetime(1999, 12, 31, 23, 59, 59, 999_001, UTC),  # rounded up to the millisecond: the bound itself
-])
-def test_a_due_time_exactly_at_2000_is_taken(deliver_at):
-    assert due_ms(NOW, None, deliver_at, YEAR_MS) == MIN_DUE_MS
+# -- due times before 2000 (delayq.schedule.MIN_DUE_MS): seconds meant as milliseconds -----
 
 
 @pytest.fixture
@@ -254,11 +203,6 @@ def test_a_clock_before_2000_refuses_delays_before_sending(producer, sent, monke
         producer.produce("t", b"v", delay=delay)
 
     assert sent == []
-
-
-def test_due_ms_itself_refuses_a_delay_from_a_clock_before_2000():
-    with pytest.raises(RuntimeError, match=r"clock reads 1000 ms since the epoch, before 2000-01-01"):
-        due_ms(1000, 5, None, YEAR_MS)
 
 
 # -- timestamp= of a delayed message: the buffer put's, checked before sending ----------

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from delayq import wire
+from delayq.schedule import Series
 from delayq.spark import ReconcileOptions, spark_session
 from delayq.spark.job import KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
 from delayq.spark.records import DEAD_LETTER_SCHEMA
@@ -62,7 +63,7 @@ class History:
         picked under ``cutoff`` (default: the next-occurrence put's own offset)."""
         if follows is not None and cutoff is None:
             cutoff = offset
-        options = wire.schedule_options(wire.Series(every_ms=1000), number, None, follows, cutoff)
+        options = wire.schedule_options(Series(every_ms=1000), number, None, follows, cutoff)
         value = wire.put_value(due, TOPIC, None, b"payload", more_options=options)
         return self._record(offset, value, [], T0 - 3_000_000 + offset if follows is None else due - 1000)
 
