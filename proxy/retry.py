@@ -21,12 +21,13 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayq import wire
 from delayq.clock import seconds_of
+from delayq.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 if typing.TYPE_CHECKING:
     from .producer import Producer
 
-# RocketMQ's consumer retry intervals: its delay levels without the first two (16 attempts).
-ROCKETMQ_DELAYS_S = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+# RocketMQ's consumer retry intervals: its delay levels without the first two (16 attempts, 10 s to 2 h).
+ROCKETMQ_DELAYS_S = tuple(ms // 1000 for ms in parse_delay_levels(DEFAULT_DELAY_LEVELS)[2:])
 DEAD_LETTER_SUFFIX = ".dlq"
 
 
