@@ -389,7 +389,7 @@ class DevStack:
         for name in missing:
             self._preflight(name)
         if missing:
-            self._record_ports()
+            self.record_ports()
         started: list[str] = []
         try:
             for name in missing:
@@ -423,7 +423,7 @@ class DevStack:
             if started:
                 java = java_executable()
                 self._preflight(name)
-                self._record_ports()
+                self.record_ports()
                 self._launch(name, java, say)
             self._wait(name, self._probe(name), time.monotonic() + self.start_timeout_s)
         except BaseException:
@@ -467,7 +467,7 @@ class DevStack:
         ``up`` started (a reused pid), is removed and nothing is signalled.
         """
         stopped = []
-        for name in services if services is not None else self._every_service_stopping_order():
+        for name in services if services is not None else self.stopping_order:
             pid = self._pid(name)
             if pid is not None and self._is_ours(name, pid):
                 _terminate(pid, timeout_s)
@@ -475,9 +475,11 @@ class DevStack:
             self._pid_file(name).unlink(missing_ok=True)
         return stopped
 
-    def _every_service_stopping_order(self) -> tuple[str, ...]:
-        """This stack's services and, when it was started with another broker count, that stack's: brokers first,
-        then controllers, then ZooKeeper (a ``down --brokers 1`` of a three-broker stack still stops it all)."""
+    @property
+    def stopping_order(self) -> tuple[str, ...]:
+        """What ``down`` stops by default, in order: this stack's services and, when it was started with another
+        broker count, that stack's; brokers first, then controllers, then ZooKeeper (a ``down --brokers 1`` of a
+        three-broker stack still stops it all)."""
         recorded = self.recorded_ports()
         names = {*self.services, *(("zookeeper", *(n.name for n in kafka_nodes(recorded))) if recorded else ())}
         rank = {"kafka": 0, "controller": 1, "zookeeper": 2}
@@ -529,7 +531,9 @@ class DevStack:
 
     # -- ports -----------------------------------------------------------
 
-    def _record_ports(self) -> None:
+    def record_ports(self) -> None:
+        """Write this stack's ports, broker count and security to its state folder (``up`` does, before it starts
+        anything): a later stack of this folder made without them uses them (:meth:`recorded_ports`)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.folder / RECORD
         scratch = record.with_suffix(".tmp")
@@ -663,7 +667,7 @@ class DevStack:
         # Private: a secured broker's settings hold its passwords.
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(self._kafka_properties(node, data))
+            out.write(self.kafka_properties(node, data))
         log = self._log_file(node.name)
         (home / "log4j2.properties").write_text(
             "status = warn\nappender.file.type = RollingFile\nappender.file.name = FILE\n"
@@ -761,7 +765,9 @@ class DevStack:
                 f"(delayq dev down --wipe --state-dir {self.folder}; every topic is lost) and run up again"
             )
 
-    def _kafka_properties(self, node: KafkaNode, data: Path) -> str:
+    def kafka_properties(self, node: KafkaNode, data: Path) -> str:
+        """The ``server.properties`` of Kafka process ``node`` keeping its log in ``data``: its roles, listeners,
+        the controller quorum, and the replication of internal topics for this stack's broker count."""
         client, controller = (security.PROTOCOL, "SASL_PLAINTEXT") if self.secure else ("PLAINTEXT", "PLAINTEXT")
         voters = ",".join(f"{other.node_id}@{HOST}:{other.controller_port}"
                           for other in self.kafka_nodes if other.controller_port is not None)

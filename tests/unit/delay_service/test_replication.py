@@ -107,9 +107,9 @@ def test_a_replicated_stack_names_every_service_and_bootstraps_from_every_broker
 
 def test_a_broker_properties_carry_the_quorum_and_the_replication_of_internal_topics(tmp_path):
     stack = DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3)
-    broker = dict(line.split("=", 1) for line in stack._kafka_properties(
+    broker = dict(line.split("=", 1) for line in stack.kafka_properties(
         stack.kafka_node("kafka-2"), tmp_path / "d").splitlines())
-    controller = dict(line.split("=", 1) for line in stack._kafka_properties(
+    controller = dict(line.split("=", 1) for line in stack.kafka_properties(
         stack.kafka_node("controller-1"), tmp_path / "d").splitlines())
 
     voters = "101@127.0.0.1:19095,102@127.0.0.1:19096,103@127.0.0.1:19097"
@@ -124,13 +124,13 @@ def test_a_broker_properties_carry_the_quorum_and_the_replication_of_internal_to
 
 
 def test_the_broker_count_is_recorded_and_a_later_call_uses_it(tmp_path):
-    DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3)._record_ports()
+    DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3).record_ports()
 
     assert DevStack(tmp_path).ports == Ports(19092, 12181, 3)
 
 
 def test_another_broker_count_on_a_formatted_stack_is_refused_with_the_fix(tmp_path):
-    DevStack(tmp_path, kafka_port=19092, zk_port=12181)._record_ports()
+    DevStack(tmp_path, kafka_port=19092, zk_port=12181).record_ports()
     (tmp_path / "kafka" / "data").mkdir(parents=True)
     (tmp_path / "kafka" / "data" / "meta.properties").write_text("cluster.id=abc\nnode.id=1\n")
 
@@ -229,18 +229,20 @@ def test_the_node_watch_says_the_problem_while_it_lasts_and_nothing_stale(monkey
     from delayq.delay_service import insync
     from delayq.delay_service.topics import InSyncShortfall
 
-    answers = iter([[InSyncShortfall("b", (0,), 1, 2)], [], [InSyncShortfall("b", (0,), 1, 2)], TimeoutError()])
+    answers = iter([[InSyncShortfall("b", (0,), 1, 2)], [], [InSyncShortfall("b", (0,), 1, 2)], TimeoutError(), []])
     asked = []
+    clients = []  # the admin client each question went through
 
-    def ask(_watch, _admin):
+    def ask(_watch, admin):
         asked.append(_watch.held())
+        clients.append(admin)
         answer = next(answers)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
     monkeypatch.setattr(insync.InSyncWatch, "_ask", ask)
-    monkeypatch.setattr(insync, "admin_client", lambda _settings: object())
+    monkeypatch.setattr(insync, "admin_client", lambda _settings: mock.Mock(spec_set=AdminClient))
     now = [100.0]
     monkeypatch.setattr(insync.time, "monotonic", lambda: now[0])
     watch = insync.InSyncWatch(Settings(cluster="c"), lambda: ([0, 3], ["delayq-c-master"]))
@@ -251,16 +253,18 @@ def test_the_node_watch_says_the_problem_while_it_lasts_and_nothing_stale(monkey
     assert watch.problem is None  # enough in sync again
     watch.check()
     watch.check()  # Kafka did not answer (any error): the last answer stands a while, a fresh admin client next
-    assert watch.problem is not None and watch._admin is None
+    assert watch.problem is not None
     now[0] += insync.STALE_S + 1
     assert watch.problem is None  # too old to say anything
+    watch.check()
+    assert clients[:4] == [clients[0]] * 4 and clients[4] is not clients[0], "a new client after the failure"
     assert asked[0] == ([0, 3], ["delayq-c-master"])
 
 
 def test_down_of_a_stack_recorded_with_more_brokers_stops_all_of_it_brokers_first(tmp_path):
-    DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3)._record_ports()
+    DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3).record_ports()
 
-    assert DevStack(tmp_path, brokers=1)._every_service_stopping_order() == (
+    assert DevStack(tmp_path, brokers=1).stopping_order == (
         "kafka", "kafka-1", "kafka-2", "kafka-3", "controller-1", "controller-2", "controller-3", "zookeeper")
 
 
@@ -315,4 +319,7 @@ def test_end_offsets_asked_for_are_not_waited_for_and_a_failed_answer_replaces_t
     assert asked.done()
     with pytest.raises(KafkaException):
         asked.result()
-    assert end_offsets._admin is replacement, "the next request starts from a new client, with new metadata"
+    replacement.list_offsets.return_value = {}
+    end_offsets.ask(5.0, partitions=[0, 1])
+    first.list_offsets.assert_called_once()
+    replacement.list_offsets.assert_called_once()  # the next request starts from a new client, with new metadata
