@@ -370,6 +370,12 @@ class Ingest:
         return self.lag
 
     @property
+    def reader_pid(self) -> int | None:
+        """The process id of the buffer reader in use; None while none runs (no shard held, or one being replaced)."""
+        reader = self._reader
+        return reader.process.pid if reader is not None else None
+
+    @property
     def caught_up(self) -> bool:
         """Caught up on every shard held (see :attr:`ShardFeed.caught_up`)."""
         return all(feed.caught_up for feed in list(self.feeds.values()))

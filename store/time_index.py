@@ -233,6 +233,8 @@ class _Family(Protocol):
     def items(self, *, from_key: bytes | None = None,
               read_opt: rocksdict.ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 
+    def property_int_value(self, name: str) -> int | None: ...
+
 
 class TimeIndex:
     """The time index of one node, in a RocksDB directory of its own.
@@ -1043,6 +1045,17 @@ class TimeIndex:
         """How many entries are stored (kept as a counter, not counted)."""
         self._check_open()
         return self._pending
+
+    def flushing(self) -> bool:
+        """Whether RocksDB is still flushing memtables in the background (one runs, or a full memtable waits).
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        self._check_open()
+        return bool(self._db.property_int_value("rocksdb.num-running-flushes")
+                    or any(family.property_int_value("rocksdb.num-immutable-mem-table")
+                           for family in self._cfs.values()))
 
     def offsets(self) -> dict[int, int]:
         """Buffer partition -> next offset to read, as of the last applied batch."""

@@ -134,7 +134,8 @@ def test_a_reader_that_cannot_be_replaced_is_tried_again_and_ingest_goes_on(sett
         ingest = Ingest(settings, 1, metrics, EndOffsets(settings, info.partitions, admin))
         ingest.hold([ingest.feed(0, store, metrics.shard(0))])  # one shard: the whole buffer
         try:
-            first = ingest._reader.process.pid
+            first = ingest.reader_pid
+            assert first is not None, "holding a shard starts a reader"
             monkeypatch.setattr(Ingest, "_start_reader", fails_the_first_time)
             os.kill(first, signal.SIGKILL)
             feeder = Feeder(settings)
@@ -146,7 +147,7 @@ def test_a_reader_that_cannot_be_replaced_is_tried_again_and_ingest_goes_on(sett
                 ingest.poll_once(0.1)  # never raises: a reader that cannot start is tried again
             assert store.pending_count() == 10
             assert len(attempts) == 2, attempts
-            second = ingest._reader.process.pid
+            second = ingest.reader_pid
         finally:
             ingest.close()
     assert not alive(second), "close() left the reader running"

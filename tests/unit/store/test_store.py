@@ -687,10 +687,7 @@ def _crash_after(path, batches: int, options: str) -> None:
             index.apply([Put("id%06d" % i, {T0} + i, b"p" * 1024) for i in range(b * 100, b * 100 + 100)],
                         {{0: b * 100 + 100, 3: 9}})
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (
-                index._db.property_int_value("rocksdb.num-running-flushes")
-                or any(family.property_int_value("rocksdb.num-immutable-mem-table")
-                       for family in index._cfs.values())):
+        while time.monotonic() < deadline and index.flushing():
             time.sleep(0.01)
         os._exit(0)  # no close()
     """)
@@ -832,11 +829,12 @@ def test_opening_a_directory_that_is_not_a_store_says_so(tmp_path):
 
 def test_a_closed_store_says_it_is_closed(tmp_path):
     index = TimeIndex(tmp_path / "store")
+    assert not index.flushing(), "an idle store has nothing to flush"
     index.close()
     index.close()
 
     for call in (lambda: index.due(T0, 1), lambda: index.apply([], {0: 1}), lambda: index.get("a"),
-                 lambda: index.pending_count(), lambda: index.set_meta("x", b"")):
+                 lambda: index.pending_count(), lambda: index.set_meta("x", b""), lambda: index.flushing()):
         with pytest.raises(StoreError, match="closed"):
             call()
 
