@@ -23,7 +23,8 @@ from delayq.election import Cursor, Leadership, NodeRecord, ShardLayout, Term
 from delayq.settings import Settings
 from delayq.store import StoreError, TimeIndex
 
-from .delivery import Delivery, InFlight, Wakeup
+from .delivery import Delivery
+from .handoff import InFlight, Wakeup
 from .ingest import Ingest
 from .loops import Loops
 from .master_producer import SpareProducer
