@@ -36,7 +36,9 @@ from delayq import Settings
 from delayq.spark import iso
 from delayq.spark.synthetic import TrafficWriter, healthy_traffic, new_message
 
-DATA_VERSION = 2  # the cached topics' wire format: 2 = the envelope as a frame in the put's value
+# The cached topics' wire format: 2 = the envelope as a frame in the put's value; 3 = every delivery and
+# done names its put's offset (delayq-version, delayq-cutoff), as masters write them.
+DATA_VERSION = 3
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: fixed, so the cached data keeps one window
 WINDOW_MS = 24 * 3_600_000
 TARGETS = 4
@@ -101,16 +103,17 @@ def ensure_data(bootstrap: str, messages: int) -> None:
         healthy_traffic(writer, messages, targets, since, until - 30 * 60_000)
         for i in range(INJECTED):
             due = since + 3_600_000 + i * 1000
-            duplicate = writer.delivered(topic=targets[0], due_ms=due, delivered_ms=due + 5)
-            writer.deliver(duplicate, due + 900, epoch=2)
+            duplicate, version = writer.delivered(topic=targets[0], due_ms=due, delivered_ms=due + 5)
+            writer.deliver(duplicate, due + 900, epoch=2, version=version)
             writer.delivered(topic=targets[1], due_ms=due + 100, delivered_ms=due - 400)  # early
             lost = new_message(targets[2], due + 200)
             writer.put(lost, lost.created_at_ms)
+            # A cancel the master had read (below its done's cutoff), delivered anyway.
             cancelled = new_message(targets[3], due + 300)
-            writer.put(cancelled, cancelled.created_at_ms)
-            writer.cancel(cancelled.delay_id, due - 60_000)
-            writer.deliver(cancelled, due + 310)
-            writer.done(cancelled.delay_id, due + 310)
+            put = writer.put(cancelled, cancelled.created_at_ms, wait=True)
+            cancel = writer.cancel(cancelled.delay_id, due - 60_000, wait=True)
+            writer.deliver(cancelled, due + 310, version=put)
+            writer.done(cancelled.delay_id, due + 310, version=put, cutoff=cancel + 1)
     print(f"wrote {want_buffer:,} buffer records and {want_deliveries:,} deliveries in "
           f"{time.monotonic() - started:.0f} s")
 
@@ -131,7 +134,8 @@ def timed_run(bootstrap: str, messages: int, master: str, out: Path) -> tuple[fl
 def check(report: dict, messages: int) -> None:
     totals = report["totals"]
     want = {"expected": messages + 3 * INJECTED, "missing": INJECTED, "duplicates": INJECTED,
-            "early": INJECTED, "unexpected": INJECTED, "undeliverable": 0, "already_due_when_written": 0,
+            "early": INJECTED, "unexpected": 0, "cancel_ignored": INJECTED, "undeliverable": 0,
+            "already_due_when_written": 0,
             "malformed_buffer_records": 0}
     got = {k: totals[k] for k in want}
     if got != want:

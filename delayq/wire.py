@@ -15,7 +15,8 @@ frame carries (the earliest due time, a series and its cron expression) are
              headers = the user's, as given (none named delayq-...)
     cancel   key = the delay id, value = null, headers = delayq-op: cancel [, delayq-id]
     done     value = null, delayq-op: done, delayq-id, delayq-version, delayq-cutoff (the
-             master writes it with the delivery)
+             master writes it with the delivery; without delayq-version or delayq-cutoff it
+             is malformed)
 
 The options: ``partition=N`` (the user named a partition), ``partitioner=NAME`` (the
 producing client's, when not librdkafka's default; one of PARTITIONERS), ``value=null``
@@ -404,12 +405,12 @@ def delivery_headers(user_headers: Headers, delay_id: bytes, deliver_at: bytes, 
 class BufferRecord:
     """A parsed buffer record: ``op`` is one of OPS; ``envelope`` is set for a put.
 
-    ``closes_version`` is set for a ``done`` that names the put it closes (its buffer
-    offset); a ``done`` without one, and a ``cancel``, close whatever is pending.
-    ``restores`` is set for a put a master copied from the put at that offset, ``follows``
-    for a master's put of a series' next occurrence, after the occurrence put at that offset,
-    with ``cutoff``: the buffer offset up to which the master had read that occurrence's
-    partition when it picked it (what a ``done`` records in ``delayq-cutoff``).
+    ``closes_version`` is set for a ``done``: the put it closes (its buffer offset), with
+    ``cutoff``, the buffer offset up to which the master had read the put's partition when it
+    picked it; a ``cancel`` closes whatever is pending. ``restores`` is set for a put a master
+    copied from the put at that offset, ``follows`` for a master's put of a series' next
+    occurrence, after the occurrence put at that offset, with ``cutoff``: the master's cutoff
+    when it picked that occurrence (what the ``done`` of it would record).
     """
 
     op: bytes
@@ -546,11 +547,11 @@ def parse_buffer_record(key: bytes | None, value: bytes | None, headers: Headers
                               f"must be on crc32(id) % {partitions} = {zlib.crc32(key) % partitions}")
     delay_id = key.decode()
     if value is None:
-        op, closes_version = _tombstone(key, headers)
+        op, closes_version, cutoff = _tombstone(key, headers)
         if op != OP_DONE and key.startswith(MARK_ID_PREFIX):
             raise MalformedRecord(Reason.BAD_ID, f"a cancel of {delay_id}, a partition mark's id "
                                   f"({MARK_ID_PREFIX.decode()}...): no message has it")
-        return BufferRecord(op, delay_id, None, closes_version)
+        return BufferRecord(op, delay_id, None, closes_version, cutoff=cutoff)
     if key.startswith(MARK_ID_PREFIX):
         raise MalformedRecord(Reason.BAD_ID, f"a put of {delay_id}, a partition mark's id "
                               f"({MARK_ID_PREFIX.decode()}...): a message's id comes from produce()")
@@ -746,8 +747,8 @@ def _frame_topic(raw: bytes) -> str:
     return topic
 
 
-def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None]:
-    """The op of a tombstone and, for a ``done``, the version it closes (None: any)."""
+def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None, int | None]:
+    """The op of a tombstone and, for a ``done``, the version it closes and its cutoff (None, None for a cancel)."""
     if headers is not None and len(headers) == 4:
         # A master's done, headers in the order done_headers() writes them: checked without
         # the general walk below (every node reads one back per delivered message).
@@ -758,7 +759,7 @@ def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None]:
         if (op_name == OP and op == OP_DONE and id_name == ID and record_id == key and version_name == VERSION
                 and cutoff_name == CUTOFF and version and version.isdigit() and len(version) <= 18
                 and cutoff and cutoff.isdigit() and len(cutoff) <= 18):
-            return OP_DONE, int(version)
+            return OP_DONE, int(version), int(cutoff)
     found: dict[str, bytes | None] = {}
     for name, header_value in headers or ():
         if name in (OP, ID, VERSION, CUTOFF):
@@ -775,15 +776,16 @@ def _tombstone(key: bytes, headers: Headers | None) -> tuple[bytes, int | None]:
     if record_id is not None and record_id != key:
         raise MalformedRecord(Reason.BAD_CONTROL,
                               f"header {ID} {record_id[:40]!r} differs from the record key {key[:40]!r}")
-    # Present with a null value is not absent: a done whose version is null must not close any version.
     if op != OP_DONE:
         if VERSION in found or CUTOFF in found:
             raise MalformedRecord(Reason.BAD_CONTROL, f"a {op.decode()} carries header "
                                   f"{VERSION if VERSION in found else CUTOFF}, which only a done has")
-        return op, None
-    if CUTOFF in found:
-        _header_digits(found[CUTOFF], CUTOFF)
-    return op, _header_digits(found[VERSION], VERSION) if VERSION in found else None
+        return op, None, None
+    missing = [name for name in (VERSION, CUTOFF) if name not in found]
+    if missing:
+        raise MalformedRecord(Reason.BAD_CONTROL, f"a done needs headers {VERSION} (the put it closes) and "
+                              f"{CUTOFF} (how far the master had read); it has no {' and no '.join(missing)}")
+    return op, _header_digits(found[VERSION], VERSION), _header_digits(found[CUTOFF], CUTOFF)
 
 
 def _header_digits(raw: bytes | None, name: str) -> int:

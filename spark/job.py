@@ -10,12 +10,11 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   compared). A *version* of an id is one of its
   ``put`` records, named by its offset; a reschedule is a newer put, and the latest
   put wins. A delivered record names the version it delivered in ``delayq-version``;
-  one without that header (written before it existed) is matched by its
-  ``delayq-deliver-at``: the latest version if that equals the latest put's due time,
-  else an older version of that due time. A ``done`` names the version it closes
+  one without it (or with one that is no buffer offset) names no version: no master
+  writes such a record, and it is *unexpected*. A ``done`` names the version it closes
   (``delayq-version``) and ``delayq-cutoff``: the master had read every record of the
-  partition below that offset when it picked the message. A ``done`` without these
-  headers (older masters) closes the latest put before it. A master's copy of a put
+  partition below that offset when it picked the message; a ``done`` without either is
+  malformed, as on a node. A master's copy of a put
   (frame option ``restores=N``) is a put like any other when version N was still the
   one pending at its offset; a copy a newer put or a cancel overtook is ignored, as
   nodes ignore it. A master's put of a repeating message's next occurrence (``follows=N``)
@@ -46,21 +45,22 @@ Rules (docs/DESIGN.md, "Reconciliation"):
   had read it), it was ignored: **cancel_ignored** (the product promises that a cancel
   or reschedule acknowledged before the due time wins). Too late, it lost the
   documented race: a cancel "too late", or a "rescheduled too late" delivery of the
-  older version, counted by that evidence; neither is an anomaly. Without a cutoff
-  (older masters) an older version delivered was rescheduled too late.
+  older version, counted by that evidence; neither is an anomaly. With no cutoff or no
+  superseding write left to judge by (compaction removed the version's put and done),
+  an older version delivered was rescheduled too late.
 * A cancel after the latest put *counts* (the latest version must not be delivered)
   unless it was too late as above, when the latest version's done has a cutoff; else
-  (a done without one, or none left after compaction) when a done of the latest
+  (compaction left no put, or no done of the latest version) when a done of the latest
   version precedes it, or, with no done at all, when the latest version's first
   delivery was written before the cancel record (record timestamps). A cancel that
   counts by the cutoff and a delivery anyway is *cancel_ignored*; one that counts by
   the fallback and a delivery anyway is *unexpected*, as is any delivery of an id
-  unknown to the buffer, and a delivery whose ``delayq-version`` names a put with
-  another due time than its ``delayq-deliver-at``.
+  unknown to the buffer, a delivery without ``delayq-version``, and one whose
+  ``delayq-version`` names a put with another due time than its ``delayq-deliver-at``.
 * An older version delivered once, superseded too late (or with no cutoff to tell),
   is legitimate: a late reschedule delivers the old version and then the new one, and
-  that is no duplicate. A *duplicate* is one version (same id and ``delayq-version``,
-  or without it same ``delayq-deliver-at``) delivered more than once.
+  that is no duplicate. A *duplicate* is one version (same id and ``delayq-version``)
+  delivered more than once.
 * Compaction removes a put once a newer record of its id is older than
   ``min.compaction.lag.ms``. Such an id (done or cancel left, no put) is *compacted*:
   known, its due time taken from its latest delivered version's ``delayq-deliver-at``,
@@ -128,9 +128,10 @@ WORST_LATE = 20
 # at or after the due time, appended after the delivery's done, or only the master's cutoff says so
 # (created less than the ack grace before the due time). Codes 1-3 here, TOO_LATE_EVIDENCE's names in the report.
 AFTER_DUE, AFTER_DELIVERY, BY_CUTOFF = 1, 2, 3
-# The version key of a record with no put left to belong to; a delivery without delayq-version
-# of an older version is keyed below it by its due time (-2 - due). Real versions are offsets, >= 0.
+# The version key of a record with no put left to belong to, and of a delivery that names no version (no
+# delayq-version, or one that is no offset: no master writes it). Real versions are offsets, >= 0.
 NO_PUT = -1
+UNVERSIONED = -2
 # How a node reads delayq-version and delayq-cutoff: a buffer offset in plain decimal digits.
 _OFFSET_DIGITS = r"^[0-9]{1,18}$"
 
@@ -293,10 +294,9 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     it orders puts and cancels first, by offset, so that is the next row. That places each
     record in a version:
 
-    * a put: its own offset; a done or a delivery with ``delayq-version``: that;
-    * a delivery without it: the latest put if the due times agree, else an older
-      version keyed by its due time (``-2 - due``, below every offset);
-    * a cancel, or a done without a version: the latest put (``-1`` when none is left);
+    * a put: its own offset; a done or a delivery: the version its ``delayq-version`` names;
+    * a delivery without one: :data:`UNVERSIONED` (``-2``, below every offset), no put's;
+    * a cancel: the latest put (``-1`` when none is left);
     * a dead letter of an undeliverable message: the version its ``delayq-version`` names;
     * a put appended twice: the copy, and whatever names its offset, belong to the first
       copy's version (the second window orders each copy just before the records that
@@ -392,16 +392,15 @@ def per_version(buffer: DataFrame, deliveries: DataFrame, topics: list[str], ear
     latest, delivery, version = F.col("latest"), kind == DELIVERY, F.col("named")
     after_latest = offset > F.coalesce(latest, F.lit(NO_PUT))
     cancel_after = (kind == CANCEL) & after_latest
-    done_of_latest = (kind == DONE) & (latest.isNull() | (version == latest) | (version.isNull() & after_latest))
+    done_of_latest = (kind == DONE) & (latest.isNull() | (version == latest))
     key = (F.when(kind == PUT, offset)
            .when(kind == PUT_COPY, F.col("first_copy"))
-           .when(delivery, F.coalesce(version, F.when(due == F.col("latest_due"), latest), F.lit(NO_PUT - 1) - due,
-                                      F.lit(NO_PUT)))
+           .when(delivery, F.coalesce(version, F.lit(UNVERSIONED)))
            .when(((kind == DONE) | (kind == DEAD_LETTER)) & version.isNotNull(), version)
            .otherwise(F.coalesce(latest, F.lit(NO_PUT))))
     early = delivery & (F.col("ts") < F.coalesce(due, F.col("latest_due")) - early_tolerance_ms)
-    # The done that closed this version: one naming it (unversioned: after the latest put).
-    closing = (kind == DONE) & (version.isNotNull() | after_latest)
+    # The done that closed this version: the one naming it.
+    closing = kind == DONE
     reordered = F.col("reordered")
     copy = (kind == PUT_COPY) | (kind == CANCEL_COPY)
 
@@ -552,18 +551,22 @@ def per_id(versions: DataFrame, topics: list[str], *, ack_grace_ms: int) -> Data
     is_latest = version == latest
     # An occurrence of a series the master continued is not an older version: the next occurrence follows it.
     continued = F.coalesce(F.col("continued"), F.lit(0)) == 1
-    older = latest.isNotNull() & (version != latest) & (copies > 0) & ~continued
+    unversioned = version == UNVERSIONED
+    older = latest.isNotNull() & (version != latest) & (copies > 0) & ~continued & ~unversioned
     put_due, cutoff, at = F.col("put_due"), F.col("cutoff"), F.col("superseded_at")
     at_ms = F.col("superseded_ms")
     # An older version delivered: its reschedule (or cancel) was too late, with this evidence, or, with a
-    # cutoff to judge by and no evidence, ignored. Without a cutoff (older masters) nothing tells ignored.
+    # cutoff to judge by and no evidence, ignored. Without a cutoff or the write that superseded it (compaction
+    # removed the version's put and its done) nothing tells ignored.
     has_cutoff = cutoff.isNotNull() & at.isNotNull()
     evidence = (F.when(has_cutoff, _too_late(at, at_ms, put_due, cutoff, F.col("closed_at"), ack_grace_ms))
                 .otherwise(F.coalesce(_evidence(at, at_ms, put_due, F.col("closed_at")), F.lit(BY_CUTOFF))))
     ignored = older & has_cutoff & evidence.isNull()
     late_by = F.when(older, evidence)
-    mismatched = (F.col("put_offset").isNotNull() & (copies > 0)
-                  & ((F.col("header_due") != put_due) | (F.col("header_due_max") != put_due)))
+    # A delivery naming a put of another due time, or naming none.
+    mismatched = ((F.col("put_offset").isNotNull() & (copies > 0)
+                   & ((F.col("header_due") != put_due) | (F.col("header_due_max") != put_due)))
+                  | (unversioned & (copies > 0)))
 
     def flag(condition: Column) -> Column:
         return F.max(F.coalesce(condition, F.lit(False)).cast("int")) == 1
@@ -628,8 +631,8 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
     cancel_after = col("cancel_offset").isNotNull()
     by_cutoff = col("cutoff").isNotNull()
     cancel_offset, cancel_ms, put_due = col("cancel_offset"), col("cancel_ms"), col("put_due")
-    # Older masters' dones have no cutoff: a cancel after one of the latest version is too late, or,
-    # with no done left, one created after the latest version's first delivery.
+    # No cutoff to judge by (compaction left no put, or no done of the latest version): a cancel after a done of
+    # the latest version is too late, or, with no done left, one created after the latest version's first delivery.
     after_delivery = (F.when(col("done_offset").isNotNull(), col("done_offset") < cancel_offset)
                       .otherwise(F.coalesce(first_ms < cancel_ms, F.lit(False))))
     cancel_late_by = (F.when(by_cutoff, _too_late(cancel_offset, cancel_ms, put_due, col("cutoff"),

@@ -66,8 +66,8 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
     ``kind`` is PUT, CANCEL or DONE, or null with ``code`` the :class:`delayq.wire.Reason`
     of a malformed record. A put has ``due``, ``put_topic`` and ``restores`` (the version
     it replaces only: a master's copy, or a series' next occurrence, which also has
-    ``follows`` and ``follows_cutoff``); a done has ``version`` (the put it closes, null for a done of an older master)
-    and ``cutoff``. ``written`` is passed through untouched.
+    ``follows`` and ``follows_cutoff``); a done has ``version`` (the put it closes) and ``cutoff``
+    (a done without either is malformed). ``written`` is passed through untouched.
 
     Args:
         batches: Arrow batches of :data:`BUFFER_INPUT` (``ts``: the record timestamp in ms).
@@ -77,7 +77,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
 
     parse = wire.parse_buffer_record
     malformed = wire.MalformedRecord
-    op_put, op_cancel, cutoff_header = wire.OP_PUT, wire.OP_CANCEL, wire.CUTOFF
+    op_put, op_cancel = wire.OP_PUT, wire.OP_CANCEL
     int32, int64, string = pa.int32(), pa.int64(), pa.string()
     for batch in batches:
         n = batch.num_rows
@@ -124,9 +124,7 @@ def classify_buffer(batches: Iterable[pa.RecordBatch], partitions: int) -> Itera
             else:
                 kind[i] = DONE
                 version[i] = record.closes_version
-                for name, value in headers or ():  # a done has its delayq-op header at least
-                    if name == cutoff_header and value is not None:  # checked by the parser: ASCII digits
-                        cutoff[i] = int(value)
+                cutoff[i] = record.cutoff
         yield pa.RecordBatch.from_arrays(
             [batch.column(0), batch.column(3), batch.column(4), batch.column(5), pa.array(kind, int32),
              pa.array(code, string), pa.array(due, int64), pa.array(topic, string), pa.array(restores, int64),

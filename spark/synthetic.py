@@ -2,17 +2,26 @@
 
 It writes what the proxy and a master write (the envelope of ``delayq.proxy``), with
 record timestamps chosen by the caller, so any history can be staged: a clean run,
-a duplicate, a loss, an early delivery, a cancel that was ignored.
+a duplicate, a loss, an early delivery, a cancel that was ignored. A delivery and a
+``done`` name the put they deliver and close by its buffer offset, as a master's do, so
+the writer waits for the offsets of the puts that are delivered.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
-from typing import Self
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Self
 
 from delayq import wire
 from delayq.wire import Envelope, new_delay_id
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+
+# How many puts healthy_traffic writes before it waits for their offsets.
+_BATCH = 100_000
 
 
 class TrafficWriter:
@@ -25,7 +34,7 @@ class TrafficWriter:
 
     Example:
         >>> with TrafficWriter("127.0.0.1:9092", "buffer") as writer:    # doctest: +SKIP
-        ...     message = writer.delivered(topic="orders", due_ms=due, delivered_ms=due + 12)
+        ...     message, version = writer.delivered(topic="orders", due_ms=due, delivered_ms=due + 12)
     """
 
     def __init__(self, bootstrap_servers: str, buffer_topic: str, *, conf: dict | None = None):
@@ -78,21 +87,62 @@ class TrafficWriter:
         through a second producer, after the first one's records are out (one id's records
         stay in order).
         """
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import KafkaException
 
         self.flush()
-        if self._acked is None:
-            self._acked = Producer({"bootstrap.servers": self._bootstrap_servers, **self._conf})
+        acked = self._acked_producer()
         written: list = []
-        self._acked.produce(topic, key=key, value=value, headers=headers, timestamp=at_ms,
-                            on_delivery=lambda err, message: written.append((err, message)))
-        self._acked.flush(30)
+        acked.produce(topic, key=key, value=value, headers=headers, timestamp=at_ms,
+                      on_delivery=lambda err, message: written.append((err, message)))
+        acked.flush(30)
         if not written:
             raise RuntimeError(f"a record to {topic} was still unsent after 30 s")
         err, message = written[0]
         if err is not None:
             raise KafkaException(err)
         return message.offset()
+
+    def _acked_producer(self) -> Producer:
+        """The producer whose every delivery is reported (the batching one reports errors only)."""
+        from confluent_kafka import Producer
+
+        if self._acked is None:
+            self._acked = Producer({"bootstrap.servers": self._bootstrap_servers, **self._conf})
+        return self._acked
+
+    def put_all(self, messages: Sequence[Envelope]) -> list[int]:
+        """The proxy's puts of ``messages``, each written at its creation time; their buffer offsets, in order.
+
+        Everything written before goes first; the puts are sent in batches and then waited for,
+        so this is the way to many puts whose offsets are wanted.
+
+        Raises:
+            RuntimeError: a put was refused, or some were still unsent after 120 s.
+        """
+        self.flush()
+        acked = self._acked_producer()
+        offsets: list[int] = [-1] * len(messages)
+        errors: list[str] = []
+
+        def report(index: int, err, message) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                offsets[index] = message.offset()
+
+        for index, message in enumerate(messages):
+            while True:
+                try:
+                    acked.produce(self.buffer_topic, key=message.delay_id.encode(), value=message.buffer_value(),
+                                  headers=message.buffer_headers(), timestamp=message.created_at_ms,
+                                  on_delivery=partial(report, index))
+                    break
+                except BufferError:  # the local queue is full: let librdkafka send some, then retry
+                    acked.poll(0.05)
+        left = acked.flush(120)
+        if errors or left or -1 in offsets:
+            raise RuntimeError(f"{len(errors)} put(s) refused ({errors[:1]}), {left} still unsent after 120 s")
+        return offsets
 
     def put(self, message: Envelope, at_ms: int, *, wait: bool = False, restores: int | None = None) -> int | None:
         """The proxy's ``put`` of ``message``, written at ``at_ms``; with ``wait``, its buffer offset.
@@ -108,45 +158,36 @@ class TrafficWriter:
         return self._produce(self.buffer_topic, key=delay_id.encode(), value=None,
                              headers=wire.control_headers(wire.OP_CANCEL, delay_id), at_ms=at_ms, wait=wait)
 
-    def done(self, delay_id: str, at_ms: int, *, version: int | None = None, cutoff: int | None = None,
-             wait: bool = False) -> int | None:
-        """The master's ``done`` tombstone for ``delay_id``, written at ``at_ms``.
+    def done(self, delay_id: str, at_ms: int, *, version: int, cutoff: int, wait: bool = False) -> int | None:
+        """The master's ``done`` tombstone for ``delay_id``, written at ``at_ms``; with ``wait``, its buffer offset.
 
         ``version`` (the offset of the put it closes) and ``cutoff`` (how far the master had
-        read the partition) become its ``delayq-version`` and ``delayq-cutoff`` headers; leave
-        both out for a ``done`` as masters wrote it before those headers.
+        read the partition) become its ``delayq-version`` and ``delayq-cutoff`` headers.
         """
-        if version is not None and cutoff is not None:
-            headers = wire.done_headers(delay_id, version, cutoff)
-        else:
-            headers = wire.control_headers(wire.OP_DONE, delay_id)
-            headers += [(name, str(number).encode()) for name, number in ((wire.VERSION, version),
-                                                                         (wire.CUTOFF, cutoff)) if number is not None]
-        return self._produce(self.buffer_topic, key=delay_id.encode(), value=None, headers=headers, at_ms=at_ms,
-                             wait=wait)
+        return self._produce(self.buffer_topic, key=delay_id.encode(), value=None,
+                             headers=wire.done_headers(delay_id, version, cutoff), at_ms=at_ms, wait=wait)
 
-    def deliver(self, message: Envelope, at_ms: int, *, epoch: int = 1, version: int | None = None) -> None:
+    def deliver(self, message: Envelope, at_ms: int, *, version: int, epoch: int = 1) -> None:
         """One delivery of ``message`` to its topic, stamped ``at_ms``, as the master of ``epoch`` writes it.
 
-        ``version`` is the buffer offset of the put delivered; None writes the record as
-        masters did before the ``delayq-version`` header.
+        ``version`` is the buffer offset of the put delivered.
         """
         self._produce(message.topic, key=message.key, value=message.value,
-                      headers=delivery_headers(message, epoch, version), at_ms=at_ms)
+                      headers=message.delivery_headers(epoch, version), at_ms=at_ms)
 
     def delivered(self, *, topic: str, due_ms: int, delivered_ms: int, created_ms: int | None = None,
-                  epoch: int = 1, value: bytes = b"payload", versioned: bool = False) -> Envelope:
+                  epoch: int = 1, value: bytes = b"payload") -> tuple[Envelope, int]:
         """A whole healthy life: put at ``created_ms``, delivered and done at ``delivered_ms``.
 
-        ``versioned`` writes the delivery and the done as masters with ``delayq-version``
-        do (the put's offset; the done's cutoff just past the put); it waits for the put's
-        offset, so it is for small histories. Otherwise they are written as before those headers.
+        The delivery and the done name the put's offset, the done's cutoff just past it. It
+        waits for that offset: for a few histories (:func:`healthy_traffic` writes many).
+        Returns the message and its put's offset (the version delivered).
         """
         message = new_message(topic, due_ms, created_ms=created_ms, value=value)
-        offset = self.put(message, message.created_at_ms, wait=versioned)
+        [offset] = self.put_all([message])
         self.deliver(message, delivered_ms, epoch=epoch, version=offset)
-        self.done(message.delay_id, delivered_ms, version=offset, cutoff=None if offset is None else offset + 1)
-        return message
+        self.done(message.delay_id, delivered_ms, version=offset, cutoff=offset + 1)
+        return message, offset
 
     def flush(self, timeout_s: float = 120.0) -> None:
         """Wait until everything written is acknowledged.
@@ -161,14 +202,6 @@ class TrafficWriter:
             raise RuntimeError(f"{left} record(s) still unsent after {timeout_s} s")
 
 
-def delivery_headers(message: Envelope, epoch: int, version: int | None = None) -> wire.ProduceHeaders:
-    """Headers of a delivery of ``message``; without ``version``, as masters wrote them before ``delayq-version``."""
-    if version is not None:
-        return message.delivery_headers(epoch, version)
-    return [*message.headers, (wire.ID, message.delay_id.encode()),
-            (wire.DELIVER_AT, str(message.deliver_at_ms).encode()), (wire.EPOCH, str(epoch).encode())]
-
-
 def new_message(topic: str, due_ms: int, *, created_ms: int | None = None, value: bytes = b"payload",
                 key: bytes | None = None) -> Envelope:
     """An envelope for ``topic`` due at ``due_ms``, created an hour before unless told."""
@@ -178,11 +211,12 @@ def new_message(topic: str, due_ms: int, *, created_ms: int | None = None, value
 
 
 def healthy_traffic(writer: TrafficWriter, count: int, topics: Iterable[str], since_ms: int, until_ms: int, *,
-                    max_lateness_ms: int = 200, seed: int = 7, versioned: bool = False) -> int:
+                    max_lateness_ms: int = 200, seed: int = 7) -> int:
     """Write ``count`` delayed messages due evenly in ``[since_ms, until_ms)``, each delivered once, on time.
 
     Lateness is drawn from 0 to ``max_lateness_ms``, skewed towards small values as a
-    healthy master's is. ``versioned``: see :meth:`TrafficWriter.delivered`. Returns ``count``.
+    healthy master's is. The puts go first, a batch at a time (:meth:`TrafficWriter.put_all`),
+    then each one's delivery and done, naming its offset. Returns ``count``.
 
     Raises:
         ValueError: ``count`` is negative, ``topics`` is empty or the window is empty.
@@ -196,9 +230,15 @@ def healthy_traffic(writer: TrafficWriter, count: int, topics: Iterable[str], si
         raise ValueError(f"since_ms {since_ms} must be before until_ms {until_ms}")
     rng = random.Random(seed)
     span = until_ms - since_ms
-    for index in range(count):
-        due = since_ms + span * index // max(count, 1)
-        lateness = int(max_lateness_ms * rng.random() ** 3)
-        writer.delivered(topic=names[index % len(names)], due_ms=due, delivered_ms=due + lateness,
-                         created_ms=due - 60_000 - rng.randrange(3_600_000), versioned=versioned)
+    for start in range(0, count, _BATCH):
+        planned = []
+        for index in range(start, min(start + _BATCH, count)):
+            due = since_ms + span * index // max(count, 1)
+            lateness = int(max_lateness_ms * rng.random() ** 3)
+            message = new_message(names[index % len(names)], due, created_ms=due - 60_000 - rng.randrange(3_600_000))
+            planned.append((message, due + lateness))
+        offsets = writer.put_all([message for message, _ in planned])
+        for (message, delivered_ms), offset in zip(planned, offsets, strict=True):
+            writer.deliver(message, delivered_ms, version=offset)
+            writer.done(message.delay_id, delivered_ms, version=offset, cutoff=offset + 1)
     return count

@@ -29,13 +29,13 @@ from delayq import Settings, wire
 from delayq.cli import main as delayq_main
 from delayq.spark import ANOMALY_KINDS, ReconcileOptions, iso, load_report, reconcile, spark_session
 from delayq.spark.session import spark_home_dir
-from delayq.spark.synthetic import TrafficWriter, delivery_headers, healthy_traffic, new_message
+from delayq.spark.synthetic import TrafficWriter, healthy_traffic, new_message
 
 pytestmark = pytest.mark.integration
 
 MINUTE = 60_000
 HEALTHY = 40
-RACES_HEALTHY = 10  # versioned: each put waits for its offset
+RACES_HEALTHY = 10
 
 
 @pytest.fixture(scope="session")
@@ -78,9 +78,9 @@ def clean(dev_stack, spark) -> Staged:
         first = new_message(a, since + 10 * MINUTE)
         writer.put(first, first.created_at_ms)
         moved = dataclasses.replace(first, deliver_at_ms=since + 20 * MINUTE)
-        writer.put(moved, first.created_at_ms + 1000)
-        writer.deliver(moved, moved.deliver_at_ms + 15)
-        writer.done(moved.delay_id, moved.deliver_at_ms + 15)
+        new = writer.put(moved, first.created_at_ms + 1000, wait=True)
+        writer.deliver(moved, moved.deliver_at_ms + 15, version=new)
+        writer.done(moved.delay_id, moved.deliver_at_ms + 15, version=new, cutoff=new + 1)
         ids["rescheduled"] = moved.delay_id
         # Cancelled in time and never delivered.
         cancelled = new_message(b, since + 30 * MINUTE)
@@ -88,13 +88,13 @@ def clean(dev_stack, spark) -> Staged:
         writer.cancel(cancelled.delay_id, since + 25 * MINUTE)
         ids["cancelled"] = cancelled.delay_id
         # Cancelled after the delivery: the documented race, not an anomaly.
-        raced = writer.delivered(topic=a, due_ms=since + 40 * MINUTE, delivered_ms=since + 40 * MINUTE + 8)
+        raced, _ = writer.delivered(topic=a, due_ms=since + 40 * MINUTE, delivered_ms=since + 40 * MINUTE + 8)
         writer.cancel(raced.delay_id, since + 40 * MINUTE + 5000)
         ids["cancel_too_late"] = raced.delay_id
-        # Compaction removed the put: only the done tombstone and the delivery are left.
+        # Compaction removed the put (at offset 0): only the done tombstone and the delivery are left.
         compacted = new_message(b, since + 50 * MINUTE)
-        writer.deliver(compacted, compacted.deliver_at_ms + 11)
-        writer.done(compacted.delay_id, compacted.deliver_at_ms + 11)
+        writer.deliver(compacted, compacted.deliver_at_ms + 11, version=0)
+        writer.done(compacted.delay_id, compacted.deliver_at_ms + 11, version=0, cutoff=1)
         ids["compacted"] = compacted.delay_id
         # Due within the grace before the window end: not delivered yet, not missing yet.
         pending = new_message(a, until - 2 * MINUTE)
@@ -123,31 +123,35 @@ def troubled(dev_stack, spark) -> Staged:
     ids = {}
     with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
         healthy_traffic(writer, 20, [c, d], since, until - 30 * MINUTE, seed=11)
-        duplicate = writer.delivered(topic=c, due_ms=since + 10 * MINUTE, delivered_ms=since + 10 * MINUTE + 5)
-        writer.deliver(duplicate, since + 10 * MINUTE + 700, epoch=2)
+        duplicate, version = writer.delivered(topic=c, due_ms=since + 10 * MINUTE,
+                                              delivered_ms=since + 10 * MINUTE + 5)
+        writer.deliver(duplicate, since + 10 * MINUTE + 700, epoch=2, version=version)
         ids["duplicate"] = duplicate.delay_id
         lost = new_message(d, since + 20 * MINUTE)
         writer.put(lost, lost.created_at_ms)
         ids["missing"] = lost.delay_id
-        early = writer.delivered(topic=c, due_ms=since + 30 * MINUTE, delivered_ms=since + 30 * MINUTE - 2000)
+        early, _ = writer.delivered(topic=c, due_ms=since + 30 * MINUTE, delivered_ms=since + 30 * MINUTE - 2000)
         ids["early"] = early.delay_id
+        # A cancel the master had read (below its done's cutoff), delivered anyway.
         ignored = new_message(d, since + 40 * MINUTE)
-        writer.put(ignored, ignored.created_at_ms)
-        writer.cancel(ignored.delay_id, since + 35 * MINUTE)
-        writer.deliver(ignored, ignored.deliver_at_ms + 9)
-        writer.done(ignored.delay_id, ignored.deliver_at_ms + 9)
-        ids["cancelled_delivered"] = ignored.delay_id
+        put = writer.put(ignored, ignored.created_at_ms, wait=True)
+        cancel = writer.cancel(ignored.delay_id, since + 35 * MINUTE, wait=True)
+        writer.deliver(ignored, ignored.deliver_at_ms + 9, version=put)
+        writer.done(ignored.delay_id, ignored.deliver_at_ms + 9, version=put, cutoff=cancel + 1)
+        ids["cancel_ignored"] = ignored.delay_id
+        # A delivery of an id the buffer never held.
         stranger = new_message(c, since + 50 * MINUTE)
-        writer.deliver(stranger, stranger.deliver_at_ms + 3)
+        writer.deliver(stranger, stranger.deliver_at_ms + 3, version=0)
         ids["unknown"] = stranger.delay_id
-        fenced = writer.delivered(topic=d, due_ms=since + 60 * MINUTE, delivered_ms=since + 60 * MINUTE + 4)
+        fenced, fenced_version = writer.delivered(topic=d, due_ms=since + 60 * MINUTE,
+                                                  delivered_ms=since + 60 * MINUTE + 4)
         ids["aborted_duplicate"] = fenced.delay_id
     # A fenced master's second copy, in a transaction that was aborted.
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers,
                          "transactional.id": f"{settings.buffer_topic}-tx"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    producer.produce(d, key=fenced.key, value=fenced.value, headers=delivery_headers(fenced, 3),
+    producer.produce(d, key=fenced.key, value=fenced.value, headers=fenced.delivery_headers(3, fenced_version),
                      timestamp=since + 60 * MINUTE + 600)
     producer.flush(30)
     producer.abort_transaction(30)
@@ -185,21 +189,23 @@ def test_each_injected_anomaly_is_found_with_its_id_and_nothing_else(troubled, s
     assert report.anomalies == {
         "duplicates": [ids["duplicate"]],
         "missing": [ids["missing"]],
-        "unexpected": [ids["cancelled_delivered"], ids["unknown"]],  # by due time
+        "unexpected": [ids["unknown"]],
         "early": [ids["early"]],
-        "cancel_ignored": [],  # the ignored cancel's done has no cutoff to prove it: unexpected
+        "cancel_ignored": [ids["cancel_ignored"]],  # its done's cutoff proves the master had read it
         "reordered": [],
     }
     totals = report.totals
-    assert {k: totals[k] for k in ("duplicates", "duplicate_records", "missing", "unexpected", "unknown", "early")} \
-        == {"duplicates": 1, "duplicate_records": 1, "missing": 1, "unexpected": 2, "unknown": 1, "early": 1}
+    assert {k: totals[k] for k in ("duplicates", "duplicate_records", "missing", "unexpected", "unknown", "early",
+                                   "cancel_ignored")} == {"duplicates": 1, "duplicate_records": 1, "missing": 1,
+                                                          "unexpected": 1, "unknown": 1, "early": 1,
+                                                          "cancel_ignored": 1}
     assert (totals["expected"], totals["delivered"]) == (24, 23)  # 20 healthy, duplicate, lost, early, fenced
     assert report.exit_code == 1
     duplicate = pq.read_table(tmp_path / "anomalies" / "duplicates.parquet").to_pylist()
     assert [(r["id"], r["delivered_count"], r["first_epoch"], r["last_epoch"]) for r in duplicate] == \
         [(ids["duplicate"], 2, 1, 2)]
     unexpected = {r["id"]: r["state"] for r in pq.read_table(tmp_path / "anomalies" / "unexpected.parquet").to_pylist()}
-    assert unexpected == {ids["cancelled_delivered"]: "cancelled", ids["unknown"]: "unknown"}
+    assert unexpected == {ids["unknown"]: "unknown"}
     early = pq.read_table(tmp_path / "anomalies" / "early.parquet").to_pylist()
     assert [(r["id"], r["lateness_ms"]) for r in early] == [(ids["early"], -2000)]
     missing = pq.read_table(tmp_path / "anomalies" / "missing.parquet").to_pylist()
@@ -214,7 +220,7 @@ def test_read_uncommitted_also_counts_the_aborted_copy_as_a_duplicate(troubled, 
 
     assert report.anomalies["duplicates"] == [ids["duplicate"], ids["aborted_duplicate"]]
     assert report.source["isolation_level"] == "read_uncommitted"
-    assert (report.totals["missing"], report.totals["early"], report.totals["unexpected"]) == (1, 1, 2)
+    assert (report.totals["missing"], report.totals["early"], report.totals["unexpected"]) == (1, 1, 1)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +229,7 @@ def races(dev_stack, spark) -> Staged:
     settings, (a, b), since, until = stage_topics(dev_stack, f"t-reconcile-races-{uuid.uuid4().hex[:8]}")
     ids = {}
     with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
-        healthy_traffic(writer, RACES_HEALTHY, [a, b], since, until - 30 * MINUTE, versioned=True)
+        healthy_traffic(writer, RACES_HEALTHY, [a, b], since, until - 30 * MINUTE)
         # A cancel at the cutoff: the master had read the buffer up to just before it, so the
         # cancel came too late, although the done was written after it.
         raced = new_message(a, since + 10 * MINUTE)
@@ -251,20 +257,6 @@ def races(dev_stack, spark) -> Staged:
         writer.deliver(later, later.deliver_at_ms + 7, version=new)
         writer.done(later.delay_id, later.deliver_at_ms + 7, version=new, cutoff=done + 1)
         ids["rescheduled_too_late"] = later.delay_id
-        # A versioned delivery closed by a done as older masters wrote it (no version, no cutoff).
-        mixed = new_message(b, since + 50 * MINUTE)
-        put = writer.put(mixed, mixed.created_at_ms, wait=True)
-        writer.deliver(mixed, mixed.deliver_at_ms + 3, version=put)
-        writer.done(mixed.delay_id, mixed.deliver_at_ms + 3)
-        ids["old_done"] = mixed.delay_id
-        # No version anywhere, rescheduled: the delivery is the latest put's by its deliver-at.
-        legacy = new_message(a, since + 60 * MINUTE)
-        writer.put(legacy, legacy.created_at_ms)
-        legacy_moved = dataclasses.replace(legacy, deliver_at_ms=since + 65 * MINUTE)
-        writer.put(legacy_moved, legacy.created_at_ms + 1000)
-        writer.deliver(legacy_moved, legacy_moved.deliver_at_ms + 5)
-        writer.done(legacy.delay_id, legacy_moved.deliver_at_ms + 5)
-        ids["old_format_rescheduled"] = legacy.delay_id
         # A late reschedule, then a cancel that overtook the master's copy of the new put (written
         # because the old version's done followed it): nodes ignore the copy and close it with a done.
         shadowed = new_message(b, since + 70 * MINUTE)
@@ -286,7 +278,7 @@ def races_lost(dev_stack, spark) -> Staged:
     settings, (c, d), since, until = stage_topics(dev_stack, f"t-reconcile-races-lost-{uuid.uuid4().hex[:8]}")
     ids = {}
     with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
-        healthy_traffic(writer, RACES_HEALTHY, [c, d], since, until - 30 * MINUTE, seed=3, versioned=True)
+        healthy_traffic(writer, RACES_HEALTHY, [c, d], since, until - 30 * MINUTE, seed=3)
         # A cancel below the done's cutoff: the master had read it, and delivered anyway.
         ignored = new_message(c, since + 10 * MINUTE)
         put = writer.put(ignored, ignored.created_at_ms, wait=True)
@@ -329,9 +321,9 @@ def test_races_lost_fairly_report_nothing_and_exit_0(races, spark, tmp_path):
     assert report.anomalies == {kind: [] for kind in ANOMALY_KINDS}
     assert report.exit_code == 0
     totals = report.totals
-    # healthy + cancel at cutoff + rescheduled in time + rescheduled too late + old done + old-format reschedule
-    assert (totals["expected"], totals["delivered"]) == (RACES_HEALTHY + 5,) * 2
-    assert totals["delivered_records"] == RACES_HEALTHY + 7  # late reschedules: both versions; the copy's: old
+    # healthy + cancel at cutoff + rescheduled in time + rescheduled too late
+    assert (totals["expected"], totals["delivered"]) == (RACES_HEALTHY + 3,) * 2
+    assert totals["delivered_records"] == RACES_HEALTHY + 5  # late reschedules: both versions; the copy's: old
     # the cancel that overtook the copy counts: nothing expected of that id, its old version legitimately out
     assert (totals["cancelled"], totals["cancelled_too_late"], totals["rescheduled_too_late"]) == (1, 1, 2)
     assert totals["duplicates"] == totals["duplicate_records"] == totals["cancel_ignored"] == 0
@@ -390,7 +382,7 @@ def misordered(dev_stack, spark) -> Staged:
     settings, (e, f), since, until = stage_topics(dev_stack, f"t-reconcile-misordered-{uuid.uuid4().hex[:8]}")
     ids = {}
     with TrafficWriter(settings.bootstrap_servers, settings.buffer_topic) as writer:
-        healthy_traffic(writer, RACES_HEALTHY, [e, f], since, until - 30 * MINUTE, seed=5, versioned=True)
+        healthy_traffic(writer, RACES_HEALTHY, [e, f], since, until - 30 * MINUTE, seed=5)
         overtaken = new_message(e, since + 10 * MINUTE)
         created = overtaken.deliver_at_ms - 30 * MINUTE
         writer.cancel(overtaken.delay_id, created + 1400, wait=True)  # appended first, created 1.4 s later
@@ -486,7 +478,7 @@ def dead_lettered(dev_stack, spark) -> Staged:
         # A cancel written to another partition than its id's: malformed, so it cancels nothing, and
         # its offset is never compared with the put's.
         victim = new_message(a, since + 50 * MINUTE)
-        writer.put(victim, victim.created_at_ms, wait=True)
+        victim_put = writer.put(victim, victim.created_at_ms, wait=True)
         other = (wire.buffer_partition(victim.delay_id, 3) + 1) % 3
         ids["wrong_partition_cancel"] = victim.delay_id
     malformed = [
@@ -507,8 +499,8 @@ def dead_lettered(dev_stack, spark) -> Staged:
         letters.append((key, value, [*headers, (wire.DEAD_LETTER_REASON, reason.encode()),
                                      (wire.DEAD_LETTER_SOURCE, f"{buffer}/{found[0]}/{found[1]}".encode())], when))
     with TrafficWriter(settings.bootstrap_servers, buffer) as writer:
-        writer.deliver(victim, victim.deliver_at_ms + 7)
-        writer.done(victim.delay_id, victim.deliver_at_ms + 7)
+        writer.deliver(victim, victim.deliver_at_ms + 7, version=victim_put)
+        writer.done(victim.delay_id, victim.deliver_at_ms + 7, version=victim_put, cutoff=victim_put + 1)
     master = Producer({"bootstrap.servers": settings.bootstrap_servers, "transactional.id": f"{prefix}-master"})
     master.init_transactions(30)
     master.begin_transaction()

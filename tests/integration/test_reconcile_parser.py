@@ -74,7 +74,6 @@ def cases() -> list[Case]:
         Case("cancel", a, None, tuple(wire.control_headers(wire.OP_CANCEL, a.decode())), kind=wire.OP_CANCEL),
         Case("cancel, no delayq-id", _id(), None, ((wire.OP, b"cancel"),), kind=wire.OP_CANCEL),
         Case("done", a, None, tuple(done), kind=wire.OP_DONE),
-        Case("done of an older master", _id(), None, ((wire.OP, b"done"),), kind=wire.OP_DONE),
         Case("put that expires (level 2)", _id(), _put(f"- level=2 expires={DUE + 60_000}\nx"), kind=wire.OP_PUT),
         # Of a feature level above this code's: not malformed, nothing this delayq can read or judge.
         Case("put of a newer level", _id(), _put("- level=9 warp=1\nx"), code=NEWER_LEVEL_CODE),
@@ -106,6 +105,7 @@ def cases() -> list[Case]:
         Case("cancel with a version", _id(), None, ((wire.OP, b"cancel"), (wire.VERSION, b"1")), code="bad-control"),
         Case("done with a null version", _id(), None, ((wire.OP, b"done"), (wire.VERSION, None)), code="bad-control"),
         Case("done with a bad cutoff", _id(), None, ((wire.OP, b"done"), (wire.CUTOFF, b"x1")), code="bad-control"),
+        Case("done without version and cutoff", _id(), None, ((wire.OP, b"done"),), code="bad-control"),
         Case("done naming another id", a, None, ((wire.OP, b"done"), (wire.ID, _id())), code="bad-control"),
     ]
 

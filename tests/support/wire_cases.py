@@ -57,7 +57,6 @@ CASES = [
     Case("cancel", K, None, CANCEL, wire.OP_CANCEL),
     Case("cancel without delayq-id", K, None, [(wire.OP, b"cancel")], wire.OP_CANCEL),
     Case("done", K, None, wire.done_headers(ID, 7, 9), wire.OP_DONE),
-    Case("old done", K, None, [(wire.OP, b"done"), (wire.ID, K)], wire.OP_DONE),
     Case("partition mark", MARK, None, wire.done_headers(MARK.decode(), 0, 0), wire.OP_DONE, 1),
     # -- malformed --------------------------------------------------------
     Case("cancel on the wrong partition", K, None, CANCEL, wire.Reason.WRONG_PARTITION, OTHER, "crc32(id)"),
@@ -144,6 +143,10 @@ CASES = [
     Case("done with a bad version", K, None, [(wire.OP, b"done"), (wire.VERSION, b"7x")], wire.Reason.BAD_CONTROL,
          OWN, "delayq-version"),
     Case("done with a null version", K, None, [(wire.OP, b"done"), (wire.VERSION, None)], wire.Reason.BAD_CONTROL),
+    Case("done without version and cutoff", K, None, [(wire.OP, b"done"), (wire.ID, K)], wire.Reason.BAD_CONTROL,
+         OWN, "a done needs headers delayq-version"),
+    Case("done without a cutoff", K, None, [(wire.OP, b"done"), (wire.ID, K), (wire.VERSION, b"7")],
+         wire.Reason.BAD_CONTROL, OWN, "no delayq-cutoff"),
     Case("done with a negative cutoff", K, None, [(wire.OP, b"done"), (wire.VERSION, b"1"), (wire.CUTOFF, b"-1")],
          wire.Reason.BAD_CONTROL, OWN, "delayq-cutoff"),
 ]

@@ -194,11 +194,11 @@ def expected_tombstone(key: bytes, headers) -> BufferRecord | None:
         return None
     if op == b"cancel":
         return None if wire.VERSION in found or wire.CUTOFF in found else BufferRecord(op, key.decode())
-    numbers = {name: found[name] for name in (wire.VERSION, wire.CUTOFF) if name in found}
-    if not all(raw is not None and _DIGITS.fullmatch(raw) for raw in numbers.values()):
+    # A done names the version it closes and the master's cutoff, both in digits.
+    version, cutoff = found.get(wire.VERSION), found.get(wire.CUTOFF)
+    if version is None or cutoff is None or not _DIGITS.fullmatch(version) or not _DIGITS.fullmatch(cutoff):
         return None
-    version = numbers.get(wire.VERSION)
-    return BufferRecord(op, key.decode(), None, None if version is None else int(version))
+    return BufferRecord(op, key.decode(), None, int(version), cutoff=int(cutoff))
 
 
 def verdict(key, value, headers, timestamp_ms: int = 0) -> BufferRecord | None:
@@ -238,8 +238,8 @@ def test_cancel_and_done_parse_back_to_their_op_and_version_in_any_header_order(
     key = delay_id.encode()
     for headers, wanted in [
         (wire.control_headers(wire.OP_CANCEL, delay_id), BufferRecord(wire.OP_CANCEL, delay_id)),
-        (wire.control_headers(wire.OP_DONE, delay_id), BufferRecord(wire.OP_DONE, delay_id)),
-        (wire.done_headers(delay_id, version, cutoff), BufferRecord(wire.OP_DONE, delay_id, None, version)),
+        (wire.done_headers(delay_id, version, cutoff), BufferRecord(wire.OP_DONE, delay_id, None, version,
+                                                                    cutoff=cutoff)),
     ]:
         shuffled = data.draw(st.permutations(headers + extra))
         assert parse_buffer_record(key, None, shuffled) == wanted
@@ -293,7 +293,7 @@ def test_frames_that_once_passed_are_malformed(value, reason):
 
 @pytest.mark.parametrize("headers,reason", [
     # A null delayq-version was taken for an absent one: the done closed whatever version was stored.
-    ([(wire.OP, b"done"), (wire.VERSION, None)], "delayq-version is b''"),
+    ([(wire.OP, b"done"), (wire.VERSION, None), (wire.CUTOFF, b"3")], "delayq-version is b''"),
     ([(wire.OP, b"done"), (wire.VERSION, b"3"), (wire.CUTOFF, None)], "delayq-cutoff is b''"),
     ([(wire.OP, b"cancel"), (wire.CUTOFF, None)], "only a done has"),
 ])

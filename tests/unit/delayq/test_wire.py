@@ -28,22 +28,27 @@ def test_delivery_headers_keep_user_headers_in_order_then_add_id_due_time_epoch_
     ]
 
 
-def test_a_done_names_the_version_it_closes_and_a_cancel_closes_any():
+def test_a_done_names_the_version_it_closes_and_its_cutoff_and_a_cancel_closes_any():
     delay_id = sample().delay_id
     done = wire.parse_buffer_record(delay_id.encode(), None, wire.done_headers(delay_id, 711, 790))
     cancel = wire.parse_buffer_record(delay_id.encode(), None, wire.control_headers(wire.OP_CANCEL, delay_id))
-    old_done = wire.parse_buffer_record(delay_id.encode(), None, wire.control_headers(wire.OP_DONE, delay_id))
 
-    assert (done.op, done.closes_version) == (wire.OP_DONE, 711)
-    assert (cancel.op, cancel.closes_version) == (wire.OP_CANCEL, None)
-    assert (old_done.op, old_done.closes_version) == (wire.OP_DONE, None)
+    assert (done.op, done.delay_id, done.envelope, done.closes_version, done.cutoff) == (
+        wire.OP_DONE, delay_id, None, 711, 790)
+    assert (cancel.op, cancel.delay_id, cancel.envelope, cancel.closes_version, cancel.cutoff) == (
+        wire.OP_CANCEL, delay_id, None, None, None)
 
 
-def test_cancel_and_done_parse_as_tombstones():
+@pytest.mark.parametrize("headers,missing", [
+    ([(wire.OP, wire.OP_DONE)], "no delayq-version and no delayq-cutoff"),
+    ([(wire.OP, wire.OP_DONE), (wire.VERSION, b"7")], "no delayq-cutoff"),
+    ([(wire.OP, wire.OP_DONE), (wire.CUTOFF, b"9")], "no delayq-version"),
+])
+def test_a_done_without_its_version_or_cutoff_is_malformed(headers, missing):
     delay_id = new_delay_id()
-    for op in (wire.OP_CANCEL, wire.OP_DONE):
-        parsed = parse_buffer_record(delay_id.encode(), None, wire.control_headers(op, delay_id))
-        assert (parsed.op, parsed.delay_id, parsed.envelope) == (op, delay_id, None)
+    with pytest.raises(MalformedRecord, match=f"bad-control: a done needs headers .*; it has {missing}$") as bad:
+        parse_buffer_record(delay_id.encode(), None, [*headers, (wire.ID, delay_id.encode())])
+    assert bad.value.code is wire.Reason.BAD_CONTROL
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

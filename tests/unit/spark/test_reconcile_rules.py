@@ -72,11 +72,9 @@ class History:
         return self._record(offset, None, wire.control_headers(wire.OP_CANCEL, self.id),
                             T0 - 3_000_000 + offset if at is None else at, partition)
 
-    def done(self, offset: int, version: int | None = None, cutoff: int | None = None) -> History:
-        headers = wire.control_headers(wire.OP_DONE, self.id)
-        headers += [(name, str(number).encode()) for name, number in ((wire.VERSION, version), (wire.CUTOFF, cutoff))
-                    if number is not None]
-        return self._record(offset, None, headers, T0 + offset)
+    def done(self, offset: int, version: int, cutoff: int) -> History:
+        """The master's done of ``version``, picked with the partition read below ``cutoff``."""
+        return self._record(offset, None, wire.done_headers(self.id, version, cutoff), T0 + offset)
 
     def raw(self, offset: int, value: bytes | None, headers: list[tuple[str, bytes]]) -> History:
         """Any buffer record, for the malformed ones."""
@@ -89,6 +87,7 @@ class History:
         return self
 
     def deliver(self, at: int, due: int | None, version: int | None = None, epoch: int = 1) -> History:
+        """A delivery of ``version`` (as masters write it); without one, a record no master writes."""
         headers = [(wire.ID, self.id.encode()), (wire.EPOCH, str(epoch).encode())]
         if due is not None:
             headers.append((wire.DELIVER_AT, str(due).encode()))
@@ -147,19 +146,12 @@ def histories() -> list[History]:
         h("copy-overtaken").put(0, T0).put(1, T0 + 1000, at=T0 + 1).deliver(T0 + 2, T0, 0).done(2, 0, 1)
         .put(3, T0 + 2000, at=T0 + 500).put(4, T0 + 1000, restores=1, at=T0 + 1)
         .put(5, T0 + 2000, restores=3, at=T0 + 500).deliver(T0 + 2004, T0 + 2000, 5).done(6, 5, 6),
-        # Older masters: no delayq-version anywhere; the delivery matches the latest put by due time.
-        h("unversioned-rescheduled").put(0, T0).put(1, T0 + 1000).deliver(T0 + 1003, T0 + 1000).done(2),
-        # ... or an older version by due time: the latest is missing.
-        h("unversioned-lost-reschedule").put(0, T0).put(1, T0 + 60_000).deliver(T0 + 1, T0).done(2),
-        # ... two copies of one due time are a duplicate; a versioned and an unversioned copy of the latest too.
-        h("unversioned-duplicate").put(0, T0).deliver(T0 + 1, T0).deliver(T0 + 2, T0).done(1),
-        h("mixed-duplicate").put(0, T0).deliver(T0 + 1, T0).deliver(T0 + 2, T0, 0).done(1, 0, 1),
-        # Fallback rules without a cutoff: an old done before the cancel: too late.
-        h("old-done-then-cancel").put(0, T0).deliver(T0 + 3, T0).done(1).cancel(2),
-        # ... a cancel before the old done, delivered anyway: unexpected (not provably ignored).
-        h("cancel-then-old-done").put(0, T0).cancel(1).deliver(T0 + 3, T0).done(2),
-        # ... no done left: the delivery was written before the cancel record.
-        h("no-done-cancel-after-delivery").put(0, T0).deliver(T0 + 3, T0).cancel(1, at=T0 + 100),
+        # A delivery without delayq-version names no put: no master writes it.
+        h("unversioned-delivery").put(0, T0).deliver(T0 + 3, T0, 0).done(1, 0, 1).deliver(T0 + 9, T0),
+        # Fallback rules without a cutoff: compaction removed the put, then a cancel came after its done: too late.
+        h("compacted-done-then-cancel").done(1, 0, 1).deliver(T0 + 3, T0, 0).cancel(2, at=T0 + 100),
+        # ... no done (yet) of the latest version: the delivery was written before the cancel record.
+        h("no-done-cancel-after-delivery").put(0, T0).deliver(T0 + 3, T0, 0).cancel(1, at=T0 + 100),
         # A delivery naming a put whose due time is not its deliver-at.
         h("version-mismatch").put(0, T0).deliver(T0 + 10, T0 + 5, 0).done(1, 0, 1),
         # Early against the due time of the version it delivered.
@@ -168,9 +160,11 @@ def histories() -> list[History]:
         h("compacted").done(7, 3, 8).deliver(T0 + 5, T0, 3),
         # No buffer record at all.
         h("unknown").deliver(T0 + 5, T0, 4),
-        # Malformed tombstones take no part: a cancel with a version, a done with a bad cutoff.
+        # Malformed tombstones take no part: a cancel with a version, a done with a bad cutoff, a done
+        # without version and cutoff (the done before it closes the delivered version).
         h("malformed-tombstones").put(0, T0).raw(1, None, [(wire.OP, wire.OP_CANCEL), (wire.VERSION, b"0")])
-        .deliver(T0 + 4, T0, 0).raw(2, None, [(wire.OP, wire.OP_DONE), (wire.CUTOFF, b"x1")]),
+        .deliver(T0 + 4, T0, 0).raw(2, None, [(wire.OP, wire.OP_DONE), (wire.CUTOFF, b"x1")])
+        .raw(3, None, [(wire.OP, wire.OP_DONE)]),
         # A cancel on another partition than the id's is malformed (wrong-partition): its offset, of
         # another partition, is never compared with the put's, and the delivery stands.
         h("cancel-on-wrong-partition").put(0, T0).cancel(1, partition=-1).deliver(T0 + 4, T0, 0).done(2, 0, 2),
@@ -373,28 +367,30 @@ def test_each_occurrence_of_a_series_is_a_version_judged_on_its_own_due_time(ver
 
 
 def test_a_lost_reschedule_is_missing_never_early(verdicts):
-    for name in ("lost-reschedule", "unversioned-lost-reschedule"):
-        verdict = verdicts[name]
-        assert anomalies(verdict) == {"is_missing"}, name
-        assert verdict["due_ms"] == T0 + 60_000 and verdict["rescheduled_too_late"]
+    verdict = verdicts["lost-reschedule"]
+    assert anomalies(verdict) == {"is_missing"}
+    assert verdict["due_ms"] == T0 + 60_000 and verdict["rescheduled_too_late"]
 
 
 def test_a_duplicate_is_one_version_delivered_twice(verdicts):
-    for name in ("duplicate", "unversioned-duplicate", "mixed-duplicate"):
-        verdict = verdicts[name]
-        assert anomalies(verdict) == {"is_duplicate"}, name
-        assert (verdict["delivered_count"], verdict["duplicate_records"], verdict["versions_delivered"]) == (2, 1, 1)
-    assert (verdicts["duplicate"]["first_epoch"], verdicts["duplicate"]["last_epoch"]) == (1, 2)
+    verdict = verdicts["duplicate"]
+    assert anomalies(verdict) == {"is_duplicate"}
+    assert (verdict["delivered_count"], verdict["duplicate_records"], verdict["versions_delivered"]) == (2, 1, 1)
+    assert (verdict["first_epoch"], verdict["last_epoch"]) == (1, 2)
 
 
-def test_records_without_version_or_cutoff_follow_the_earlier_rules(verdicts):
-    assert anomalies(verdicts["unversioned-rescheduled"]) == set()
-    assert verdicts["unversioned-rescheduled"]["lateness_ms"] == 3
-    for name in ("old-done-then-cancel", "no-done-cancel-after-delivery"):
-        verdict = verdicts[name]
-        assert anomalies(verdict) == set() and verdict["cancel_too_late"], name
-    ignored = verdicts["cancel-then-old-done"]
-    assert anomalies(ignored) == {"is_unexpected"} and ignored["state"] == "cancelled"
+def test_without_a_cutoff_a_cancel_after_the_done_or_the_delivery_was_too_late(verdicts):
+    compacted, undone = verdicts["compacted-done-then-cancel"], verdicts["no-done-cancel-after-delivery"]
+    assert anomalies(compacted) == anomalies(undone) == set()
+    assert (compacted["state"], compacted["cancel_too_late"], compacted["is_delivered"]) == ("compacted", True, True)
+    assert (undone["state"], undone["cancel_too_late"], undone["is_delivered"]) == ("scheduled", True, True)
+
+
+def test_a_delivery_without_a_version_is_unexpected(verdicts):
+    verdict = verdicts["unversioned-delivery"]
+    assert anomalies(verdict) == {"is_unexpected"}
+    assert (verdict["is_delivered"], verdict["delivered_count"], verdict["lateness_ms"]) == (True, 2, 3)
+    assert not verdict["rescheduled_too_late"], "no older version: a record that names none"
 
 
 def test_early_is_against_the_delivered_version_and_a_wrong_version_header_is_unexpected(verdicts):
@@ -420,6 +416,8 @@ def test_malformed_tombstones_take_no_part(verdicts):
         (key, None, [(wire.OP, b"done"), (wire.VERSION, b"-1")]),            # not digits
         (key, None, [(wire.OP, b"done"), (wire.OP, b"done")]),               # a header twice
         (key, None, [(wire.OP, b"done"), (wire.ID, b.encode())]),            # an id that is not the key
+        (key, None, [(wire.OP, b"done"), (wire.ID, key)]),                   # no version, no cutoff
+        (key, None, [(wire.OP, b"done"), (wire.ID, key), (wire.VERSION, b"0")]),  # no cutoff
         (key, None, [(wire.OP, b"done"), (wire.ID, key), (wire.VERSION, b"0"), (wire.CUTOFF, b"1")]),  # fine
         (key, None, [(wire.OP, b"cancel"), (wire.ID, key)]),                 # fine
     ]
@@ -427,8 +425,8 @@ def test_malformed_tombstones_take_no_part(verdicts):
     rows = [(k, value, BUFFER, where, i, _time(T0), 0, headers) for i, (k, value, headers) in enumerate(records)]
     found = buffer_rows(spark.createDataFrame(rows, KAFKA_SCHEMA), PARTITIONS).orderBy("offset").collect()
     assert [(r["kind"], r["code"], r["malformed"]) for r in found] == [
-        *[(None, "bad-control", 1)] * 4, (2, None, 0), (1, None, 0)]
-    assert (found[4]["version"], found[4]["cutoff"]) == (0, 1)
+        *[(None, "bad-control", 1)] * 6, (2, None, 0), (1, None, 0)]
+    assert (found[6]["version"], found[6]["cutoff"]) == (0, 1)
 
 
 def test_a_cancel_on_another_partition_is_malformed_and_takes_no_part(verdicts):
