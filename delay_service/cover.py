@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaException
 
@@ -162,6 +163,79 @@ class Ends:
     targets: dict[int, int]
 
 
+class OwnWrites:
+    """Where the master's own committed transactions wrote on the buffer: what a cover need not wait for ingest to read.
+
+    A cover waits until ingest has read every record below high watermarks read at or after
+    the due time, but it is the other writers' records it must see (a cancel, a reschedule):
+    the master's own are `done`s, next occurrences and copies of ids in flight until ingest
+    reads them back. When a partition's high watermark is one past the last record the
+    master's last committed transaction there wrote, and that transaction's records there
+    are contiguous (its delivery reports give the first and last offsets, its count of
+    records the rest), nobody else's record lies between the first of them and the high
+    watermark, so reaching that first offset covers the partition: the cover no longer
+    waits for the reader to consume, parse and apply the master's own last batch and the
+    commit's markers (docs/DESIGN.md, "Cancel and reschedule guarantee").
+
+    Filled from the producer's delivery reports (the committer thread, during the commit's
+    flush); read by the delivery loop once the commit returned. Only a commit that
+    returned counts: one that failed may have committed after all, its ids out of flight,
+    so its `done`s must be read.
+    """
+
+    def __init__(self) -> None:
+        # Last committed transaction's records per partition, where contiguous: partition -> (first, last).
+        self.tails: dict[int, tuple[int, int]] = {}
+        self._counts: dict[int, int] = {}
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._failed: set[int] = set()
+
+    def begin(self) -> None:
+        """A transaction begins: nothing of it is known yet."""
+        self._counts, self._first, self._last, self._failed = {}, {}, {}, set()
+
+    def wrote(self, partition: int, records: int = 1) -> None:
+        """The open transaction wrote ``records`` more to ``partition`` (the first and the last of them reported)."""
+        self._counts[partition] = self._counts.get(partition, 0) + records
+
+    def reported(self, error: Any, message: Any) -> None:
+        """A delivery report (``on_delivery``) of one of the open transaction's buffer records."""
+        partition = message.partition()
+        if error is not None:
+            self._failed.add(partition)
+            return
+        offset = message.offset()
+        self._first[partition] = min(offset, self._first.get(partition, offset))
+        self._last[partition] = max(offset, self._last.get(partition, offset))
+
+    def committed(self) -> None:
+        """The open transaction's commit returned: its contiguous records become the partitions' tails."""
+        for partition, count in self._counts.items():
+            first, last = self._first.get(partition), self._last.get(partition)
+            if first is None or last is None or partition in self._failed or last - first + 1 != count:
+                self.tails.pop(partition, None)  # not contiguous (or not all reported): ingest reads it all
+            else:
+                self.tails[partition] = (first, last)
+        self.begin()
+
+    def clear(self) -> None:
+        """Nothing known: a commit failed, or the term's producer starts afresh."""
+        self.tails = {}
+        self.begin()
+
+    def trim(self, ends: Ends) -> Ends:
+        """``ends``; where a partition ends right after the master's last transaction there, at its first record."""
+        tails = self.tails
+        if not tails:
+            return ends
+        targets = {}
+        for p, end in ends.targets.items():
+            tail = tails.get(p)
+            targets[p] = tail[0] if tail is not None and end == tail[1] + 1 else end
+        return Ends(ends.read_at_ms, targets)
+
+
 class ShardCover:
     """The cover of one shard's master for one term (see the module's docstring).
 
@@ -170,8 +244,10 @@ class ShardCover:
     """
 
     def __init__(self, feed: ShardFeed, metrics: ShardMetrics, log: logging.LoggerAdapter,
-                 mark: Callable[[Term, list[int], dict[int, int]], None]):
+                 mark: Callable[[Term, list[int], dict[int, int]], None], own: OwnWrites | None = None):
         self.feed = feed
+        # Where the term's own transactions wrote (the delivery reports of its producer): see OwnWrites.
+        self.own = own if own is not None else OwnWrites()
         self.metrics = metrics
         self.log = log
         self._mark = mark
@@ -184,6 +260,7 @@ class ShardCover:
     def reset(self) -> None:
         """Nothing covered: what the term's producer may have committed must be read first."""
         self.cutoff = Cutoff(self.feed.partitions)
+        self.own.clear()
         self.uncovered.clear()
 
     def looks_again(self) -> bool:
@@ -211,6 +288,8 @@ class ShardCover:
         """
         if ends is None:
             ends = self.read_ends()
+        # Where only the master's last committed transaction lies between ingest and the end, its first record.
+        ends = self.own.trim(ends)
         targets = ends.targets
         # A partition held back (see Cutoff) is not waited for: the others are covered without
         # it, and every cover looks at it again.

@@ -105,7 +105,7 @@ class Delivery:
         self.wakeup = wakeup
         self.in_flight = in_flight
         self.transactions = ShardTransactions(settings, feed.shard, in_flight, self.log, spare)
-        self.cover = ShardCover(feed, feed.metrics, self.log, self._mark_held)
+        self.cover = ShardCover(feed, feed.metrics, self.log, self._mark_held, self.transactions.own_writes)
         self.router = Router(settings, feed.shards, feed.store, self.log, self.transactions.open_producer)
         self.lookahead = Lookahead(feed.store, self.cover, self.router, settings.delivery_batch_size, self._skip,
                                    self.log)

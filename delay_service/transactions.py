@@ -27,6 +27,7 @@ from delayq.election import Term
 from delayq.settings import Settings
 
 from . import stored
+from .cover import OwnWrites
 from .dead_letters import produce_copy
 from .handoff import InFlight
 from .master_producer import SpareProducer
@@ -96,6 +97,8 @@ class ShardTransactions:
         self.settings = settings
         self.in_flight = in_flight
         self.log = log
+        # Where each committed transaction wrote on the buffer (its delivery reports), for the cover.
+        self.own_writes = OwnWrites()
         # Where the term's producer comes from: made while the node waited in line, or now.
         self.spare = spare if spare is not None else SpareProducer(settings, shard)
         self.producer: Producer | None = None
@@ -167,12 +170,15 @@ class ShardTransactions:
 
     def begin(self) -> None:
         self.open_producer().begin_transaction()
+        self.own_writes.begin()
 
     def write_deliveries(self, epoch: int, outgoing: list[Outgoing], cutoffs: dict[int, int]) -> None:
         """Each message to its target, and the record settling it to the buffer, in the open transaction.
 
         The hot path of delivery (twice a produce() per message): each value is encoded once,
-        the per-batch ones (epoch, cutoffs) before the loop.
+        the per-batch ones (epoch, cutoffs) before the loop. Of the buffer records, only the
+        first and the last on each partition ask for a delivery report (:class:`OwnWrites`):
+        each partition's newest one waits in ``last`` until the next one there, or the end.
 
         Raises:
             RecordRejected: produce() refused a record for what it is.
@@ -181,6 +187,11 @@ class ShardTransactions:
         buffer_topic = self.settings.buffer_topic
         epoch_text = str(epoch).encode()
         cutoff_texts = {partition: str(offset).encode() for partition, offset in cutoffs.items()}
+        own = self.own_writes
+        reported = own.reported
+        record: tuple[bytes | None, bytes, wire.ProduceHeaders | None] | None
+        last: dict[int, tuple[bytes | None, bytes, wire.ProduceHeaders | None] | None] = {}
+        counts: dict[int, int] = {}
         for item in outgoing:
             pending = item.pending
             m = pending.message
@@ -201,11 +212,27 @@ class ShardTransactions:
                 # A series' next occurrence replaces this one in the same transaction: a failover
                 # neither skips nor repeats one. It replaces only this version (follows=): a cancel
                 # or reschedule that came between wins (docs/DESIGN.md, "Repeating messages").
-                value = following.buffer_value(follows=pending.version, cutoff=cutoffs.get(partition, 0))
-                produce(buffer_topic, value, id_bytes, partition=partition, headers=following.buffer_headers() or None)
+                record = (following.buffer_value(follows=pending.version, cutoff=cutoffs.get(partition, 0)), id_bytes,
+                          following.buffer_headers() or None)
             else:
-                produce(buffer_topic, None, id_bytes, partition=partition,
-                        headers=wire.encoded_done_headers(id_bytes, version, cutoff_texts.get(partition, b"0")))
+                record = (None, id_bytes,
+                          wire.encoded_done_headers(id_bytes, version, cutoff_texts.get(partition, b"0")))
+            counts[partition] = counts.get(partition, 0) + 1
+            if partition not in last:  # the first on its partition
+                produce(buffer_topic, record[0], record[1], partition=partition, headers=record[2],
+                        on_delivery=reported)
+                last[partition] = None
+            else:
+                previous = last[partition]
+                if previous is not None:
+                    produce(buffer_topic, previous[0], previous[1], partition=partition, headers=previous[2])
+                last[partition] = record
+        for partition, record in last.items():
+            if record is not None:
+                produce(buffer_topic, record[0], record[1], partition=partition, headers=record[2],
+                        on_delivery=reported)
+        for partition, count in counts.items():
+            own.wrote(partition, count)
 
     def write_done(self, delay_id: str, pending: stored.PendingMessage, cutoff: int) -> None:
         """The `done` closing ``pending``'s version, with the cutoff it was picked under (0: none read there)."""
@@ -238,7 +265,9 @@ class ShardTransactions:
     def to_buffer(self, delay_id: str, partition: int, value: bytes | None, headers: wire.ProduceHeaders | None,
                   timestamp: int = 0) -> None:
         self.open_producer().produce(self.settings.buffer_topic, key=delay_id.encode(), value=value,
-                                     partition=partition, headers=headers, timestamp=timestamp)
+                                     partition=partition, headers=headers, timestamp=timestamp,
+                                     on_delivery=self.own_writes.reported)
+        self.own_writes.wrote(partition)
 
     # -- commit and abort -----------------------------------------------
 
@@ -264,7 +293,10 @@ class ShardTransactions:
                 self.commit_resuming(term)
         except BaseException:
             self.in_flight.discard(ids)
+            # It may have committed after all, its ids out of flight: the cover reads its records.
+            self.own_writes.clear()
             raise
+        self.own_writes.committed()
 
     def commit_resuming(self, term: Term) -> None:
         """``commit_transaction``, called again while it fails in a way that may pass (Kafka restarting).

@@ -9,10 +9,11 @@ import logging
 import time
 from unittest import mock
 
+import pytest
 from support.stand_ins import shard_feed
 
 from delayq import wire
-from delayq.delay_service.cover import PARTIAL_COVER_S, Ends, ShardCover
+from delayq.delay_service.cover import PARTIAL_COVER_S, Ends, OwnWrites, ShardCover
 from delayq.election import Term
 from delayq.store import StoredEntry
 
@@ -64,3 +65,73 @@ def test_ids_of_a_partition_not_reached_wait_out_of_the_picks_until_a_cover_reac
     assert cover.held_ids(set()) == set() and cover.cutoff.uniform, "reached: its ids may be picked again"
     cover.reset()
     assert cover.cutoff.covers_ms == -1 and cover.next_look_ms() is None, "a reset covers nothing"
+
+
+class Report:
+    """A delivery report's message: where one buffer record was appended."""
+
+    def __init__(self, partition: int, offset: int):
+        self._partition, self._offset = partition, offset
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def own_transaction(own: OwnWrites, partition: int, offsets: list[int], *, reported: list[int] | None = None) -> None:
+    """A committed transaction of the master's that wrote ``offsets`` on ``partition`` (``reported``: the reports)."""
+    own.begin()
+    own.wrote(partition, len(offsets))
+    for offset in offsets if reported is None else reported:
+        own.reported(None, Report(partition, offset))
+    own.committed()
+
+
+def test_a_partition_that_ends_right_after_the_masters_last_transaction_is_covered_at_its_first_record():
+    cover, _ = covering({0: 40, 1: 20})  # ingest has read up to the transaction's first record on 0, not past it
+    own_transaction(cover.own, 0, [40, 41, 42])
+    assert cover.cover(Term(3), Ends(NOW, {0: 43, 1: 20}))
+    assert cover.cutoff.uniform and cover.cutoff.offsets == {0: 40, 1: 20}, "no wait for the master's own records"
+    cover.feed.wait_until_read.assert_called_with({0: 40, 1: 20}, PARTIAL_COVER_S, abandon=mock.ANY)
+
+
+@pytest.mark.parametrize("end", [44, 42], ids=["another record after it (a write, or its marker)", "not all in"])
+def test_a_partition_that_does_not_end_right_after_the_masters_records_is_read_to_its_end(end):
+    own = OwnWrites()
+    own_transaction(own, 0, [40, 41, 42])
+    assert own.trim(Ends(NOW, {0: end, 1: 20})).targets == {0: end, 1: 20}
+
+
+def test_records_of_the_master_with_a_gap_between_them_are_read_to_the_end():
+    own = OwnWrites()
+    own_transaction(own, 0, [40, 41, 42], reported=[40, 43])  # three records over 40..43: another writer's among them
+    assert own.trim(Ends(NOW, {0: 44})).targets == {0: 44}
+    own_transaction(own, 1, [7, 8], reported=[7])  # the last one not reported: unknown
+    assert own.trim(Ends(NOW, {1: 9})).targets == {1: 9}
+
+
+def test_a_failed_report_a_failed_commit_or_a_reset_forgets_the_masters_records():
+    own = OwnWrites()
+    own.begin()
+    own.wrote(0, 1)
+    own.reported(object(), Report(0, 40))
+    own.committed()
+    assert own.trim(Ends(NOW, {0: 41})).targets == {0: 41}
+    own_transaction(own, 0, [40])
+    own.clear()
+    assert own.trim(Ends(NOW, {0: 41})).targets == {0: 41}
+    cover, _ = covering({0: 40, 1: 20})
+    own_transaction(cover.own, 0, [40])
+    cover.reset()
+    assert cover.own.trim(Ends(NOW, {0: 41})).targets == {0: 41}
+
+
+def test_a_later_transaction_on_a_partition_replaces_the_earlier_one_there_and_leaves_the_others():
+    own = OwnWrites()
+    own_transaction(own, 0, [40, 41])
+    own_transaction(own, 1, [5])
+    own_transaction(own, 0, [43])
+    assert own.trim(Ends(NOW, {0: 44, 1: 6})).targets == {0: 43, 1: 5}
+    assert own.trim(Ends(NOW, {0: 42, 1: 6})).targets == {0: 42, 1: 5}, "an older transaction's end: read it all"

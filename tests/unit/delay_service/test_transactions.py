@@ -188,3 +188,37 @@ def test_a_term_takes_the_spare_producer_once():
 
     spare.take.assert_called_once()
     assert txns.producer is spare.take.return_value
+
+
+def test_only_the_first_and_the_last_buffer_record_of_each_partition_ask_for_a_report_and_order_is_kept():
+    txns, producer = shard_transactions()
+    items = [item(0, partition=1), item(1, partition=1), item(2, partition=0), item(3, partition=1)]
+
+    txns.begin()
+    txns.write_deliveries(7, items, {0: 40, 1: 55})
+
+    buffer = [c for c in producer.produce.call_args_list if c.args[0] == Settings().buffer_topic]
+    assert [c.args[2] for c in buffer if c.kwargs["partition"] == 1] == [
+        i.entry.delay_id.encode() for i in (items[0], items[1], items[3])], "each partition's records in order"
+    reporting = [c.args[2] for c in buffer if "on_delivery" in c.kwargs]
+    assert sorted(reporting) == sorted(i.entry.delay_id.encode() for i in (items[0], items[3], items[2]))
+    # The reports come during the commit's flush: three records on 1 at 55..57, one on 0 at 40.
+    for c, offset in zip([c for c in buffer if "on_delivery" in c.kwargs], (55, 40, 57)):
+        c.kwargs["on_delivery"](None, mock.Mock(partition=mock.Mock(return_value=c.kwargs["partition"]),
+                                                offset=mock.Mock(return_value=offset)))
+    txns.commit(Term(7), [i.entry.delay_id for i in items])
+
+    assert txns.own_writes.tails == {0: (40, 40), 1: (55, 57)}
+
+
+def test_a_failed_commit_leaves_no_record_of_where_the_master_wrote():
+    txns, producer = shard_transactions()
+    txns.own_writes.tails = {1: (50, 52)}
+    producer.commit_transaction.side_effect = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    txns.begin()
+    txns.write_deliveries(7, [item(0, partition=1)], {})
+
+    with pytest.raises(KafkaException):
+        txns.commit(Term(7), ["x"])
+
+    assert txns.own_writes.tails == {}, "it may have committed all the same: its records are read"
