@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -163,6 +163,26 @@ class Ends:
     targets: dict[int, int]
 
 
+@dataclass
+class TransactionWrites:
+    """One transaction's buffer records: how many on each partition, and the offsets their reports gave."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    first: dict[int, int] = field(default_factory=dict)
+    last: dict[int, int] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+
+    def reported(self, error: Any, message: Any) -> None:
+        """A delivery report (``on_delivery``) of one of the transaction's buffer records."""
+        partition = message.partition()
+        if error is not None:
+            self.failed.add(partition)
+            return
+        offset = message.offset()
+        self.first[partition] = min(offset, self.first.get(partition, offset))
+        self.last[partition] = max(offset, self.last.get(partition, offset))
+
+
 class OwnWrites:
     """Where the master's own committed transactions wrote on the buffer: what a cover need not wait for ingest to read.
 
@@ -186,34 +206,28 @@ class OwnWrites:
     def __init__(self) -> None:
         # Last committed transaction's records per partition, where contiguous: partition -> (first, last).
         self.tails: dict[int, tuple[int, int]] = {}
-        self._counts: dict[int, int] = {}
-        self._first: dict[int, int] = {}
-        self._last: dict[int, int] = {}
-        self._failed: set[int] = set()
+        self.open = TransactionWrites()
 
     def begin(self) -> None:
-        """A transaction begins: nothing of it is known yet."""
-        self._counts, self._first, self._last, self._failed = {}, {}, {}, set()
+        """A transaction begins: nothing of it is known yet (a late report of an earlier one goes to that one)."""
+        self.open = TransactionWrites()
 
     def wrote(self, partition: int, records: int = 1) -> None:
         """The open transaction wrote ``records`` more to ``partition`` (the first and the last of them reported)."""
-        self._counts[partition] = self._counts.get(partition, 0) + records
+        counts = self.open.counts
+        counts[partition] = counts.get(partition, 0) + records
 
-    def reported(self, error: Any, message: Any) -> None:
-        """A delivery report (``on_delivery``) of one of the open transaction's buffer records."""
-        partition = message.partition()
-        if error is not None:
-            self._failed.add(partition)
-            return
-        offset = message.offset()
-        self._first[partition] = min(offset, self._first.get(partition, offset))
-        self._last[partition] = max(offset, self._last.get(partition, offset))
+    @property
+    def reported(self) -> Callable[[Any, Any], None]:
+        """The ``on_delivery`` of the open transaction's buffer records."""
+        return self.open.reported
 
     def committed(self) -> None:
         """The open transaction's commit returned: its contiguous records become the partitions' tails."""
-        for partition, count in self._counts.items():
-            first, last = self._first.get(partition), self._last.get(partition)
-            if first is None or last is None or partition in self._failed or last - first + 1 != count:
+        written = self.open
+        for partition, count in written.counts.items():
+            first, last = written.first.get(partition), written.last.get(partition)
+            if first is None or last is None or partition in written.failed or last - first + 1 != count:
                 self.tails.pop(partition, None)  # not contiguous (or not all reported): ingest reads it all
             else:
                 self.tails[partition] = (first, last)

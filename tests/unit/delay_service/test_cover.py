@@ -135,3 +135,17 @@ def test_a_later_transaction_on_a_partition_replaces_the_earlier_one_there_and_l
     own_transaction(own, 0, [43])
     assert own.trim(Ends(NOW, {0: 44, 1: 6})).targets == {0: 43, 1: 5}
     assert own.trim(Ends(NOW, {0: 42, 1: 6})).targets == {0: 42, 1: 5}, "an older transaction's end: read it all"
+
+
+def test_a_report_that_comes_after_its_transaction_ended_goes_to_that_transaction_not_the_next():
+    own = OwnWrites()
+    own.begin()
+    own.wrote(0, 1)
+    aborted = own.reported  # an aborted transaction's report, served during the next one's commit
+    own_transaction(own, 0, [45, 46])
+    own.begin()
+    own.wrote(0, 1)
+    aborted(None, Report(0, 40))
+    own.reported(None, Report(0, 47))
+    own.committed()
+    assert own.trim(Ends(NOW, {0: 48})).targets == {0: 47}
