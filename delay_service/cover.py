@@ -36,6 +36,9 @@ OPEN_TRANSACTION_WARN_S = 5.0
 # lost over a broker restart): the mark ends it. Anyone else's transaction it leaves alone.
 MARK_HELD_AFTER_S = 2.0
 MARK_AGAIN_S = 5.0
+# How long after its commit a transaction's own records are known to be the only ones above its first record
+# (OwnWrites.trim): well under MARK_HELD_AFTER_S, so a transaction whose markers were lost is marked as soon.
+OWN_TAIL_TRUST_S = 0.5
 # How long a cover waits for a partition not known to be held back before it covers the others
 # without it; and how often, while messages wait on a held partition, a cover looks at it again.
 PARTIAL_COVER_S = 0.1
@@ -179,6 +182,11 @@ class TransactionWrites:
             self.failed.add(partition)
             return
         offset = message.offset()
+        if offset is None or offset < 0:
+            # A batch the broker answered as a duplicate has no offsets (librdkafka reports -1 + i;
+            # confluent-kafka gives None): nothing is known of where the records lie.
+            self.failed.add(partition)
+            return
         self.first[partition] = min(offset, self.first.get(partition, offset))
         self.last[partition] = max(offset, self.last.get(partition, offset))
 
@@ -204,8 +212,9 @@ class OwnWrites:
     """
 
     def __init__(self) -> None:
-        # Last committed transaction's records per partition, where contiguous: partition -> (first, last).
-        self.tails: dict[int, tuple[int, int]] = {}
+        # Last committed transaction's records per partition, where contiguous: partition -> (first, last,
+        # when its commit returned, monotonic s).
+        self.tails: dict[int, tuple[int, int, float]] = {}
         self.open = TransactionWrites()
 
     def begin(self) -> None:
@@ -225,12 +234,13 @@ class OwnWrites:
     def committed(self) -> None:
         """The open transaction's commit returned: its contiguous records become the partitions' tails."""
         written = self.open
+        committed_at = time.monotonic()
         for partition, count in written.counts.items():
             first, last = written.first.get(partition), written.last.get(partition)
             if first is None or last is None or partition in written.failed or last - first + 1 != count:
                 self.tails.pop(partition, None)  # not contiguous (or not all reported): ingest reads it all
             else:
-                self.tails[partition] = (first, last)
+                self.tails[partition] = (first, last, committed_at)
         self.begin()
 
     def clear(self) -> None:
@@ -239,14 +249,24 @@ class OwnWrites:
         self.begin()
 
     def trim(self, ends: Ends) -> Ends:
-        """``ends``; where a partition ends right after the master's last transaction there, at its first record."""
+        """``ends``; where a partition ends right after the master's last transaction there, at its first record.
+
+        Only for OWN_TAIL_TRUST_S after the commit: its markers land within milliseconds. A
+        partition whose end still stops right after the tail then has lost them (a broker
+        restart), the transaction stays open there, and the hold it makes must show: held,
+        it gets the partition mark, whose commit ends it (:meth:`ShardCover.held_by_transactions`).
+        Trimmed for good, it would never be marked, and the transaction's own ids in flight
+        (next occurrences, repairs) would wait until somebody else wrote there.
+        """
         tails = self.tails
         if not tails:
             return ends
+        trusted_since = time.monotonic() - OWN_TAIL_TRUST_S
         targets = {}
         for p, end in ends.targets.items():
             tail = tails.get(p)
-            targets[p] = tail[0] if tail is not None and end == tail[1] + 1 else end
+            trimmed = tail is not None and end == tail[1] + 1 and tail[2] >= trusted_since
+            targets[p] = tail[0] if tail is not None and trimmed else end
         return Ends(ends.read_at_ms, targets)
 
 

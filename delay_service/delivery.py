@@ -374,8 +374,8 @@ class Delivery:
             self.transactions.write_done(item.entry.delay_id, item.pending, cutoffs.get(partition, 0))
         ids = [i.entry.delay_id for i in outgoing] + [d.item.entry.delay_id for d in dead]
         self._commit_transaction(term, ids, overlap=True)
-        self.progress.committed(term.epoch, outgoing, dead)
         self.router.delivered(ids)
+        self.progress.committed(term.epoch, outgoing, dead)
 
     def _commit_transaction(self, term: Term, ids: list[str], *, overlap: bool = False) -> None:
         """Commit the open transaction (ids in flight from now), preparing the next batch meanwhile with ``overlap``.

@@ -13,6 +13,7 @@ import pytest
 from support.stand_ins import shard_feed
 
 from delayq import wire
+from delayq.delay_service import cover as cover_module
 from delayq.delay_service.cover import PARTIAL_COVER_S, Ends, OwnWrites, ShardCover
 from delayq.election import Term
 from delayq.store import StoredEntry
@@ -149,3 +150,26 @@ def test_a_report_that_comes_after_its_transaction_ended_goes_to_that_transactio
     own.reported(None, Report(0, 47))
     own.committed()
     assert own.trim(Ends(NOW, {0: 48})).targets == {0: 47}
+
+
+def test_a_report_without_an_offset_is_a_failed_one(monkeypatch):
+    # A batch the broker answered as a duplicate: librdkafka reports offset -1 + i, confluent-kafka None.
+    own = OwnWrites()
+    own_transaction(own, 0, [40, 41], reported=[None, 41])  # type: ignore[list-item]
+    own_transaction(own, 1, [7, 8], reported=[-1, 0])
+    assert own.trim(Ends(NOW, {0: 42, 1: 9})).targets == {0: 42, 1: 9}
+
+
+def test_a_transaction_whose_markers_are_lost_holds_its_partition_once_the_tail_is_no_longer_trusted(monkeypatch):
+    # Kafka lost the commit's markers on partition 0 (a broker restart): the end stays right after
+    # the master's records, ingest stops at their first one. Trimmed for good, the partition would
+    # never be held nor marked, and the transaction's own ids in flight would wait for ever.
+    clock = [1000.0]
+    monkeypatch.setattr(cover_module.time, "monotonic", lambda: clock[0])
+    cover, _ = covering({0: 40, 1: 20})
+    own_transaction(cover.own, 0, [40, 41, 42])
+    assert cover.own.trim(Ends(NOW, {0: 43, 1: 20})).targets == {0: 40, 1: 20}, "just committed: its markers come"
+
+    clock[0] += cover_module.OWN_TAIL_TRUST_S + 0.01
+
+    assert cover.own.trim(Ends(NOW, {0: 43, 1: 20})).targets == {0: 43, 1: 20}, "read to its end, or held and marked"
