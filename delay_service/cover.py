@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaException
 
@@ -191,6 +191,14 @@ class TransactionWrites:
         self.last[partition] = max(offset, self.last.get(partition, offset))
 
 
+class Tail(NamedTuple):
+    """A committed transaction's contiguous records on one partition, and when its commit returned."""
+
+    first: int
+    last: int
+    committed_at: float  # monotonic s
+
+
 class OwnWrites:
     """Where the master's own committed transactions wrote on the buffer: what a cover need not wait for ingest to read.
 
@@ -212,9 +220,8 @@ class OwnWrites:
     """
 
     def __init__(self) -> None:
-        # Last committed transaction's records per partition, where contiguous: partition -> (first, last,
-        # when its commit returned, monotonic s).
-        self.tails: dict[int, tuple[int, int, float]] = {}
+        # Last committed transaction's records per partition, where contiguous.
+        self.tails: dict[int, Tail] = {}
         self.open = TransactionWrites()
 
     def begin(self) -> None:
@@ -240,7 +247,7 @@ class OwnWrites:
             if first is None or last is None or partition in written.failed or last - first + 1 != count:
                 self.tails.pop(partition, None)  # not contiguous (or not all reported): ingest reads it all
             else:
-                self.tails[partition] = (first, last, committed_at)
+                self.tails[partition] = Tail(first, last, committed_at)
         self.begin()
 
     def clear(self) -> None:
@@ -265,8 +272,9 @@ class OwnWrites:
         targets = {}
         for p, end in ends.targets.items():
             tail = tails.get(p)
-            trimmed = tail is not None and end == tail[1] + 1 and tail[2] >= trusted_since
-            targets[p] = tail[0] if tail is not None and trimmed else end
+            if tail is not None and end == tail.last + 1 and tail.committed_at >= trusted_since:
+                end = tail.first
+            targets[p] = end
         return Ends(ends.read_at_ms, targets)
 
 

@@ -21,7 +21,7 @@ from delayq.settings import Settings
 from . import stored
 from .dead_letters import produce_copy
 from .ingest import ShardFeed
-from .transactions import ShardTransactions, require_active
+from .transactions import ShardTransactions
 
 # How often the master commits the ledger's mark when no malformed record comes: well within Kafka's
 # offsets.retention.minutes (7 days), after which the group's offsets expire.
@@ -78,9 +78,9 @@ class MalformedCopies:
             marks[entry.partition] = max(marks.get(entry.partition, 0), entry.offset + 1)
             if entry.offset >= handled.get(entry.partition, 0):
                 todo.append(entry)
+        self.transactions.begin()
         producer = self.transactions.open_producer()
         copies: list[tuple[str, str]] = []
-        producer.begin_transaction()
         for entry in todo:
             source = f"{self.settings.buffer_topic}/{entry.partition}/{entry.offset}"
             try:
@@ -96,8 +96,7 @@ class MalformedCopies:
         producer.send_offsets_to_transaction(
             [TopicPartition(self.settings.buffer_topic, p, o) for p, o in sorted(marks.items())],
             self.feed.ledger.group_metadata(), 30)
-        require_active(term)
-        self.transactions.commit_resuming(term)
+        self.transactions.commit(term, [])
         self._handled = marks
         self._refresh_at = time.monotonic() + LEDGER_REFRESH_S
         self.store.forget_malformed(marks)

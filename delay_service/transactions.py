@@ -78,16 +78,12 @@ class RecordRejected(Exception):
         self.error = error
 
 
-def require_active(term: Term) -> None:
-    """Raises LeadershipLost once the term has ended: nothing more may commit in it."""
-    if not term.active:
-        raise LeadershipLost(term.ended_because or "term ended")
-
-
 class ShardTransactions:
     """The term's transactional producer and the transactions it opens, writes and commits.
 
-    Only this class touches the producer. ``in_flight`` gets each transaction's ids just
+    It holds the producer; two other parts use it, never outside a term: the malformed
+    copies write theirs into a transaction begun and committed here, and the router reads
+    the target topics' metadata. ``in_flight`` gets each transaction's ids just
     before its commit (ingest may read a record back before the commit call returns) and
     loses them again if the commit fails.
     """
@@ -281,7 +277,8 @@ class ShardTransactions:
             LeadershipLost: the term ended before the commit.
             KafkaException: the commit failed (the ids are no longer in flight then).
         """
-        require_active(term)
+        if not term.active:
+            raise LeadershipLost(term.ended_because or "term ended")
         # Marked before the commit: ingest may read a record back before commit returns.
         self.in_flight.add(ids)
         try:

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from delayq import Settings, wire
 from delayq.delay_service import stored, transactions
+from delayq.delay_service.cover import Tail
 from delayq.delay_service.handoff import InFlight
 from delayq.delay_service.master_producer import SpareProducer
 from delayq.delay_service.routing import Outgoing, Undeliverable
@@ -208,12 +209,12 @@ def test_only_the_first_and_the_last_buffer_record_of_each_partition_ask_for_a_r
                                                 offset=mock.Mock(return_value=offset)))
     txns.commit(Term(7), [i.entry.delay_id for i in items])
 
-    assert {p: tail[:2] for p, tail in txns.own_writes.tails.items()} == {0: (40, 40), 1: (55, 57)}
+    assert {p: (tail.first, tail.last) for p, tail in txns.own_writes.tails.items()} == {0: (40, 40), 1: (55, 57)}
 
 
 def test_a_failed_commit_leaves_no_record_of_where_the_master_wrote():
     txns, producer = shard_transactions()
-    txns.own_writes.tails = {1: (50, 52, 0.0)}
+    txns.own_writes.tails = {1: Tail(50, 52, 0.0)}
     producer.commit_transaction.side_effect = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
     txns.begin()
     txns.write_deliveries(7, [item(0, partition=1)], {})
