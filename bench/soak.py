@@ -115,6 +115,8 @@ class SoakOptions:
     brokers: int = 1
     # A release (delayq/releases.toml) the cluster starts as; the fault upgrade_roll rolls it to this code.
     upgrade_from: str | None = None
+    # Member processes per node (DELAYQ_PROCESSES): 1 is a node of one process.
+    processes: int = 1
 
     def __post_init__(self) -> None:
         from delayq.dev.stack import MAX_BROKERS
@@ -137,6 +139,11 @@ class SoakOptions:
         if self.shards < 1 or self.buffer_partitions % self.shards:
             raise ValueError(f"--shards {self.shards}: give a divisor of the soak's {self.buffer_partitions} buffer "
                              "partitions (1, 2, 3 or 6)")
+        if isinstance(self.processes, bool) or not isinstance(self.processes, int) or self.processes < 1:
+            raise ValueError(f"--processes {self.processes}: give 1 (a node of one process) or more member processes")
+        if self.processes > 1 and self.upgrade_from is not None:
+            raise ValueError(f"--processes {self.processes} with --upgrade-from {self.upgrade_from}: member processes "
+                             "need feature level 2, which the roll finalizes only at its end; give one of them")
         if self.replicas == 1 or not 0 <= self.replicas <= self.nodes:
             raise ValueError(f"--replicas {self.replicas}: give 0 (every node holds every shard) or 2 to --nodes "
                              f"({self.nodes}); with 1 a shard has no standby to fail over to")
@@ -230,7 +237,8 @@ class Soak:
         self.err.print(f"[bold]soak seed {self.seed}[/] (replay: delayq soak --seed {self.seed} "
                        f"--duration {o.duration_s:g}s --rate {o.rate:g} --nodes {o.nodes} --shards {o.shards} "
                        f"--replicas {o.replicas}" + (f" --brokers {o.brokers}" if o.brokers > 1 else "")
-                       + (f" --upgrade-from {o.upgrade_from}" if o.upgrade_from else "") + ")",
+                       + (f" --upgrade-from {o.upgrade_from}" if o.upgrade_from else "")
+                       + (f" --processes {o.processes}" if o.processes > 1 else "") + ")",
                        highlight=False)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -278,7 +286,7 @@ class Soak:
         settings = Settings(bootstrap_servers=self.stack.bootstrap_servers, zk_connect=self.stack.zk_connect,
                             cluster=f"soak-{self.seed}", buffer_partitions=o.buffer_partitions, shards=o.shards,
                             replicas=o.replicas, zk_session_timeout_ms=o.zk_session_timeout_ms,
-                            data_dir=self.run_dir / "nodes")
+                            data_dir=self.run_dir / "nodes", processes=o.processes)
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
         # Replicated as the buffer is (RF min(N, 3), min ISR one less): a broker fault must not take a target away.
         factor = min(o.brokers, 3)
@@ -556,7 +564,7 @@ class Soak:
         document: dict[str, Any] = {
             "seed": self.seed,
             "duration_s": o.duration_s, "rate": o.rate, "nodes": o.nodes, "shards": o.shards, "replicas": o.replicas,
-            "brokers": o.brokers, "upgrade_from": o.upgrade_from,
+            "brokers": o.brokers, "upgrade_from": o.upgrade_from, "processes": o.processes,
             "max_delay_s": o.max_delay_s,
             "started_ms": started_ms, "judged_until_ms": until_ms,
             "sent": counts["messages"], "cancelled": counts["cancelled"], "rescheduled": counts["rescheduled"],

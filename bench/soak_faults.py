@@ -4,7 +4,10 @@ Each kind at least once per run, one at a time (never two overlapping). On one b
 default), eight kinds:
 
 * ``master_kill``: SIGKILL to a shard's master; a standby takes over; the node restarts from its store.
-* ``master_pause``: SIGSTOP to a shard's master for longer than the ZooKeeper session timeout, then SIGCONT.
+  On nodes of member processes (``--processes``) the process killed is the member mastering the
+  shard, mid-transaction as it delivers, and its node starts it again (a worker process lost).
+* ``master_pause``: SIGSTOP to a shard's master for longer than the ZooKeeper session timeout, then SIGCONT
+  (the master's member process, on nodes of member processes).
 * ``standby_term``: SIGTERM to a standby (a clean stop), then a restart.
 * ``standby_wipe``: a standby stopped, its data folder deleted, restarted (it rebuilds from the buffer).
 * ``kafka_kill``: SIGKILL to the Kafka broker, a few seconds down, restarted.
@@ -100,7 +103,15 @@ from confluent_kafka import KafkaException
 
 from delayq.clock import now_ms
 from delayq.dev import DevStack
-from delayq.testing import LocalCluster, NodeError, NodeProcess, mastered_shards, settings_env
+from delayq.testing import (
+    LocalCluster,
+    NodeError,
+    NodeProcess,
+    master_members,
+    master_series,
+    mastered_shards,
+    settings_env,
+)
 
 from .soak_brokers import (
     TRANSACTION_STATE_TOPIC,
@@ -136,6 +147,8 @@ def fault_kinds(brokers: int = 1, *, upgrade: bool = False) -> tuple[str, ...]:
 MAX_RESTARTS_AFTER_CRASH = 5
 LOG_TAIL_LINES = 40
 READY_WITHIN_S = 3.0
+# How long a node of member processes may take to start a killed member again (interpreter start, election).
+MEMBER_BACK_S = 30.0
 # How long the upgrade roll watches the nodes after its finalize: they read the finalized level every 5 s.
 FINALIZE_FOLLOWED_S = 10.0
 
@@ -468,7 +481,7 @@ class Chaos(threading.Thread):
         self.failure: BaseException | None = None
         self._expected_exits: set[int] = set()
         self._handled_exits: set[int] = set()
-        self._paused: set[int] = set()  # node pids stopped by master_pause
+        self._paused: set[int] = set()  # pids stopped by master_pause: nodes', or member processes'
         self._paused_services: set[str] = set()  # "kafka", "zookeeper" while stopped by their pause
         # Held while a process is stopped or continued, so that release() never races a pause.
         self._pause_lock = threading.Lock()
@@ -560,45 +573,81 @@ class Chaos(threading.Thread):
     # -- the kinds -----------------------------------------------------------
 
     def _master_kill(self, fault: PlannedFault) -> str:
-        master = self._master()
-        if master is None:
+        target = self._master_target()
+        if target is None:
             raise FaultSkipped("no master to kill")
-        pid = master.process.pid
-        shards = probe(master).masters
+        master, name, pid, shards = target
         killed_at = time.monotonic()
-        self.stop_node(master, signal.SIGKILL)
-        took_over = self._master(self.session_timeout_s + 20, other_than=master.node_id, of=shards)
-        successor = (f"{took_over.node_id} master of shard {self._taken(took_over, shards)} "
+        if name == master.node_id:
+            self.stop_node(master, signal.SIGKILL)
+        else:  # a member process: its node starts it again
+            os.kill(pid, signal.SIGKILL)
+        took_over = self._master(self.session_timeout_s + 20, other_than=name, of=shards)
+        successor = (f"{self._master_name(took_over, shards)} master of shard {self._taken(took_over, shards)} "
                      f"{time.monotonic() - killed_at:.1f}s later" if took_over else "no other master")
-        restarted = self._restart(master.node_id)
-        return (f"SIGKILL to master {master.node_id} of shards {list(shards)} (pid {pid}); {successor}; "
-                f"restarted as pid {restarted}")
+        if name == master.node_id:
+            back = f"restarted as pid {self._restart(master.node_id)}"
+        else:
+            back = self._member_back(master, name, pid)
+        return f"SIGKILL to master {name} of shards {list(shards)} (pid {pid}); {successor}; {back}"
 
     def _master_pause(self, fault: PlannedFault) -> str:
-        master = self._master()
-        if master is None:
+        target = self._master_target()
+        if target is None:
             raise FaultSkipped("no master to pause")
-        process = master.running
-        pid = process.pid
-        shards = probe(master).masters
+        _, name, pid, shards = target
         with self._pause_lock:
             if self._released:
                 raise FaultSkipped("the soak is stopping")
             self._paused.add(pid)
-            process.send_signal(signal.SIGSTOP)
+            os.kill(pid, signal.SIGSTOP)
         paused_at = time.monotonic()
         try:
-            took_over = self._master(fault.hold_s, other_than=master.node_id, of=shards)
-            successor = (f"{took_over.node_id} took over shard {self._taken(took_over, shards)} "
+            took_over = self._master(fault.hold_s, other_than=name, of=shards)
+            successor = (f"{self._master_name(took_over, shards)} took over shard {self._taken(took_over, shards)} "
                          f"{time.monotonic() - paused_at:.1f}s later" if took_over else "no other node took over")
             self._idle(fault.hold_s - (time.monotonic() - paused_at))
         finally:
             with self._pause_lock:
                 if pid in self._paused:
-                    process.send_signal(signal.SIGCONT)
+                    _continue(pid)
                     self._paused.discard(pid)
-        return (f"SIGSTOP to master {master.node_id} of shards {list(shards)} (pid {pid}) for "
+        return (f"SIGSTOP to master {name} of shards {list(shards)} (pid {pid}) for "
                 f"{time.monotonic() - paused_at:.1f}s, then SIGCONT; {successor}")
+
+    def _master_target(self) -> tuple[NodeProcess, str, int, tuple[int, ...]] | None:
+        """What a master fault hits: a master's node, its name, the pid and the shards of the process mastering.
+
+        On a node of member processes (``--processes``) that is the member mastering the node's
+        first mastered shard, not the node: each master runs in a member of its own, and the
+        node (their supervisor) starts a member that died again. None if no master is found.
+        """
+        master = self._master()
+        if master is None:
+            return None
+        found = probe(master)
+        if not found.masters:
+            return None
+        member = found.master_members.get(found.masters[0], "")
+        if not member:
+            return master, master.node_id, master.running.pid, found.masters
+        pid = master.members().get(member)
+        if pid is None:
+            return None
+        return master, member, pid, tuple(k for k in found.masters if found.master_members.get(k) == member)
+
+    def _member_back(self, node: NodeProcess, member: str, killed_pid: int) -> str:
+        """Wait for ``node`` to start its killed ``member`` again; a node that does not is a crash of the soak's."""
+        deadline = time.monotonic() + MEMBER_BACK_S
+        while time.monotonic() < deadline and not self.stop.is_set():
+            pid = node.members().get(member)
+            if pid is not None and pid != killed_pid:
+                return f"started again by {node.node_id} as pid {pid}"
+            self._idle(0.2)
+        if self.stop.is_set():
+            return "the soak stopped before it was started again"
+        self._record_crash(node, f"did not start its member {member} again within {MEMBER_BACK_S:.0f}s")
+        return f"not started again within {MEMBER_BACK_S:.0f}s"
 
     def _standby_term(self, fault: PlannedFault) -> str:
         return self._restart_standby(fault, wipe=False)
@@ -676,9 +725,8 @@ class Chaos(threading.Thread):
             for name in sorted(self._paused_services):
                 self.stack.kill(name, signal.SIGCONT)
             self._paused_services.clear()
-            for node in self.cluster.nodes.values():
-                if node.process is not None and node.process.pid in self._paused:
-                    node.process.send_signal(signal.SIGCONT)
+            for pid in sorted(self._paused):
+                _continue(pid)
             self._paused.clear()
 
     def _service_kill(self, name: str, down_s: float) -> str:
@@ -937,17 +985,24 @@ class Chaos(threading.Thread):
 
     def _master(self, timeout_s: float = 15.0, *, other_than: str | None = None,
                 of: tuple[int, ...] = ()) -> NodeProcess | None:
-        """A live node mastering a shard (one of ``of``, if given) other than ``other_than``; None after the timeout."""
+        """A live node mastering a shard (one of ``of``, if given) other than ``other_than`` (a node's or a member's
+        name); None after the timeout."""
         deadline = time.monotonic() + timeout_s
         while not self.stop.is_set():
             for node in self._live_nodes():
-                masters = probe(node).masters
-                if node.node_id != other_than and (set(masters) & set(of) if of else masters):
+                found = probe(node)
+                if any(found.master_process(k, node.node_id) != other_than for k in found.masters if not of or k in of):
                     return node
             if time.monotonic() >= deadline:
                 return None
             self._idle(0.2)
         return None
+
+    @staticmethod
+    def _master_name(node: NodeProcess, shards: tuple[int, ...]) -> str:
+        """Who on ``node`` masters the first of ``shards`` it masters: the member, or the node."""
+        found = probe(node)
+        return next((found.master_process(k, node.node_id) for k in found.masters if k in shards), node.node_id)
 
     @staticmethod
     def _taken(node: NodeProcess, shards: tuple[int, ...]) -> str:
@@ -1055,6 +1110,14 @@ class Chaos(threading.Thread):
         if self._broker_names:
             problems += self._kafka_problems()
         return not problems, "; ".join(problems)
+
+
+def _continue(pid: int) -> None:
+    """SIGCONT to ``pid``, which may have exited meanwhile (a member replaced, a node killed)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def _outage_text(outages: list[tuple[int, int]], start_ms: int, problems: str) -> str:
@@ -1165,6 +1228,12 @@ class Probe:
     masters: tuple[int, ...] = ()
     reason: str = ""
     held: tuple[int, ...] = ()
+    # Shard -> the member process mastering it (a node of member processes; "" for a node of one process).
+    master_members: Mapping[int, str] = field(default_factory=dict)
+
+    def master_process(self, shard: int, node_id: str) -> str:
+        """Who masters ``shard`` on this node: the member's id, or the node's for a node of one process."""
+        return self.master_members.get(shard) or node_id
 
     @property
     def master(self) -> bool:
@@ -1183,11 +1252,7 @@ def held_shards(metrics: str) -> tuple[int, ...]:
     A node has a ``delayq_is_master{shard="k"}`` series (0 or 1) for each shard it holds, and
     removes it when it drops the shard.
     """
-    found = set()
-    for line in metrics.splitlines():
-        if line.startswith('delayq_is_master{shard="'):
-            found.add(int(line.split('"', 2)[1]))
-    return tuple(sorted(found))
+    return tuple(sorted({shard for shard, _, _ in master_series(metrics)}))
 
 
 def store_figures(node: NodeProcess, timeout_s: float = 2.0) -> tuple[float | None, float | None, tuple[int, ...]]:
@@ -1230,4 +1295,4 @@ def probe(node: NodeProcess, timeout_s: float = 1.0) -> Probe:
             metrics = response.read().decode()
     except OSError:
         return Probe(ready, (), reason)
-    return Probe(ready, mastered_shards(metrics), reason, held_shards(metrics))
+    return Probe(ready, mastered_shards(metrics), reason, held_shards(metrics), master_members(metrics))

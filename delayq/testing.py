@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -170,13 +171,35 @@ def reader_processes(parent: int) -> list[int]:
     return found
 
 
-def mastered_shards(metrics: str) -> tuple[int, ...]:
-    """The shards a node's ``/metrics`` text says it masters (``delayq_is_master{shard="k"} 1.0``), in order."""
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def master_series(metrics: str) -> list[tuple[int, str, bool]]:
+    """A node's ``delayq_is_master`` series in its ``/metrics`` text: (shard, member, mastered) each.
+
+    A node has one for each shard it holds (0 or 1); a node of member processes
+    (``DELAYQ_PROCESSES`` > 1) answers for its members, each series labelled with the
+    member holding the shard (``member=""`` for a node of one process).
+    """
     found = []
     for line in metrics.splitlines():
-        if line.startswith('delayq_is_master{shard="') and float(line.rsplit(" ", 1)[1]) == 1:
-            found.append(int(line.split('"', 2)[1]))
-    return tuple(sorted(found))
+        if not line.startswith("delayq_is_master{"):
+            continue
+        labels_text, _, value = line[len("delayq_is_master{"):].rpartition("} ")
+        labels = dict(_LABEL.findall(labels_text))
+        if "shard" in labels:
+            found.append((int(labels["shard"]), labels.get("member", ""), float(value) == 1))
+    return found
+
+
+def mastered_shards(metrics: str) -> tuple[int, ...]:
+    """The shards a node's ``/metrics`` text says it masters (``delayq_is_master{shard="k"} 1.0``), in order."""
+    return tuple(sorted(shard for shard, _, mastered in master_series(metrics) if mastered))
+
+
+def master_members(metrics: str) -> dict[int, str]:
+    """Shard -> the member process mastering it, by a node's ``/metrics`` text ("" on a node of one process)."""
+    return {shard: member for shard, member, mastered in master_series(metrics) if mastered}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

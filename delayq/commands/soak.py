@@ -49,6 +49,9 @@ def register(subparsers) -> None:
     soak.add_argument("--brokers", type=int, default=1,
                       help="Kafka brokers of the soak's own stack (default 1; 2 or more: a replicated cluster with "
                            "its own broker faults, 3 for all of them; needs a JDK's javac for leader_move)")
+    soak.add_argument("--processes", type=int, default=1, metavar="K",
+                      help="member processes per node (DELAYQ_PROCESSES; default 1): each shard's master in a "
+                           "process of its own, and master_kill/master_pause hit that member, not its node")
     soak.add_argument("--upgrade-from", metavar="RELEASE",
                       help="start the cluster as this release (e.g. 0.1.0; delayq/releases.toml) and roll it to this "
                            "code as a fault (upgrade_roll), then finalize; needs --duration 3m or more")
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = SoakOptions(duration_s=args.duration, rate=args.rate, nodes=args.nodes, seed=args.seed,
                               reconcile=args.reconcile, shards=args.shards, replicas=args.replicas,
-                              brokers=args.brokers, upgrade_from=args.upgrade_from)
+                              brokers=args.brokers, upgrade_from=args.upgrade_from,
+                              processes=args.processes)
     except (ValueError, TypeError) as err:  # options that do not fit together (a duration too short, ...)
         raise CommandError(str(err)) from None
     if args.state_dir is not None:

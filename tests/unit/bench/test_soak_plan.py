@@ -29,7 +29,7 @@ from delayq.bench.soak_faults import (
     standbys,
     store_figures,
 )
-from delayq.testing import mastered_shards
+from delayq.testing import master_members, mastered_shards
 
 
 def test_the_first_round_of_every_plan_holds_each_fault_kind_once():
@@ -125,6 +125,19 @@ def test_a_nodes_masterships_are_read_from_its_per_shard_metric():
                'delayq_is_master_other{shard="2"} 1.0\n')
     assert mastered_shards(metrics) == (0, 10)
     assert mastered_shards("delayq_shards_held 2.0\n") == ()
+
+
+def test_a_node_of_member_processes_says_which_member_masters_each_shard():
+    # The node answers /metrics for its members (members.GroupView): each series carries its member.
+    metrics = ('delayq_is_master{member="box-0",shard="0"} 1.0\n'
+               'delayq_is_master{member="box-1",shard="2"} 0.0\n'
+               'delayq_is_master{shard="4",member="box-1"} 1.0\n'
+               'delayq_pending{member="box-1",shard="2"} 4.0\n')
+
+    assert mastered_shards(metrics) == (0, 4)
+    assert held_shards(metrics) == (0, 2, 4)
+    assert master_members(metrics) == {0: "box-0", 4: "box-1"}
+    assert master_members('delayq_is_master{shard="3"} 1.0\n') == {3: ""}, "a node of one process: no member"
 
 
 def test_a_nodes_held_shards_are_those_with_a_mastership_series_at_0_or_1():
