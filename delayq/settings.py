@@ -231,6 +231,13 @@ class Settings(BaseSettings):
         default_factory=list, description="node HTTP base URLs for lookup; empty: found through ZooKeeper"
     )
 
+    # Reconciliation.
+    spark_master: str = Field(
+        default="local[*]",
+        description="the Spark master `delayq reconcile` runs its job on when --master is not given: local[*] "
+                    "(inside the command), spark://host:7077 (a standalone cluster; `delayq dev env` prints the dev "
+                    "stack's), yarn, k8s://...")
+
     @field_validator("kafka", mode="before")
     @classmethod
     def _dotted_kafka_keys(cls, value: Any) -> Any:

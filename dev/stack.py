@@ -15,6 +15,7 @@ Everything lives under one state folder::
     <state>/kafka/{server.properties, log4j2.properties, data/, kafka.log (rolled), kafka.out, kafka.pid}   (one broker)
     <state>/kafka-<i>/..., <state>/controller-<j>/...                                   (N brokers)
     <state>/zookeeper/{zoo.cfg, logback.xml, data/, zookeeper.log (rolled), zookeeper.out, zookeeper.pid}
+    <state>/spark-master/..., <state>/spark-worker-<i>/...   (with ``spark_workers``: dev/spark.py)
 
 ``up`` starts what is not running (after one broker died, just that one) and returns when every
 service answers; ``down``
@@ -22,6 +23,11 @@ stops exactly the processes whose pid files ``up`` wrote, and is safe to repeat.
 A ``DevStack`` made without ports uses the ports recorded in its state folder, so
 ``status``, ``env`` and ``down`` of a folder talk about that folder's stack. An ``up``
 that fails stops what it started: the next ``up`` starts from a clean slate.
+
+With ``spark_workers=N`` (``delayq dev up --spark``), ``up`` also starts a Spark standalone master and N
+workers from the Spark pyspark ships, on free loopback ports it records beside Kafka's (dev/spark.py);
+``status``, ``env`` and ``down`` cover them whenever they were started, and ``up`` without it leaves them as
+they are.
 
 A secured stack (``DevStack(secure=True)``, ``delayq dev up --secure``) has its own folder
 and ports by default, so it runs beside the plain one: Kafka speaks SASL_SSL (SCRAM-SHA-512
@@ -45,7 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import secure as security
+from . import spark as spark_cluster
 from .runtime import KAFKA, ZOOKEEPER, StackError, ensure_runtime, java_executable
+from .spark import SparkPorts, is_spark_service
 
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_ZK_PORT = 2181
@@ -192,6 +200,15 @@ def recorded_ports(state_dir: Path) -> Ports | None:
     return Ports(int(kafka[1]), int(zk[1])) if kafka and zk else None
 
 
+def recorded_spark_ports(state_dir: Path) -> SparkPorts | None:
+    """The Spark ports the last ``up --spark`` in ``state_dir`` chose, or None if Spark never ran there."""
+    try:
+        record = json.loads((Path(state_dir).expanduser() / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return SparkPorts.from_record(record.get("spark")) if isinstance(record, dict) else None
+
+
 @dataclass
 class DevStack:
     """Kafka (one broker+controller, or N brokers and three controllers) and one ZooKeeper, from cached jars.
@@ -216,14 +233,21 @@ class DevStack:
     brokers: int | None = None
     # SASL_SSL and ACLs (dev/secure.py). None: as the state folder's last ``up`` recorded, else plain.
     secure: bool | None = None
+    # Spark workers ``up`` starts beside a Spark standalone master (dev/spark.py); 0: ``up`` starts no Spark (and
+    # leaves a Spark that runs as it is).
+    spark_workers: int = 0
     # Where a new KRaft cluster id's randomness comes from (a test injects its own draws).
     draw_uuid: Callable[[], uuid.UUID] | None = field(default=None, repr=False, compare=False)
     # The processes this object started, by service: while one of them has not exited, it is
     # running, whatever /proc said of a pid just spawned (a start right after a SIGKILL once
     # read a live, fresh JVM as gone and stopped it: "exited while starting", no log line).
     _children: dict[str, subprocess.Popen] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # The Spark ports ``up`` chose (spark_workers > 0); None: the recorded ones are this stack's.
+    _spark: SparkPorts | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.spark_workers:
+            spark_cluster.check_workers(self.spark_workers)
         self.state_dir = Path(self.state_dir or default_state_dir(bool(self.secure))).expanduser().resolve()
         recorded = recorded_ports(self.state_dir)
         was_secure = recorded_secure(self.state_dir)
@@ -263,8 +287,31 @@ class DevStack:
 
     @property
     def services(self) -> tuple[str, ...]:
-        """Every service's name, in the order ``up`` starts them: ZooKeeper, controllers, brokers."""
+        """Every service's name, in the order ``up`` starts them: ZooKeeper, controllers, brokers, then the Spark
+        master and workers (see :attr:`spark_services`)."""
+        return (*self.kafka_services, *self.spark_services)
+
+    @property
+    def kafka_services(self) -> tuple[str, ...]:
+        """ZooKeeper's and the Kafka processes' names, in the order ``up`` starts them."""
         return ("zookeeper", *(node.name for node in self.kafka_nodes))
+
+    @property
+    def spark_ports(self) -> SparkPorts | None:
+        """The Spark ports ``up`` chose for this stack, else those recorded in its folder; None: no Spark ran here."""
+        return self._spark or recorded_spark_ports(self.folder)
+
+    @property
+    def spark_services(self) -> tuple[str, ...]:
+        """The Spark master's and workers' names (of :attr:`spark_ports`); empty when no Spark ran here."""
+        ports = self.spark_ports
+        return ports.services if ports else ()
+
+    @property
+    def spark_master_url(self) -> str | None:
+        """``spark://127.0.0.1:<port>`` while this stack's Spark master runs, else None."""
+        ports = self.spark_ports
+        return ports.master_url if ports and self._running(spark_cluster.MASTER) else None
 
     @property
     def broker_names(self) -> tuple[str, ...]:
@@ -304,7 +351,8 @@ class DevStack:
         """The ``DELAYQ_*`` settings that reach this stack; on a secured one, as ``user`` (default: the admin).
 
         A secured stack's include the librdkafka security settings (``DELAYQ_KAFKA__*``) and,
-        with ``zk_auth``, ZooKeeper's digest credentials (a node needs them, a producer does not).
+        with ``zk_auth``, ZooKeeper's digest credentials (a node needs them, a producer does not). While the
+        stack's Spark master runs, ``DELAYQ_SPARK_MASTER`` is its URL (where ``delayq reconcile`` runs the job).
 
         Raises:
             StackError: ``user`` was never created on this stack (``delayq dev user NAME``).
@@ -312,6 +360,8 @@ class DevStack:
         self._check_ports_match_running()
         found = self.settings_values(user, zk_auth=zk_auth)
         env = {"DELAYQ_BOOTSTRAP_SERVERS": found["bootstrap_servers"], "DELAYQ_ZK_CONNECT": found["zk_connect"]}
+        if "spark_master" in found:
+            env["DELAYQ_SPARK_MASTER"] = found["spark_master"]
         for key, value in found.get("kafka", {}).items():
             env["DELAYQ_KAFKA__" + key.upper().replace(".", "_")] = value
         if "zk_auth" in found:
@@ -325,6 +375,8 @@ class DevStack:
             StackError: ``user`` was never created on this stack (``delayq dev user NAME``).
         """
         found: dict = {"bootstrap_servers": self.bootstrap_servers, "zk_connect": self.zk_connect}
+        if self.spark_master_url:
+            found["spark_master"] = self.spark_master_url
         if not self.secure:
             return found
         stored = self._secrets()
@@ -384,7 +436,10 @@ class DevStack:
         """
         java = java_executable()
         self._check_ports_match_running()
-        missing = [name for name in self.services if not self._running(name)]
+        if self.spark_workers:
+            self._spark = self._choose_spark_ports()
+        wanted = (*self.kafka_services, *(self.spark_services if self.spark_workers else ()))
+        missing = [name for name in wanted if not self._running(name)]
         # What can be checked first is: a taken port or damaged storage fails the call before anything starts.
         for name in missing:
             self._preflight(name)
@@ -393,10 +448,14 @@ class DevStack:
         started: list[str] = []
         try:
             for name in missing:
+                if name.startswith(spark_cluster.WORKER_PREFIX) and spark_cluster.MASTER in started[-1:]:
+                    # A worker that finds no master tries again only seconds later: the master answers first.
+                    self._wait(spark_cluster.MASTER, self._probe(spark_cluster.MASTER),
+                               time.monotonic() + self.start_timeout_s)
                 self._launch(name, java, say)
                 started.append(name)
             deadline = time.monotonic() + self.start_timeout_s
-            for name in self.services:
+            for name in wanted:
                 self._wait(name, self._probe(name), deadline)
         except BaseException:
             self.down(tuple(reversed(started)))
@@ -478,12 +537,18 @@ class DevStack:
     @property
     def stopping_order(self) -> tuple[str, ...]:
         """What ``down`` stops by default, in order: this stack's services and, when it was started with another
-        broker count, that stack's; brokers first, then controllers, then ZooKeeper (a ``down --brokers 1`` of a
-        three-broker stack still stops it all)."""
+        broker count, that stack's; Spark's workers and master first (a worker's executors may be reading Kafka),
+        brokers next, then controllers, then ZooKeeper (a ``down --brokers 1`` of a three-broker stack still stops
+        it all)."""
         recorded = self.recorded_ports()
         names = {*self.services, *(("zookeeper", *(n.name for n in kafka_nodes(recorded))) if recorded else ())}
-        rank = {"kafka": 0, "controller": 1, "zookeeper": 2}
-        return tuple(sorted(names, key=lambda name: (rank[name.split("-")[0]], name)))
+        rank = {spark_cluster.WORKER_PREFIX: 0, spark_cluster.MASTER: 1, "kafka": 2, "controller": 3, "zookeeper": 4}
+
+        def order(name: str) -> tuple[int, int, str]:
+            kind = next(prefix for prefix in rank if name.startswith(prefix))
+            return rank[kind], int(name.rpartition("-")[2]) if name[-1].isdigit() else 0, name
+
+        return tuple(sorted(names, key=order))
 
     def status(self) -> list[ServiceStatus]:
         from .runtime import KAFKA_VERSION, ZOOKEEPER_VERSION
@@ -494,6 +559,9 @@ class DevStack:
         for name, version, address, probe in (
             *((node.name, KAFKA_VERSION, node.address, self._probe(node.name)) for node in nodes),
             ("zookeeper", ZOOKEEPER_VERSION, self.zk_connect, self._zookeeper_answers),
+            # Spark, while it was started and not stopped (a pid file): an optional part, not a stopped service.
+            *((name, spark_cluster.spark_version(), self._address(name), self._probe(name))
+              for name in self.spark_services if self._pid(name) is not None),
         ):
             pid = self._pid(name)
             running = pid is not None and self._is_ours(name, pid)
@@ -513,12 +581,16 @@ class DevStack:
     def _launch(self, name: str, java: str, say) -> None:
         if name == "zookeeper":
             self._start_zookeeper(java, ensure_runtime(ZOOKEEPER, say=say))
+        elif is_spark_service(name):
+            self._start_spark(name)
         else:
             self._start_kafka(self.kafka_node(name), java, ensure_runtime(KAFKA, say=say))
 
     def _probe(self, name: str) -> Callable[[], bool]:
         if name == "zookeeper":
             return self._zookeeper_answers
+        if is_spark_service(name):
+            return self._spark_probe(name)
         node = self.kafka_node(name)
         if node.broker_port is None:
             # A dedicated controller serves no client; the brokers, which need its quorum, answer for it.
@@ -529,6 +601,17 @@ class DevStack:
         if name not in self.services:
             raise ValueError(f"service {name!r} is not part of the stack: choose one of {', '.join(self.services)}")
 
+    def _address(self, name: str) -> str:
+        """Where service ``name`` answers: ZooKeeper's and Kafka's client address, the Spark master's URL, a Spark
+        worker's web UI."""
+        if name == "zookeeper":
+            return self.zk_connect
+        if is_spark_service(name):
+            ports = self.spark_ports
+            assert ports is not None  # a Spark service's name comes from its ports
+            return ports.master_url if name == spark_cluster.MASTER else f"http://{HOST}:{ports.ui_port(name)}"
+        return self.kafka_node(name).address
+
     # -- ports -----------------------------------------------------------
 
     def record_ports(self) -> None:
@@ -537,8 +620,14 @@ class DevStack:
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.folder / RECORD
         scratch = record.with_suffix(".tmp")
-        scratch.write_text(json.dumps({"kafka_port": self.ports.kafka, "zk_port": self.ports.zk,
-                                       "brokers": self.ports.brokers, "secure": bool(self.secure)}) + "\n")
+        found: dict[str, object] = {"kafka_port": self.ports.kafka, "zk_port": self.ports.zk,
+                                    "brokers": self.ports.brokers, "secure": bool(self.secure)}
+        # Spark's ports stay recorded when an ``up`` without Spark writes the record: the next ``up --spark``
+        # takes them again, and ``down`` still finds a Spark that runs.
+        spark = self.spark_ports
+        if spark is not None:
+            found["spark"] = spark.as_record()
+        scratch.write_text(json.dumps(found) + "\n")
         scratch.replace(record)
 
     def _check_ports_match_running(self) -> None:
@@ -565,8 +654,29 @@ class DevStack:
                     f"leave out --brokers to use it, or wipe it (delayq dev down --wipe --state-dir {self.folder}; "
                     f"every topic is lost) and start it with --brokers {self.ports.brokers}")
 
+    def _choose_spark_ports(self) -> SparkPorts:
+        """Spark's ports for ``up``: the recorded ones while their service runs on them or they are free, else free
+        ones drawn anew.
+
+        Raises:
+            StackError: more Spark workers run than ``spark_workers`` asks for.
+        """
+        recorded = recorded_spark_ports(self.folder)
+        if recorded is not None:
+            extra = [name for name in recorded.services[1 + self.spark_workers:] if self._running(name)]
+            if extra:
+                raise StackError(
+                    f"the dev stack in {self.folder} runs {recorded.workers} Spark workers, not {self.spark_workers}: "
+                    f"leave out --spark-workers to use them, or stop Spark first (delayq dev down --spark "
+                    f"--state-dir {self.folder})")
+        return spark_cluster.choose_ports(
+            self.spark_workers, recorded, keep=lambda name, port: self._running(name) or spark_cluster.port_free(port),
+            draw=spark_cluster.free_port)
+
     def _preflight(self, name: str) -> None:
         """Refuse to start ``name`` on a taken port, or Kafka on storage it would refuse."""
+        if is_spark_service(name):
+            return  # its ports were chosen free just now (_choose_spark_ports)
         if name == "zookeeper":
             self._check_port_free("zookeeper", self.ports.zk, "--zk-port")
             return
@@ -669,19 +779,10 @@ class DevStack:
         with os.fdopen(fd, "w") as out:
             out.write(self.kafka_properties(node, data))
         log = self._log_file(node.name)
-        (home / "log4j2.properties").write_text(
-            "status = warn\nappender.file.type = RollingFile\nappender.file.name = FILE\n"
-            f"appender.file.fileName = {log}\nappender.file.filePattern = {log}.%i\n"
-            "appender.file.layout.type = PatternLayout\n"
-            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
-            "appender.file.policies.type = Policies\n"
-            "appender.file.policies.size.type = SizeBasedTriggeringPolicy\n"
-            f"appender.file.policies.size.size = {LOG_FILE_MB}MB\n"
-            f"appender.file.strategy.type = DefaultRolloverStrategy\nappender.file.strategy.max = {LOG_FILES_KEPT}\n"
-            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
+        (home / "log4j2.properties").write_text(log4j2_properties(log) + (
             "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
             "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
-        )
+        ))
         # A dedicated controller holds only the cluster's metadata, in a small heap a single-threaded collector
         # serves without taking cores from the brokers.
         gc = (["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"] if node.broker_port is not None
@@ -833,6 +934,37 @@ class DevStack:
         except Exception:
             return False
 
+    # -- Spark -----------------------------------------------------------
+
+    def _start_spark(self, name: str) -> None:
+        """Start the Spark master or a worker with pyspark's ``spark-class`` (dev/spark.py has its command lines)."""
+        ports = self.spark_ports
+        assert ports is not None  # up chose them before starting any Spark service
+        spark_home = spark_cluster.spark_home()
+        home = self._home(name)
+        log4j = home / "log4j2.properties"
+        log4j.write_text(log4j2_properties(self._log_file(name)))
+        properties = self._config_file(name)
+        if name == spark_cluster.MASTER:
+            properties.write_text(spark_cluster.master_properties())
+            argv = spark_cluster.master_argv(spark_home, ports, properties)
+        else:
+            properties.write_text(spark_cluster.worker_properties())
+            work = home / "work"
+            work.mkdir(exist_ok=True)
+            argv = spark_cluster.worker_argv(spark_home, ports, spark_cluster.worker_index(name), properties, work,
+                                             cores=spark_cluster.worker_cores(ports.workers))
+        self._spawn(name, argv, env=spark_cluster.daemon_env(os.environ, home, log4j))
+
+    def _spark_probe(self, name: str) -> Callable[[], bool]:
+        """The master answers when its JSON says ALIVE; a worker, when the master's JSON lists it ALIVE."""
+        ports = self.spark_ports
+        assert ports is not None  # a Spark service's name comes from its ports
+        if name == spark_cluster.MASTER:
+            return lambda: spark_cluster.master_alive(spark_cluster.master_state(ports.master_ui))
+        return lambda: spark_cluster.worker_registered(spark_cluster.master_state(ports.master_ui),
+                                                       ports.ui_port(name))
+
     # -- processes -------------------------------------------------------
 
     def _home(self, name: str) -> Path:
@@ -842,6 +974,8 @@ class DevStack:
 
     def _config_file(self, name: str) -> Path:
         """The file the service's JVM is started with: its last argument, and how :meth:`_is_ours` knows it."""
+        if is_spark_service(name):
+            return self.folder / name / "spark.properties"
         return self.folder / name / ("zoo.cfg" if name == "zookeeper" else "server.properties")
 
     def _pid_file(self, name: str) -> Path:
@@ -874,11 +1008,11 @@ class DevStack:
         pid = self._pid(name)
         return pid is not None and self._is_ours(name, pid)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self._out_file(name), "wb") as out:
             process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self._home(name),
+                start_new_session=True, cwd=self._home(name), env=env,
             )
         try:
             self._pid_file(name).write_text(f"{process.pid}\n")
@@ -888,7 +1022,7 @@ class DevStack:
         self._children[name] = process
 
     def _wait(self, name: str, probe, deadline: float) -> None:
-        address = self.zk_connect if name == "zookeeper" else self.kafka_node(name).address
+        address = self._address(name)
         while time.monotonic() < deadline:
             child = self._children.get(name)
             if child is not None and child.pid != self._pid(name):
@@ -928,6 +1062,24 @@ class DevStack:
 _QUIET = logging.getLogger("delayq.dev.probe")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+
+
+def log4j2_properties(log: Path) -> str:
+    """A log4j2 configuration writing INFO and above to ``log``, rolled at LOG_FILE_MB, LOG_FILES_KEPT kept.
+
+    Kafka's and Spark's processes take it; Kafka adds its own loggers' levels after it.
+    """
+    return (
+        "status = warn\nappender.file.type = RollingFile\nappender.file.name = FILE\n"
+        f"appender.file.fileName = {log}\nappender.file.filePattern = {log}.%i\n"
+        "appender.file.layout.type = PatternLayout\n"
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+        "appender.file.policies.type = Policies\n"
+        "appender.file.policies.size.type = SizeBasedTriggeringPolicy\n"
+        f"appender.file.policies.size.size = {LOG_FILE_MB}MB\n"
+        f"appender.file.strategy.type = DefaultRolloverStrategy\nappender.file.strategy.max = {LOG_FILES_KEPT}\n"
+        "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
+    )
 
 
 def telling_line(lines: list[str], limit: int = 300) -> str:

@@ -18,6 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from delayq.dev import DevStack, StackError, cache_dir, default_state_dir
+from delayq.dev.spark import MAX_WORKERS as MAX_SPARK_WORKERS
+from delayq.dev.spark import WORKER_MEMORY as SPARK_WORKER_MEMORY
 from delayq.dev.stack import DEFAULT_KAFKA_PORT, DEFAULT_SECURE_KAFKA_PORT, DEFAULT_SECURE_ZK_PORT, DEFAULT_ZK_PORT
 
 console = Console()
@@ -27,11 +29,13 @@ def register(subparsers) -> None:
     dev = subparsers.add_parser("dev", help="the embedded local stack: real Kafka (KRaft) and ZooKeeper on loopback")
     actions = dev.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, func, text in (
-        ("up", _up, "start Kafka and ZooKeeper (downloads the jars once) and wait until both answer"),
+        ("up", _up, "start Kafka and ZooKeeper (downloads the jars once), with --spark also a Spark standalone "
+                    "master and workers, and wait until each answers"),
         ("down", _down, "stop the processes `up` started"),
         ("status", _status, "say what runs where"),
         ("env", _env, "print export lines for DELAYQ_BOOTSTRAP_SERVERS and DELAYQ_ZK_CONNECT (and, on a secured "
-                      "stack, the admin's DELAYQ_KAFKA__* security settings and DELAYQ_ZK_AUTH)"),
+                      "stack, the admin's DELAYQ_KAFKA__* security settings and DELAYQ_ZK_AUTH; while the stack's "
+                      "Spark master runs, DELAYQ_SPARK_MASTER)"),
         ("user", _user, "create a SCRAM user on the secured stack (the default folder's, unless --state-dir) and "
                         "print its settings as export lines"),
     ):
@@ -56,9 +60,19 @@ def register(subparsers) -> None:
                             help=f"ZooKeeper's port (default: the port `up` recorded in --state-dir, "
                                  f"else {DEFAULT_ZK_PORT}, secured {DEFAULT_SECURE_ZK_PORT})")
         action.set_defaults(func=_one_line(func))
-    actions.choices["up"].add_argument("--timeout", type=float, default=90.0, help="seconds to wait for both to answer")
-    actions.choices["down"].add_argument(
+    up = actions.choices["up"]
+    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for each service to answer")
+    up.add_argument("--spark", action="store_true",
+                    help="also start a Spark standalone master and workers (the Spark pyspark ships) on free loopback "
+                         "ports, recorded in --state-dir: `delayq reconcile --master` takes the URL `delayq dev env` "
+                         "prints as DELAYQ_SPARK_MASTER")
+    up.add_argument("--spark-workers", type=_spark_worker_count, metavar="N",
+                    help=f"Spark workers, 1 to {MAX_SPARK_WORKERS}, each offering the machine's cores shared between "
+                         f"them and {SPARK_WORKER_MEMORY} of memory (default 1; implies --spark)")
+    down = actions.choices["down"]
+    down.add_argument(
         "--wipe", action="store_true", help="also delete the stack's data and logs (the next `up` starts an empty one)")
+    down.add_argument("--spark", action="store_true", help="stop only the Spark master and workers")
     user = actions.choices["user"]
     user.add_argument("name", help="the SCRAM user (Kafka principal User:NAME); run again to print its settings again")
     user.add_argument("--zk", action="store_true",
@@ -94,8 +108,11 @@ def _os_problem(args: argparse.Namespace, err: OSError) -> str:
 
 
 def stack_from(args: argparse.Namespace) -> DevStack:
+    workers = getattr(args, "spark_workers", None)
+    spark = getattr(args, "action", None) == "up" and (getattr(args, "spark", False) or workers is not None)
     return DevStack(args.state_dir, kafka_port=args.kafka_port, zk_port=args.zk_port, brokers=args.brokers,
-                    start_timeout_s=getattr(args, "timeout", 90.0), secure=args.secure)
+                    start_timeout_s=getattr(args, "timeout", 90.0), secure=args.secure,
+                    spark_workers=(workers or 1) if spark else 0)
 
 
 def _broker_count(text: str) -> int:
@@ -105,15 +122,30 @@ def _broker_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of brokers (1 to 9)") from None
 
 
+def _spark_worker_count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of Spark workers (1 to {MAX_SPARK_WORKERS})") from None
+
+
 def _up(args: argparse.Namespace) -> int:
     stack = stack_from(args)
     brokers = f"{stack.ports.brokers} Kafka brokers" if stack.ports.brokers > 1 else "Kafka"
-    with console.status(f"starting {brokers} and ZooKeeper"):
+    spark = (f", a Spark master and {stack.spark_workers} worker" + ("s" if stack.spark_workers > 1 else "")
+             if stack.spark_workers else "")
+    with console.status(f"starting {brokers}, ZooKeeper{spark} and waiting until each answers"):
         started = stack.up(say=console.print)
     what = ", ".join(started) if started else "nothing (all were running)"
     kind = " (SASL_SSL, SCRAM-SHA-512, ACLs enforced)" if stack.secure else ""
     console.print(f"started {what}; Kafka at {stack.bootstrap_servers}{kind}, ZooKeeper at {stack.zk_connect}",
                   highlight=False)
+    ports = stack.spark_ports
+    if stack.spark_workers and ports is not None:
+        console.print(f"Spark master at {ports.master_url} (web UI {ports.master_ui_url}), {ports.workers} "
+                      f"worker{'s' if ports.workers > 1 else ''}: delayq reconcile --master {ports.master_url}",
+                      highlight=False, markup=False)
     if stack.secure:
         console.print(f"the admin's settings: eval \"$(delayq dev env --state-dir {stack.folder})\"; a user's: "
                       f"delayq dev user NAME --state-dir {stack.folder}", highlight=False, markup=False)
@@ -122,7 +154,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     stack = stack_from(args)
-    stopped = stack.down()
+    stopped = stack.down(stack.spark_services[::-1] if args.spark else None)
     console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running", highlight=False)
     if args.wipe:
         stack.wipe()
