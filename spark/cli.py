@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,9 +15,21 @@ from delayq.clock import parse_duration_ms
 from .options import MAVEN_CENTRAL, ReconcileOptions, parse_instant
 from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text, count_label
 
+if TYPE_CHECKING:
+    from delayq import Settings
 
-def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None) -> None:
-    """The job's flags; ``default_master`` is ``local[*]`` for delayq, None under spark-submit."""
+
+def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None,
+                  master_from_settings: bool = False) -> None:
+    """The job's flags.
+
+    Args:
+        parser: where to add them.
+        default_master: the --master default: None under spark-submit (the master it was given).
+        master_from_settings: without --master, :func:`run` takes the ``spark_master`` setting
+            (``DELAYQ_SPARK_MASTER``, else ``local[*]``): ``delayq reconcile``'s way.
+    """
+    parser.set_defaults(master_from_settings=master_from_settings)
     parser.add_argument("--since", default="24h",
                         help="window start: ISO 8601 time (UTC unless it has an offset) or a duration before now "
                              "like 24h (default: 24h)")
@@ -46,8 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None
                         help="comma-separated target topics (default: found from the buffer's put frames)")
     parser.add_argument("--read-uncommitted", action="store_true",
                         help="also count records of open and aborted transactions (default: read_committed)")
+    shown = ("DELAYQ_SPARK_MASTER, else local[*]" if master_from_settings
+             else default_master or "the one spark-submit was given")
     parser.add_argument("--master", default=default_master,
-                        help=f"Spark master (default: {default_master or 'the one spark-submit was given'})")
+                        help=f"Spark master: local[N], spark://HOST:PORT (a standalone cluster: the job ships "
+                             f"delayq's code and the Kafka source to its executors), yarn, k8s://... (default: "
+                             f"{shown})")
     parser.add_argument("--list-limit", type=int, default=1000,
                         help="ids per anomaly list in report.json; Parquet has them all (default: 1000)")
     parser.add_argument("--maven-repo", default=MAVEN_CENTRAL,
@@ -91,6 +108,14 @@ def options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) ->
     )
 
 
+def chosen_master(args: argparse.Namespace, settings: Settings) -> str | None:
+    """--master if given; else the ``spark_master`` setting where the flags say so (``delayq reconcile``), else None
+    (under spark-submit: the master it was given)."""
+    if args.master is None and getattr(args, "master_from_settings", False):
+        return settings.spark_master
+    return args.master
+
+
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     """Run the job from parsed flags, with progress; print the summary; return the exit code (0 or 1)."""
     from delayq import Settings
@@ -99,8 +124,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     from .progress import SparkProgress
 
     console = console or Console()
-    options = options_from_args(args)
     settings = Settings()
+    args.master = chosen_master(args, settings)
+    options = options_from_args(args)
     with SparkProgress() as progress:
         report = reconcile(settings, options, progress=progress.step)
     print_summary(report, console)

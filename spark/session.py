@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from delayq.errors import DelayqError
+from delayq.errors import DelayqError, UsageError
 from delayq.paths import cache_dir
 
 from .options import MAVEN_CENTRAL
@@ -149,7 +149,9 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
     session exists), that session is returned as it is: its master and packages
     were chosen by whoever started it. Otherwise a JVM is started with the Kafka
     source from the cache (resolved on the first run), its output going to a log
-    file under :func:`spark_home_dir` rather than the terminal.
+    file under :func:`spark_home_dir` rather than the terminal. Either way, when the
+    executors run elsewhere than in this process (any master but ``local``), delayq's own
+    code is added to the session for them (:func:`ship_code`).
 
     Args:
         master: the Spark master for a new session (``local[*]``, ``spark://host:7077``); None: Spark's default.
@@ -157,15 +159,18 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
         conf: extra Spark settings for a new session.
 
     Raises:
-        ReconcileError: the JVM did not start or the Kafka source could not be resolved; the message
-            names the log file with Ivy's and Spark's own words.
+        ReconcileError: a ``spark://`` master does not answer, the JVM did not start or the Kafka source
+            could not be resolved; the message names the log file with Ivy's and Spark's own words.
+        UsageError: ``master`` is a malformed ``spark://`` URL.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     if SparkContext._active_spark_context is not None:
         # A JVM is up in this process: its jars and master were fixed when it started.
-        return SparkSession.builder.getOrCreate()
+        return ship_code(SparkSession.builder.getOrCreate())
+    if master:
+        check_master(master)
     home = spark_home_dir()
     home.mkdir(parents=True, exist_ok=True)
     settings_file = home / "ivysettings.xml"
@@ -204,6 +209,10 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
             # reconcile_bench.py: about 7 s of 90 for 1M messages on local[2]).
             "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
         })
+        if master and _on_loopback(master):
+            # The executors of a master on loopback run on this machine: they reach the driver there too, whatever
+            # address the host name resolves to.
+            settings["spark.driver.host"] = "127.0.0.1"
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
     log = home / "logs" / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
@@ -218,7 +227,87 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
                              f"(resolved from {maven_repository} into {home / 'ivy'}): {err}; "
                              f"see {log} for Ivy's and Spark's own messages") from err
     session.sparkContext.setLogLevel("ERROR")
+    return ship_code(session)
+
+
+def is_local(master: str) -> bool:
+    """True for a master that runs the executors inside the driver's JVM (``local``, ``local[N]``, ...)."""
+    return master == "local" or master.startswith("local[")
+
+
+def ship_code(session: SparkSession) -> SparkSession:
+    """Add delayq's own code to ``session`` (shipping.py) unless its executors run in this process; once per session.
+
+    Local executors import delayq as this process does. Anywhere else (a standalone cluster, YARN,
+    Kubernetes) the executors fetch the zip from the driver, as they fetch the Kafka source's jars
+    (``spark.jars``, which ``spark.jars.packages`` filled).
+    """
+    from .shipping import code_zip
+
+    context = session.sparkContext
+    if is_local(context.master or "local"):
+        return session
+    path = str(code_zip(spark_home_dir()))
+    if (context.applicationId, path) not in _shipped:
+        context.addPyFile(path)
+        _shipped.add((context.applicationId, path))
     return session
+
+
+# The code zips added to each application (a second reconcile in one session adds nothing).
+_shipped: set[tuple[str, str]] = set()
+
+
+def master_addresses(master: str) -> list[tuple[str, int]]:
+    """The host and port of each master of a ``spark://`` URL (several for a standby pair); [] for any other master.
+
+    Raises:
+        UsageError: a ``spark://`` URL that names no ``HOST:PORT``.
+    """
+    if not master.startswith("spark://"):
+        return []
+    found = []
+    for part in master.removeprefix("spark://").split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--master {master!r}: a standalone master is spark://HOST:PORT "
+                             "(spark://HOST1:PORT1,HOST2:PORT2 for a standby pair), e.g. spark://127.0.0.1:7077")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
+def check_master(master: str, timeout_s: float = 3.0) -> None:
+    """Refuse, in one line, a ``spark://`` master that does not answer: Spark itself would try for a minute.
+
+    Raises:
+        UsageError: the URL is malformed.
+        ReconcileError: no master of the URL accepts a connection.
+    """
+    import socket
+
+    addresses = master_addresses(master)
+    problems = []
+    for host, port in addresses:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except OSError as err:
+            problems.append(err.strerror or type(err).__name__)
+    if addresses:
+        fix = ("start the dev stack's Spark (delayq dev up --spark) and give the URL it prints (delayq dev env: "
+               "DELAYQ_SPARK_MASTER)" if all(_on_loopback(f"spark://{h}:{p}") for h, p in addresses)
+               else "check that the Spark master runs and this machine reaches it")
+        raise ReconcileError(f"the Spark master {master} does not answer ({'; '.join(problems)}): {fix}, "
+                             "or run the job here with --master local[*]")
+
+
+def _on_loopback(master: str) -> bool:
+    try:
+        addresses = master_addresses(master)
+    except UsageError:
+        return False
+    return bool(addresses) and all(host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+                                   for host, _ in addresses)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
                     "a reschedule is a newer put) due in the window, and write report.json, report.html and "
                     "anomalies/*.parquet. Exit code 0 when nothing is missing, duplicated, early or unexpected and "
                     "no cancel or reschedule acknowledged in time was ignored; 1 otherwise.")
-    add_arguments(parser, default_master="local[*]")
+    add_arguments(parser, default_master=None, master_from_settings=True)
     parser.set_defaults(func=run)
 
 
