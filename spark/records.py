@@ -4,7 +4,8 @@ The reconciliation must classify every buffer record exactly as a node does (a p
 cancel, a done, or malformed with a reason code), so it does not re-implement the
 grammar: :func:`classify_buffer` runs :func:`delayq.wire.parse_buffer_record`, the
 nodes' own parser, on each record, inside Spark's ``mapInArrow``. It runs in the
-executors' Python workers, which therefore need delayq installed (the job sets
+executors' Python workers, which therefore need delayq: on a cluster they import it from
+the zip the job ships (shipping.py), locally as the driver does (the job sets
 ``PYSPARK_PYTHON`` to its own interpreter when it starts Spark itself).
 
 The loops are written for speed: each Arrow column becomes one Python list
