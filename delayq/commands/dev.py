@@ -135,7 +135,7 @@ def _up(args: argparse.Namespace) -> int:
     brokers = f"{stack.ports.brokers} Kafka brokers" if stack.ports.brokers > 1 else "Kafka"
     spark = (f", a Spark master and {stack.spark_workers} worker" + ("s" if stack.spark_workers > 1 else "")
              if stack.spark_workers else "")
-    with console.status(f"starting {brokers}, ZooKeeper{spark} and waiting until each answers"):
+    with console.status(f"starting {brokers} and ZooKeeper{spark}"):
         started = stack.up(say=console.print)
     what = ", ".join(started) if started else "nothing (all were running)"
     kind = " (SASL_SSL, SCRAM-SHA-512, ACLs enforced)" if stack.secure else ""

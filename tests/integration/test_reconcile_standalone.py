@@ -172,6 +172,20 @@ def test_spark_submit_of_the_module_on_the_standalone_cluster_gives_the_same_rep
     assert executors_of(spark_cluster_stack, ran[0]["id"]), "the worker ran no executor of the submitted job"
 
 
+def test_dev_status_and_env_cover_the_running_spark(spark_cluster_stack):
+    folder = ["--state-dir", str(spark_cluster_stack.folder)]
+
+    status = subprocess.run([sys.executable, "-m", "delayq", "dev", "status", *folder], capture_output=True,
+                            text=True, timeout=60, check=False, env={**os.environ, "COLUMNS": "250"})
+    env = subprocess.run([sys.executable, "-m", "delayq", "dev", "env", *folder], capture_output=True, text=True,
+                         timeout=60, check=False)
+
+    assert status.returncode == 0, status.stdout
+    rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines() if line.count("│") > 2}
+    assert "healthy" in rows["spark-master"] and "healthy" in rows["spark-worker-1"]
+    assert f"export DELAYQ_SPARK_MASTER={spark_cluster_stack.spark_master_url}" in env.stdout.splitlines()
+
+
 def test_a_standalone_master_that_does_not_answer_is_one_line_with_the_fix(history, tmp_path):
     nobody = f"spark://127.0.0.1:{spark_cluster.free_port()}"
 
