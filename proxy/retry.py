@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayq import wire
 from delayq.clock import seconds_of
-from delayq.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from delayq.schedule import DEFAULT_DELAY_LEVELS, due_ms, parse_delay_levels
 
 if typing.TYPE_CHECKING:
     from .producer import Producer
@@ -155,7 +155,9 @@ def retry_later(producer: Producer, message: typing.Any, policy: RetryPolicy | N
 
     Raises:
         TypeError, ValueError: ``message`` is not a record (or a consumer error event), a bad
-            ``topic``, a ``delayq-attempt`` header that is no number. Nothing is sent.
+            ``topic``, a ``delayq-attempt`` header that is no number, or the policy's delay for the
+            next attempt is no delay the producer takes (negative, not finite, or beyond its
+            ``max_delay_ms``). Nothing is sent.
         KafkaException: Kafka did not take the write within ``timeout``.
     """
     from .producer import Producer, now_ms_of
@@ -192,7 +194,11 @@ def retry_later(producer: Producer, message: typing.Any, policy: RetryPolicy | N
                                                                              text).encode())])
         delay_id = None
     else:
-        due = now_ms_of(time.time_ns()) + round(policy.delay_for(attempt) * 1000)
+        delay = policy.delay_for(attempt)
+        try:  # the producer's own rules: a finite delay >= 0, within its max_delay_ms
+            due = due_ms(now_ms_of(time.time_ns()), delay, None, producer.settings.max_delay_ms)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"retry_later: the policy's delay for attempt {attempt}: {err}") from None
         partition = message.partition() if target == source and message.partition() is not None else -1
         delay_id = producer.produce_put(target, message.value(), message.key(), partition, report, 0, headers or None,
                                         due=due, options=wire.schedule_options(None, None, attempt))
