@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from delayq.clock import parse_duration_ms
+from delayq.errors import UsageError
 
 from .options import MAVEN_CENTRAL, ReconcileOptions, parse_instant
 from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text, count_label
@@ -77,8 +78,18 @@ def options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) ->
     """ReconcileOptions from parsed flags.
 
     Raises:
-        ValueError: a flag's value is malformed; the message names the flag.
+        UsageError: a flag's value is malformed, or flags that do not fit together (--since after
+            --until, a --grace longer than the window); the message names them.
     """
+    try:
+        return _options(args, now_ms)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(str(err)) from None
+
+
+def _options(args: argparse.Namespace, now_ms: int | None) -> ReconcileOptions:
     conf = {}
     for item in args.conf:
         key, sep, value = item.partition("=")

@@ -9,6 +9,7 @@ import pyspark
 import pytest
 
 from delayq import Settings
+from delayq.errors import UsageError
 from delayq.spark import ReconcileOptions, kafka_package, parse_instant
 from delayq.spark.cli import add_arguments, options_from_args
 from delayq.spark.session import ivy_settings_xml, kafka_source_options
@@ -118,6 +119,16 @@ def test_flags_map_onto_options():
 ])
 def test_flags_with_bad_values_fail_naming_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
+        options_from_args(parse(*argv), now_ms=NOW)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--since", "1h", "--until", "2h"), r"since \(.*\) must be before until"),
+    (("--since", "1h", "--until", "0s", "--grace", "2h"), "covers the whole window"),
+])
+def test_flags_that_do_not_fit_together_are_a_usage_error_the_command_prints_in_one_line(argv, message):
+    # A UsageError is a DelayqError: `delayq reconcile` prints it in one line and exits 2, no traceback.
+    with pytest.raises(UsageError, match=message):
         options_from_args(parse(*argv), now_ms=NOW)
 
 
