@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,21 @@ from delayq.dev.spark import MASTER, SparkPorts, choose_ports, worker_registered
 from delayq.dev.stack import recorded_spark_ports
 
 HOME = Path("/opt/pyspark")
+
+
+def stand_in_for(properties: Path) -> subprocess.Popen:
+    """A process whose command line names ``properties`` as a Spark daemon's does, once it does.
+
+    Right after fork the child's /proc cmdline is still the parent's: the stack would not know it
+    as its daemon yet (on a busy machine the exec comes measurably later).
+    """
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--properties-file",
+                                str(properties)])
+    deadline = time.monotonic() + 10
+    while os.fsencode(properties) not in Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0"):
+        assert time.monotonic() < deadline, "the stand-in process did not start within 10 s"
+        time.sleep(0.01)
+    return process
 
 
 def draws(*ports: int):
@@ -128,8 +145,7 @@ def test_spark_shows_in_status_only_while_it_was_started_and_in_env_only_while_i
     stack = DevStack(tmp_path)
 
     assert [s.name for s in stack.status()] == ["kafka", "zookeeper"]
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--properties-file",
-                                str(tmp_path / MASTER / "spark.properties")])
+    sleeper = stand_in_for(tmp_path / MASTER / "spark.properties")
     try:
         (tmp_path / MASTER).mkdir()
         (tmp_path / MASTER / f"{MASTER}.pid").write_text(f"{sleeper.pid}\n")
@@ -145,8 +161,7 @@ def test_spark_shows_in_status_only_while_it_was_started_and_in_env_only_while_i
 
 def test_an_up_asking_fewer_workers_than_run_says_how_to_go_on(tmp_path):
     record_spark(tmp_path, SparkPorts(7077, 8080, (8081, 8082)))
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--properties-file",
-                                str(tmp_path / "spark-worker-2" / "spark.properties")])
+    sleeper = stand_in_for(tmp_path / "spark-worker-2" / "spark.properties")
     try:
         (tmp_path / "spark-worker-2").mkdir()
         (tmp_path / "spark-worker-2" / "spark-worker-2.pid").write_text(f"{sleeper.pid}\n")
