@@ -583,7 +583,7 @@ class Chaos(threading.Thread):
         else:  # a member process: its node starts it again
             os.kill(pid, signal.SIGKILL)
         took_over = self._master(self.session_timeout_s + 20, other_than=name, of=shards)
-        successor = (f"{self._master_name(took_over, shards)} master of shard {self._taken(took_over, shards)} "
+        successor = (f"{_successor(*took_over, shards)} master of shard {_taken(took_over[1], shards)} "
                      f"{time.monotonic() - killed_at:.1f}s later" if took_over else "no other master")
         if name == master.node_id:
             back = f"restarted as pid {self._restart(master.node_id)}"
@@ -604,7 +604,7 @@ class Chaos(threading.Thread):
         paused_at = time.monotonic()
         try:
             took_over = self._master(fault.hold_s, other_than=name, of=shards)
-            successor = (f"{self._master_name(took_over, shards)} took over shard {self._taken(took_over, shards)} "
+            successor = (f"{_successor(*took_over, shards)} took over shard {_taken(took_over[1], shards)} "
                          f"{time.monotonic() - paused_at:.1f}s later" if took_over else "no other node took over")
             self._idle(fault.hold_s - (time.monotonic() - paused_at))
         finally:
@@ -622,12 +622,10 @@ class Chaos(threading.Thread):
         first mastered shard, not the node: each master runs in a member of its own, and the
         node (their supervisor) starts a member that died again. None if no master is found.
         """
-        master = self._master()
-        if master is None:
+        found_master = self._master()
+        if found_master is None:
             return None
-        found = probe(master)
-        if not found.masters:
-            return None
+        master, found = found_master
         member = found.master_members.get(found.masters[0], "")
         if not member:
             return master, master.node_id, master.running.pid, found.masters
@@ -984,30 +982,19 @@ class Chaos(threading.Thread):
                 if n.process is not None and n.process.poll() is None and n.process.pid not in self._paused]
 
     def _master(self, timeout_s: float = 15.0, *, other_than: str | None = None,
-                of: tuple[int, ...] = ()) -> NodeProcess | None:
+                of: tuple[int, ...] = ()) -> tuple[NodeProcess, Probe] | None:
         """A live node mastering a shard (one of ``of``, if given) other than ``other_than`` (a node's or a member's
-        name); None after the timeout."""
+        name), with the probe that said so; None after the timeout."""
         deadline = time.monotonic() + timeout_s
         while not self.stop.is_set():
             for node in self._live_nodes():
                 found = probe(node)
                 if any(found.master_process(k, node.node_id) != other_than for k in found.masters if not of or k in of):
-                    return node
+                    return node, found
             if time.monotonic() >= deadline:
                 return None
             self._idle(0.2)
         return None
-
-    @staticmethod
-    def _master_name(node: NodeProcess, shards: tuple[int, ...]) -> str:
-        """Who on ``node`` masters the first of ``shards`` it masters: the member, or the node."""
-        found = probe(node)
-        return next((found.master_process(k, node.node_id) for k in found.masters if k in shards), node.node_id)
-
-    @staticmethod
-    def _taken(node: NodeProcess, shards: tuple[int, ...]) -> str:
-        """Which of ``shards`` ``node`` masters now, as text."""
-        return ", ".join(str(k) for k in probe(node).masters if k in shards) or "?"
 
     def _standby(self, pick: float) -> tuple[NodeProcess, Probe] | None:
         """A standby (:func:`standbys`) drawn by ``pick`` (0 to 1), and what its probe said; None if there is none."""
@@ -1110,6 +1097,16 @@ class Chaos(threading.Thread):
         if self._broker_names:
             problems += self._kafka_problems()
         return not problems, "; ".join(problems)
+
+
+def _successor(node: NodeProcess, found: Probe, shards: tuple[int, ...]) -> str:
+    """Who on ``node`` masters the first of ``shards`` it masters, by its probe ``found``: the member, or the node."""
+    return next((found.master_process(k, node.node_id) for k in found.masters if k in shards), node.node_id)
+
+
+def _taken(found: Probe, shards: tuple[int, ...]) -> str:
+    """Which of ``shards`` a node masters, by its probe ``found``, as text."""
+    return ", ".join(str(k) for k in found.masters if k in shards) or "?"
 
 
 def _continue(pid: int) -> None:
