@@ -168,13 +168,21 @@ def internal_replication(brokers: int) -> tuple[int, int]:
     return factor, factor - 1 if factor >= 3 else 1
 
 
+def _record(state_dir: Path) -> dict | None:
+    """What the last ``up`` in ``state_dir`` wrote to ``<state>/stack.json``; None without a readable record."""
+    try:
+        record = json.loads((Path(state_dir).expanduser() / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def recorded_secure(state_dir: Path) -> bool | None:
     """Whether the stack of ``state_dir`` is secured; None if no ``up`` ran there."""
     state_dir = Path(state_dir).expanduser()
-    try:
-        return bool(json.loads((state_dir / RECORD).read_text()).get("secure", False))
-    except (OSError, ValueError, AttributeError):
-        pass
+    record = _record(state_dir)
+    if record is not None:
+        return bool(record.get("secure", False))
     return (state_dir / security.FOLDER).is_dir() if recorded_ports(state_dir) is not None else None
 
 
@@ -185,10 +193,11 @@ def recorded_ports(state_dir: Path) -> Ports | None:
     read from the configuration files its services run with.
     """
     state_dir = Path(state_dir).expanduser()
+    record = _record(state_dir)
     try:
-        record = json.loads((state_dir / RECORD).read_text())
-        return Ports(int(record["kafka_port"]), int(record["zk_port"]), int(record.get("brokers", 1)))
-    except (OSError, ValueError, KeyError, TypeError):
+        if record is not None:
+            return Ports(int(record["kafka_port"]), int(record["zk_port"]), int(record.get("brokers", 1)))
+    except (ValueError, KeyError, TypeError):
         pass
     try:
         server_properties = (state_dir / "kafka" / "server.properties").read_text()
@@ -202,11 +211,8 @@ def recorded_ports(state_dir: Path) -> Ports | None:
 
 def recorded_spark_ports(state_dir: Path) -> SparkPorts | None:
     """The Spark ports the last ``up --spark`` in ``state_dir`` chose, or None if Spark never ran there."""
-    try:
-        record = json.loads((Path(state_dir).expanduser() / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    return SparkPorts.from_record(record.get("spark")) if isinstance(record, dict) else None
+    record = _record(state_dir)
+    return SparkPorts.from_record(record.get("spark")) if record is not None else None
 
 
 @dataclass
