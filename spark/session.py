@@ -295,7 +295,7 @@ def check_master(master: str, timeout_s: float = 3.0) -> None:
             problems.append(err.strerror or type(err).__name__)
     if addresses:
         fix = ("start the dev stack's Spark (delayq dev up --spark) and give the URL it prints (delayq dev env: "
-               "DELAYQ_SPARK_MASTER)" if all(_on_loopback(f"spark://{h}:{p}") for h, p in addresses)
+               "DELAYQ_SPARK_MASTER)" if all(_loopback(host) for host, _ in addresses)
                else "check that the Spark master runs and this machine reaches it")
         raise ReconcileError(f"the Spark master {master} does not answer ({'; '.join(problems)}): {fix}, "
                              "or run the job here with --master local[*]")
@@ -306,8 +306,11 @@ def _on_loopback(master: str) -> bool:
         addresses = master_addresses(master)
     except UsageError:
         return False
-    return bool(addresses) and all(host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
-                                   for host, _ in addresses)
+    return bool(addresses) and all(_loopback(host) for host, _ in addresses)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 @contextmanager
