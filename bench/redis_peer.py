@@ -37,7 +37,7 @@ from rich.progress import Progress
 
 from delayq.dev import DevStack
 from delayq.errors import DelayqError
-from delayq.testing import free_port
+from delayq.testing import free_server_port
 
 from .proc import cpu_seconds, thread_cpu_seconds, threads_named
 from .service_bench import (
@@ -134,7 +134,7 @@ class RedisServer:
 
     binary: str
     folder: Path
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=free_server_port)
     process: subprocess.Popen | None = None
 
     @classmethod

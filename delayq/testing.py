@@ -34,30 +34,43 @@ def free_stack_ports(brokers: int = 1) -> tuple[int, int]:
     """A Kafka port whose next ones are free too, and a ZooKeeper port, for a dev stack of ``brokers``.
 
     One broker: its port and its controller's (the next one); N >= 2: the brokers' N ports and the
-    three controllers' after them. Drawn outside the range the kernel takes clients' local ports
-    from (``ip_local_port_range``): a broker or ZooKeeper killed by a fault must find its port free
-    when it restarts, and one in that range can meanwhile be some client's local port (seen: a
-    broker's restart refused, its port taken by a connection of the clients retrying it).
+    three controllers' after them.
 
     Raises:
         RuntimeError: no such ports were found.
     """
     span = Ports(kafka=0, zk=0, brokers=brokers).last_kafka_port + 1  # the brokers' ports, then the controllers'
+    for _ in range(200):
+        kafka, zk = free_ports(span), free_ports(1)
+        if not kafka <= zk < kafka + span:
+            return kafka, zk
+    raise RuntimeError(f"found no {span} free consecutive loopback ports for a dev stack's Kafka")
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports free now, for servers that may restart on them.
+
+    Drawn outside the range the kernel takes clients' local ports from (``ip_local_port_range``): a
+    broker, ZooKeeper or node killed by a fault must find its port free when it restarts, and one in
+    that range can meanwhile be some client's local port (seen twice: a broker's restart refused, its
+    port taken by a connection of the clients retrying it; a node's return refused, its HTTP port
+    taken). A node of member processes listens on ``count`` of them.
+
+    Raises:
+        RuntimeError: no such ports were found.
+    """
     low, high = ephemeral_ports()
-    ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > span + 1]
+    ranges = [(start, end) for start, end in ((10_000, low), (high + 1, 65_536)) if end - start > count + 1]
     draw = random.SystemRandom()
     for _ in range(200):
         if ranges:
             start, end = draw.choice(ranges)
-            kafka = draw.randrange(start, end - span)
-        else:
-            kafka = free_port()
-        if kafka + span > 65_536 or not all(_port_free(kafka + i) for i in range(span)):
-            continue
-        zk = draw.randrange(*draw.choice(ranges)) if ranges else free_port()
-        if not kafka <= zk < kafka + span and _port_free(zk):
-            return kafka, zk
-    raise RuntimeError(f"found no {span} free consecutive loopback ports for a dev stack's Kafka")
+            first = draw.randrange(start, end - count)
+        else:  # a kernel lending every port to clients: the best left is a port free now
+            first = free_port()
+        if first + count <= 65_536 and all(_port_free(first + i) for i in range(count)):
+            return first
+    raise RuntimeError(f"found no {count} free consecutive loopback ports")
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -78,17 +91,9 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free loopback ports (a node of member processes listens on all of them).
-
-    Raises:
-        RuntimeError: no such ports were found.
-    """
-    for _ in range(200):
-        first = free_port()
-        if first + count <= 65_536 and all(_port_free(first + i) for i in range(1, count)):
-            return first
-    raise RuntimeError(f"found no {count} free consecutive loopback ports")
+def free_server_port() -> int:
+    """A port for one local server (a node's HTTP port, Redis): see free_ports, it may be killed and restarted on it."""
+    return free_ports(1)
 
 
 def child_processes(parent: int) -> list[int]:
@@ -240,7 +245,7 @@ class NodeProcess:
     settings: Settings
     node_id: str
     data_dir: Path
-    http_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_server_port)
     process: subprocess.Popen | None = None
     python: str = sys.executable
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.process_testing import wait_until
 
-from delayq.testing import free_port
+from delayq.testing import free_server_port
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def shell_block(section: str) -> str:
 def test_running_nodes_works_when_pasted_and_the_nodes_stop_as_it_says(settings, tmp_path):
     block = shell_block("Running nodes")
     # The same lines, on ports free on this machine (8081/8082 may be taken here) and a cluster of this test's own.
-    first, second = free_port(), free_port()
+    first, second = free_server_port(), free_server_port()
     block = block.replace("DELAYQ_HTTP_PORT=808$n", "DELAYQ_HTTP_PORT=$(eval echo \\$PORT_$n)")
     nodes = tmp_path / "nodes"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_") and k != "VIRTUAL_ENV"}

@@ -12,10 +12,10 @@ from delayq import Settings, wire
 from delayq.clock import now_ms
 from delayq.dev import DevStack, StackError
 from delayq.testing import LocalCluster as Cluster
-from delayq.testing import NodeProcess, free_port, free_stack_ports, settings_env
+from delayq.testing import NodeProcess, free_stack_ports, settings_env
 from delayq.wire import Envelope, new_delay_id
 
-__all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "free_port", "freeze", "kafka_pid", "now_ms",
+__all__ = ["Cluster", "Feeder", "NodeProcess", "assert_reconcile_clean", "freeze", "kafka_pid", "now_ms",
            "settings_env", "start_private_stack", "thaw", "zookeeper_pid"]
 
 

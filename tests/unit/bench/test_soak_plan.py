@@ -526,6 +526,19 @@ def test_the_soaks_ports_lie_outside_the_kernels_ephemeral_range(monkeypatch):
             assert not kafka <= zk < kafka + span
 
 
+def test_a_local_nodes_http_port_lies_outside_the_kernels_ephemeral_range_too(monkeypatch, tmp_path):
+    # A node killed and started again on its port (a shard test's "return") found it taken by a client's connection.
+    from delayq import testing
+    from delayq.settings import Settings
+
+    monkeypatch.setattr(testing, "ephemeral_ports", lambda: (32768, 60999))
+    for _ in range(50):
+        node = testing.NodeProcess(Settings(), "node-a", tmp_path)
+
+        assert not 32768 <= node.http_port <= 60999
+        assert 10_000 <= node.http_port < 65_536
+
+
 # -- the rolling upgrade (--upgrade-from) ---------------------------------------------------
 
 
