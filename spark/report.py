@@ -135,22 +135,36 @@ def _dead_letters(found: dict[str, Any]) -> dict[str, Any]:
             "truncated": found.get("truncated", False)}
 
 
-def write_outputs(report: Report, anomalies: pa.Table, out: Path) -> Report:
-    """Write anomalies/<kind>.parquet, report.json and report.html into ``out``; record their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    folder = out / "anomalies"
-    folder.mkdir(exist_ok=True)
+def write_outputs(report: Report, anomalies: pa.Table, out: Path | str) -> Report:
+    """Write anomalies/<kind>.parquet, report.html and report.json into ``out``; record where each is.
+
+    Args:
+        report: the report document; its ``files`` get the path (or URL) of every file written.
+        anomalies: the judged ids with their anomaly flags: the rows of each kind go to its own Parquet file.
+        out: a local folder, or an object-store URL such as ``s3://bucket/prefix`` (``destination.parse_out``
+            says which; credentials and endpoint come from the store's own environment variables).
+
+    Raises:
+        ValueError: ``out`` is a URL no object store answers to.
+        OSError: the folder cannot be made or written (the message names it and, for a URL, what to check).
+    """
+    import pyarrow.parquet as pq
+
+    from .destination import report_folder
+
+    folder = report_folder(out)
+    folder.create()
     detailed = _with_readable_times(anomalies)
     for kind in ANOMALY_KINDS:
-        import pyarrow.parquet as pq
-
-        path = folder / f"{kind}.parquet"
-        pq.write_table(detailed.filter(detailed[ANOMALY_FLAGS[kind]]) if detailed.num_rows else detailed, path)
-        report.files[f"anomalies_{kind}"] = str(path)
-    report.files["json"] = str(out / "report.json")
-    report.files["html"] = str(out / "report.html")
-    (out / "report.html").write_text(render_html(report, detailed), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        path, shown = folder.file("anomalies", f"{kind}.parquet")
+        pq.write_table(detailed.filter(detailed[ANOMALY_FLAGS[kind]]) if detailed.num_rows else detailed, path,
+                       filesystem=folder.filesystem)
+        report.files[f"anomalies_{kind}"] = shown
+    report.files["json"] = folder.file("report.json")[1]
+    report.files["html"] = folder.file("report.html")[1]
+    folder.write_text("report.html", render_html(report, detailed), "text/html; charset=utf-8")
+    # Last: a folder with report.json in it holds the whole report.
+    folder.write_text("report.json", json.dumps(report.to_dict(), indent=2) + "\n", "application/json")
     return report
 
 
