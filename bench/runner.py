@@ -61,7 +61,7 @@ class Sizes:
     capacity: int = 10_000_000
     capacity_large: int = 100_000_000  # issue 15: "measured once at 100,000,000 pending on one node"
     rebuild: int = 10_000_000  # issue 15: "measure it at 10M"
-    reconcile: int = 1_000_000
+    reconcile: int = 1_000_000  # issue 33's 10M: BENCH_RECONCILE_MESSAGES=10M (reconcile_bench.messages_from)
     # The scale suite, per run of each configuration: messages delivered (and moved by the peer), and ingested
     # (more: the fastest configuration must take over a second, timed by polling the nodes every 50 ms).
     scale_delivery: int = 100_000
@@ -410,23 +410,46 @@ def suite_rebuild(ctx: Context) -> list[Figure]:
 
 
 def suite_reconcile(ctx: Context) -> list[Figure]:
+    """``delayq reconcile`` on local[2] and, with DELAYQ_SPARK_MASTER set (``delayq dev env``), on that standalone
+    master too, runs alternating; the size is Sizes.reconcile unless BENCH_RECONCILE_MESSAGES says (10M)."""
     from . import reconcile_bench
 
-    n = ctx.sizes.reconcile
+    n = reconcile_bench.messages_from(os.environ, ctx.sizes.reconcile)
+    masters = reconcile_bench.masters_to_time(os.environ.get(reconcile_bench.SPARK_MASTER_ENV))
     bootstrap = ctx.stack.bootstrap_servers
-    ctx.step(f"reconciliation data set of {n:,} messages", lambda: reconcile_bench.ensure_data(bootstrap, n))
+
+    def write() -> None:
+        task = ctx.progress.add_task(f"writing {n:,} messages' puts, deliveries and dones", total=None)
+        reconcile_bench.ensure_data(bootstrap, n, lambda done, total: ctx.progress.update(task, completed=done,
+                                                                                            total=total))
+
+    ctx.step(f"reconciliation data set of {n:,} messages", write)
+    runs: dict[str, list[dict]] = {master: [] for master in masters}
     with tempfile.TemporaryDirectory(prefix="delayq-bench-reconcile-") as folder:
         outs = (Path(folder) / f"run{i}" for i in itertools.count())
+        for run in range(ctx.runs):  # alternating: the machine's load swings hit both masters alike
+            for master in masters:
+                runs[master].append(ctx.step(
+                    f"reconciliation on {master} ({run + 1}/{ctx.runs})",
+                    lambda master=master: reconcile_bench.measured_run(bootstrap, n, master, next(outs))))
+    return [reconcile_figure(n, master, results) for master, results in runs.items()]
 
-        def measure() -> float:
-            elapsed, report = reconcile_bench.timed_run(bootstrap, n, "local[2]", next(outs))
-            reconcile_bench.check(report, n)
-            return elapsed
 
-        values = ctx.repeat("reconciliation", measure)
-    buffer_records, deliveries = reconcile_bench.expected_counts(n)
-    return [Figure("reconcile", f"reconciliation of {n:,} messages ({buffer_records:,} buffer records, "
-                   f"{deliveries:,} deliveries), `delayq reconcile` on local[2]", "s", "lower", values)]
+def reconcile_figure(messages: int, master: str, runs: list[dict]) -> Figure:
+    """The figure of one master's reconciliation runs (reconcile_bench.measured_run's), keyed by
+    reconcile_bench.figure_key; results.json keeps each run's step timings and the load around it."""
+    from . import reconcile_bench
+
+    buffer_records, deliveries = reconcile_bench.expected_counts(messages)
+    where = "local[2]" if master.startswith("local") else "a Spark standalone master (DELAYQ_SPARK_MASTER)"
+    return Figure(reconcile_bench.figure_key(master),
+                  f"reconciliation of {messages:,} messages ({buffer_records:,} buffer records, {deliveries:,} "
+                  f"deliveries), `delayq reconcile` on {where}", "s", "lower", [r["elapsed_s"] for r in runs],
+                  details={"messages": messages, "master": master,
+                           "target_s": reconcile_bench.target_s(messages),
+                           "timings_s": [r["timings_s"] for r in runs],
+                           "load_before": [r["load_before"] for r in runs],
+                           "load_after": [r["load_after"] for r in runs]})
 
 
 def _say_invalid(text: str) -> None:
