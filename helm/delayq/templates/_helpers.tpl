@@ -147,6 +147,13 @@ app.kubernetes.io/part-of: delayq
 {{- end -}}
 {{- fail (printf "config.bufferPartitions=%d must be a multiple of config.shards=%d, so that every shard gets as many buffer partitions: --set config.shards=N with N one of %s, or (for a buffer topic not yet created) e.g. --set config.bufferPartitions=%d. config.shards is fixed by the first `delayq init` and cannot change afterwards" $partitions $shards (join ", " $divisors) (mul $shards (add1 (div $partitions $shards)))) -}}
 {{- end -}}
+{{- $reports := .Values.reconcile.reports -}}
+{{- if and $reports.url $reports.existingClaim -}}
+{{- fail (printf "reconcile.reports.url=%s and reconcile.reports.existingClaim=%s both say where the reports go: keep one, e.g. --set reconcile.reports.existingClaim=" $reports.url $reports.existingClaim) -}}
+{{- end -}}
+{{- if and (or $reports.credentialsSecret $reports.endpoint) (not $reports.url) -}}
+{{- fail "reconcile.reports.credentialsSecret and reconcile.reports.endpoint are for an object store: name it with --set reconcile.reports.url=s3://BUCKET/PREFIX" -}}
+{{- end -}}
 {{- $replicas := int64 .Values.config.replicas -}}
 {{- if and (gt $replicas 0) (gt $replicas (int64 .Values.replicaCount)) -}}
 {{- fail (printf "config.replicas=%d is more than replicaCount=%d: a shard cannot be held by more nodes than there are; --set config.replicas=%d (or 0: every node holds every shard), or --set replicaCount=%d" $replicas (int64 .Values.replicaCount) (int64 .Values.replicaCount) $replicas) -}}
@@ -285,6 +292,58 @@ data:
 {{- else -}}
 {{- include "delayq.annotations" (dict "root" .root) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Fields of a container running `delayq reconcile` after its name and arguments: the Spark image, /tmp as home, the release's settings and credentials, more "env" (a list of EnvVar), "resources", the security context. Call with (dict "root" $ "env" LIST "resources" MAP). */}}
+{{- define "delayq.reconcileContainer" -}}
+{{- $root := .root -}}
+image: {{ include "delayq.reconcileImage" $root }}
+imagePullPolicy: {{ $root.Values.reconcile.image.pullPolicy }}
+# Spark writes its scratch files and warehouse under HOME and the working folder: both on /tmp.
+workingDir: /tmp
+envFrom:
+  - configMapRef:
+      name: {{ include "delayq.fullname" $root }}
+env:
+  - name: HOME
+    value: /tmp
+  {{- with include "delayq.secretEnv" (dict "root" $root "secretName" (include "delayq.secretName" $root)) }}
+  {{- . | trim | nindent 2 }}
+  {{- end }}
+  {{- with .env }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.containerSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Environment of the batch report's container saying where reports go (REPORTS: /reports, or reconcile.reports.url), with the object store's credentials and endpoint, as a YAML list. */}}
+{{- define "delayq.reportsEnv" -}}
+{{- $reports := .Values.reconcile.reports -}}
+- name: REPORTS
+  value: {{ default "/reports" ($reports.url | trimSuffix "/") | quote }}
+{{- with $reports.credentialsSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: AWS_ACCESS_KEY_ID
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: AWS_SECRET_ACCESS_KEY
+{{- end }}
+{{- with $reports.endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* Volume mounts every delayq container needs: a writable /tmp (the root filesystem is read-only), the Kafka TLS files. */}}

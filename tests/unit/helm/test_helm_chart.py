@@ -438,6 +438,12 @@ def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets)
     (["config.extraSettings.target_topics=orders"], "--set 'config.targetTopics={orders*,payments}'"),
     (["config.targetTopics={orders}", "config.extraSettings.target_topics=orders"],
      "config.extraSettings.target_topics is set by the chart itself"),
+    (["reconcile.reports.url=http://minio:9000/bucket"], "/reconcile/reports/url"),
+    (["reconcile.reports.url=s3://bucket/prefix?region=eu-west-1"], "/reconcile/reports/url"),
+    (["reconcile.reports.url=s3://bucket/delayq", "reconcile.reports.existingClaim=reports"],
+     "both say where the reports go: keep one, e.g. --set reconcile.reports.existingClaim="),
+    (["reconcile.reports.credentialsSecret=s3"], "--set reconcile.reports.url=s3://BUCKET/PREFIX"),
+    (["reconcile.reports.endpoint=http://minio:9000"], "--set reconcile.reports.url=s3://BUCKET/PREFIX"),
 ])
 def test_bad_values_are_refused_naming_the_key(helm, sets, message):
     args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
@@ -809,7 +815,9 @@ def test_the_reconcile_cronjob_runs_the_report_and_does_not_retry_a_finding(rend
     spec = job["template"]["spec"]
     container = spec["containers"][0]
 
-    assert re.fullmatch(r'exec delayq reconcile --out "/reports/\$\(date [^)]*\)" "\$@"', container["command"][2])
+    assert re.fullmatch(r'exec delayq reconcile --out "\$REPORTS/\$\(date [^)]*\)" "\$@"', container["command"][2])
+    assert container_env(docs, container, "dq-delayq-reconcile-x")["REPORTS"] == "/reports"
+    assert {"mountPath": "/reports", "name": "reports"} in container["volumeMounts"]
     assert {"name": "reports", "persistentVolumeClaim": {"claimName": "delayq-reports"}} in spec["volumes"]
     assert container["image"] == "registry.example.com/platform/delayq:0.1.0-spark"
     rule = job["podFailurePolicy"]["rules"][0]
@@ -822,6 +830,69 @@ def test_reconcile_extra_args_reach_the_command(rendered):
     container = pod_specs(rendered["everything"])["CronJob/dq-delayq-reconcile"]["containers"][0]
 
     assert container["command"][-3:] == ["delayq-reconcile", "--days", "7"]
+
+
+def run_report_command(container: dict, env: dict[str, str], tmp_path: Path) -> list[str]:
+    """The arguments the CronJob's shell command gives `delayq` (a stand-in that prints them), run for real by sh."""
+    fake = tmp_path / "bin" / "delayq"
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    result = subprocess.run(container["command"], capture_output=True, text=True, timeout=30,
+                            env={**env, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_each_report_run_writes_a_folder_named_by_its_utc_start_on_the_claim(rendered, tmp_path):
+    docs = rendered["everything"]
+    container = pod_specs(docs)["CronJob/dq-delayq-reconcile"]["containers"][0]
+
+    argv = run_report_command(container, container_env(docs, container, "dq-delayq-reconcile-x"), tmp_path)
+
+    assert argv[:2] == ["reconcile", "--out"]
+    assert re.fullmatch(r"/reports/\d{8}T\d{6}Z", argv[2])
+    assert argv[3:] == ["--days", "7"]
+
+
+@pytest.fixture(scope="module")
+def reports_in_a_bucket(helm, value_args, tmp_path_factory) -> list[dict]:
+    values = {"reconcile": {"enabled": True, "reports": {
+        "url": "s3://delayq-reports/orders/", "credentialsSecret": "reports-s3", "endpoint": "http://minio.storage:9000"}}}
+    return template(helm, *value_args["default"], *values_args(values, tmp_path_factory.mktemp("s3"), "s3"))
+
+
+def test_reports_in_an_object_store_go_to_a_folder_per_run_under_the_url(reports_in_a_bucket, tmp_path):
+    docs = reports_in_a_bucket
+    spec = pod_specs(docs)["CronJob/dq-delayq-reconcile"]
+    container = spec["containers"][0]
+    env = container_env(docs, container, "dq-delayq-reconcile-x")
+
+    argv = run_report_command(container, env, tmp_path)
+
+    assert argv[:2] == ["reconcile", "--out"]
+    # No doubled '/': the URL's own trailing one is dropped.
+    assert re.fullmatch(r"s3://delayq-reports/orders/\d{8}T\d{6}Z", argv[2])
+    # Nothing is mounted for reports: the object store is the only place they go.
+    assert "reports" not in {volume["name"] for volume in spec["volumes"]}
+    assert "/reports" not in {mount["mountPath"] for mount in container["volumeMounts"]}
+
+
+def test_object_store_credentials_come_from_the_named_secret_and_the_endpoint_from_the_values(reports_in_a_bucket):
+    container = pod_specs(reports_in_a_bucket)["CronJob/dq-delayq-reconcile"]["containers"][0]
+    env = {var["name"]: var for var in container["env"]}
+
+    # The names pyarrow's S3 client (the AWS SDK) reads.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "reports-s3", "key": name}
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://minio.storage:9000"
+    assert not [cm for cm in of_kind(reports_in_a_bucket, "ConfigMap") if "AWS_" in json.dumps(cm)]
+
+
+def test_reports_on_a_claim_or_in_an_emptydir_get_no_object_store_environment(rendered):
+    for values in ("default", "production", "everything"):
+        for owner, container, _env in delayq_containers(rendered[values]):
+            assert not [var for var in container.get("env", []) if var["name"].startswith("AWS_")], (values, owner)
 
 
 # --- Prometheus Operator objects (no bundled schema: structure asserted here) -----------------------------------
