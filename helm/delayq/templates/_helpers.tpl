@@ -294,6 +294,14 @@ data:
 {{- end -}}
 {{- end -}}
 
+{{/* Pod template annotations that restart pods when the release's settings or chart-made credentials change. */}}
+{{- define "delayq.checksumAnnotations" -}}
+checksum/config: {{ include "delayq.configMap" (dict "root" . "name" (include "delayq.fullname" .) "hook" false) | sha256sum }}
+{{- if include "delayq.createSecret" . }}
+checksum/secret: {{ include "delayq.secret" (dict "root" . "name" (include "delayq.fullname" .) "hook" false) | sha256sum }}
+{{- end }}
+{{- end -}}
+
 {{/* Fields of a container running `delayq reconcile` after its name and arguments: the Spark image, /tmp as home, the release's settings and credentials, more "env" (a list of EnvVar), "resources", the security context. Call with (dict "root" $ "env" LIST "resources" MAP). */}}
 {{- define "delayq.reconcileContainer" -}}
 {{- $root := .root -}}
@@ -344,6 +352,28 @@ securityContext:
 - name: AWS_ENDPOINT_URL
   value: {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* Name of the continuous reconciliation's Deployment and Service. */}}
+{{- define "delayq.reconcileFollowName" -}}
+{{- printf "%s-reconcile-follow" (include "delayq.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select the continuous reconciliation's pod. */}}
+{{- define "delayq.reconcileFollowSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "delayq.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: reconcile-follow
+{{- end -}}
+
+{{/* Claim holding the continuous reconciliation's checkpoint: reconcile.follow.checkpoint.existingClaim, else the chart's own. */}}
+{{- define "delayq.reconcileCheckpointClaim" -}}
+{{- default (printf "%s-reconcile-checkpoint" (include "delayq.fullname" .) | trunc 63 | trimSuffix "-") .Values.reconcile.follow.checkpoint.existingClaim -}}
+{{- end -}}
+
+{{/* Topic the continuous reconciliation reports findings to: reconcile.follow.findingsTopic, else delayq-<cluster>-reconcile-findings (the command's own default). */}}
+{{- define "delayq.findingsTopic" -}}
+{{- default (printf "delayq-%s-reconcile-findings" (include "delayq.cluster" .)) .Values.reconcile.follow.findingsTopic -}}
 {{- end -}}
 
 {{/* Volume mounts every delayq container needs: a writable /tmp (the root filesystem is read-only), the Kafka TLS files. */}}
@@ -420,11 +450,11 @@ helm.sh/hook-weight: {{ .weight | quote }}
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
 
-{{/* HTTP GET probe on the node's port; "path" is /livez or /readyz, "probe" the values block. Call with (dict "path" P "probe" .Values.xProbe "port" "http"). */}}
+{{/* HTTP GET probe on a named container port ("port", default http); "path" is e.g. /livez, /readyz or /metrics, "probe" the values block. Call with (dict "path" P "probe" .Values.xProbe "port" "http"). */}}
 {{- define "delayq.httpProbe" -}}
 httpGet:
   path: {{ .path }}
-  port: http
+  port: {{ default "http" .port }}
 {{- range $key, $value := omit .probe "enabled" }}
 {{ $key }}: {{ $value }}
 {{- end }}

@@ -57,7 +57,8 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 REQUIRED = {"kafka": {"bootstrapServers": "kafka:9092"}, "zookeeper": {"connect": "zk:2181"}}
 # Every optional branch of the templates at once: chart-made Secret, mutual TLS, extra settings and librdkafka
-# settings (numbers from a values file arrive as floats), reconcile report, no PVC, existing ServiceAccount.
+# settings (numbers from a values file arrive as floats), reconcile report, continuous reconciliation on an existing
+# checkpoint claim, no PVC, existing ServiceAccount.
 EVERYTHING = {
     "image": {"digest": "sha256:" + "ab" * 32, "pullSecrets": ["regcred"]},
     "kafka": {
@@ -82,11 +83,14 @@ EVERYTHING = {
     "commonAnnotations": {"team": "platform"},
     "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
                 "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Kafka"}}},
-    "reconcile": {"enabled": True, "reports": {"existingClaim": "delayq-reports"}, "extraArgs": ["--days", "7"]},
+    "reconcile": {"enabled": True, "reports": {"existingClaim": "delayq-reports"}, "extraArgs": ["--days", "7"],
+                  "follow": {"enabled": True, "findingsTopic": "orders-findings", "metricsPort": 9500, "trigger": 2.5,
+                             "grace": "90s", "extraArgs": ["--retain", "2h"],
+                             "checkpoint": {"existingClaim": "delayq-checkpoint"}}},
 }
 # A cluster locked down as the secured dev stack is: SASL_SSL with SCRAM-SHA-512 and the chart's own Secret, the CA
 # under a key name of its own (not the default ca.crt), ZooKeeper digest auth, and a target-topic allowlist. The
-# reconcile CronJob is on so that every kind of delayq container is rendered.
+# reconcile CronJob and the continuous reconciliation are on so that every kind of delayq container is rendered.
 SECURED_KAFKA_PASSWORD = "kafka-Pa55-7f3e"
 SECURED_ZK_CREDENTIALS = "delayq-zk:zk-Pa55-41c9"
 SECURED = {
@@ -98,7 +102,7 @@ SECURED = {
     },
     "zookeeper": {"connect": "zk-0:2181", "auth": {"enabled": True, "credentials": SECURED_ZK_CREDENTIALS}},
     "config": {"targetTopics": ["orders*", "audit"]},
-    "reconcile": {"enabled": True},
+    "reconcile": {"enabled": True, "follow": {"enabled": True}},
 }
 VALUE_SETS = ("default", "production", "everything", "secured")
 
@@ -231,6 +235,7 @@ def pod_specs(docs: list[dict]) -> dict[str, dict]:
     for doc in docs:
         spec = {
             "StatefulSet": lambda d: d["spec"]["template"]["spec"],
+            "Deployment": lambda d: d["spec"]["template"]["spec"],
             "Job": lambda d: d["spec"]["template"]["spec"],
             "CronJob": lambda d: d["spec"]["jobTemplate"]["spec"]["template"]["spec"],
             "Pod": lambda d: d["spec"],
@@ -438,12 +443,19 @@ def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets)
     (["config.extraSettings.target_topics=orders"], "--set 'config.targetTopics={orders*,payments}'"),
     (["config.targetTopics={orders}", "config.extraSettings.target_topics=orders"],
      "config.extraSettings.target_topics is set by the chart itself"),
+    (["reconcile.follow.trigger=0"], "/reconcile/follow/trigger"),
+    (["reconcile.follow.trigger=3601"], "/reconcile/follow/trigger"),
+    (["reconcile.follow.metricsPort=0"], "/reconcile/follow/metricsPort"),
+    (["reconcile.follow.grace=5 minutes"], "/reconcile/follow/grace"),
+    (["reconcile.follow.replicas=2"], "additional properties 'replicas' not allowed"),
+    (["reconcile.follow.checkpoint.accessModes={ReadOnlyMany}"], "/reconcile/follow/checkpoint/accessModes/0"),
     (["reconcile.reports.url=http://minio:9000/bucket"], "/reconcile/reports/url"),
     (["reconcile.reports.url=s3://bucket/prefix?region=eu-west-1"], "/reconcile/reports/url"),
     (["reconcile.reports.url=s3://bucket/delayq", "reconcile.reports.existingClaim=reports"],
      "both say where the reports go: keep one, e.g. --set reconcile.reports.existingClaim="),
     (["reconcile.reports.credentialsSecret=s3"], "--set reconcile.reports.url=s3://BUCKET/PREFIX"),
     (["reconcile.reports.endpoint=http://minio:9000"], "--set reconcile.reports.url=s3://BUCKET/PREFIX"),
+    (["metrics.prometheusRule.reconcileStalledMinutes=0"], "/metrics/prometheusRule/reconcileStalledMinutes"),
 ])
 def test_bad_values_are_refused_naming_the_key(helm, sets, message):
     args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
@@ -618,8 +630,10 @@ def test_a_secured_release_gives_every_delayq_container_sasl_ssl_scram_the_ca_zo
     specs = pod_specs(docs)
     containers = delayq_containers(docs)
 
-    # The node, the init hook, the reconcile report and the helm test all talk to Kafka and ZooKeeper.
-    assert sorted(owner.split("/")[0] for owner, _, _ in containers) == ["CronJob", "Job", "Pod", "StatefulSet"]
+    # The node, the init hook, the reconcile report, the continuous reconciliation and the helm test all talk to
+    # Kafka and ZooKeeper.
+    assert sorted(owner.split("/")[0] for owner, _, _ in containers) == \
+        ["CronJob", "Deployment", "Job", "Pod", "StatefulSet"]
     for owner, container, env in containers:
         settings = load_settings(env, monkeypatch)
         conf = settings.kafka_conf()
@@ -895,12 +909,174 @@ def test_reports_on_a_claim_or_in_an_emptydir_get_no_object_store_environment(re
             assert not [var for var in container.get("env", []) if var["name"].startswith("AWS_")], (values, owner)
 
 
+# --- continuous reconciliation (reconcile.follow) ---------------------------------------------------------------
+
+FOLLOW = "dq-delayq-reconcile-follow"
+# What `delayq reconcile --follow` exports (spark/follow.py), by name: the alerts and the dashboard query these.
+FOLLOW_METRICS = {
+    "delayq_reconcile_findings_total": ("kind", {"duplicated", "early", "cancel_ignored", "missing", "unexpected",
+                                                 "reordered", "undeliverable"}),
+    "delayq_reconcile_records_total": ("source", {"buffer", "delivered", "dead_letter"}),
+    "delayq_reconcile_batches_total": None,
+    "delayq_reconcile_lag_seconds": None,
+    "delayq_reconcile_last_batch_timestamp_seconds": None,
+}
+FOLLOW_ALERTS = ("DelayqReconcileFinding", "DelayqReconcileLagging", "DelayqReconcileStalled")
+
+
+def follow_deployment(docs: list[dict]) -> dict:
+    return the(docs, "Deployment", FOLLOW)
+
+
+def follow_container(docs: list[dict]) -> dict:
+    return follow_deployment(docs)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_continuous_reconciliation_is_off_by_default_and_renders_nothing(rendered):
+    docs = rendered["default"]
+
+    assert not of_kind(docs, "Deployment")
+    assert not of_kind(docs, "PersistentVolumeClaim")
+    assert [service["metadata"]["name"] for service in of_kind(docs, "Service")] == ["dq-delayq-headless", "dq-delayq"]
+
+
+def test_continuous_reconciliation_is_one_pod_that_never_overlaps_its_successor(rendered):
+    for values in ("production", "everything", "secured"):
+        spec = follow_deployment(rendered[values])["spec"]
+
+        # Two followers on one checkpoint must never run at once: one replica, the old pod gone before the new starts.
+        assert spec["replicas"] == 1, values
+        assert spec["strategy"] == {"type": "Recreate"}, values
+        pod_labels = spec["template"]["metadata"]["labels"]
+        assert spec["selector"]["matchLabels"].items() <= pod_labels.items(), values
+        # Neither the nodes' Service, PodDisruptionBudget nor anti-affinity selects it.
+        node_selector = the(rendered[values], "StatefulSet")["spec"]["selector"]["matchLabels"]
+        assert not node_selector.items() <= pod_labels.items(), values
+
+
+def test_the_follower_runs_delayq_reconcile_follow_with_the_charts_flags(rendered):
+    container = follow_container(rendered["production"])
+    argv = dockerfile_instruction("ENTRYPOINT", "reconcile") + container["args"]
+
+    assert "command" not in container
+    assert argv == ["delayq", "reconcile", "--follow", "--checkpoint", "/checkpoint",
+                    "--findings-topic", "delayq-orders-reconcile-findings", "--metrics-port", "9464",
+                    "--trigger", "10", "--grace", "5m"]
+
+
+def test_the_followers_values_reach_its_flags(rendered):
+    args = follow_container(rendered["everything"])["args"]
+
+    assert args == ["reconcile", "--follow", "--checkpoint", "/checkpoint", "--findings-topic", "orders-findings",
+                    "--metrics-port", "9500", "--trigger", "2.5", "--grace", "90s", "--retain", "2h"]
+
+
+def test_an_empty_grace_leaves_the_commands_default(helm, value_args):
+    docs = template(helm, *value_args["default"], "--set", "reconcile.follow.enabled=true",
+                    "--set", "reconcile.follow.grace=")
+
+    assert "--grace" not in follow_container(docs)["args"]
+    assert "--findings-topic" in follow_container(docs)["args"]
+
+
+def test_the_checkpoint_is_a_claim_the_chart_makes_mounted_where_the_follower_keeps_it(rendered):
+    docs = rendered["production"]
+    spec = follow_deployment(docs)["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    claim = the(docs, "PersistentVolumeClaim")
+    checkpoint = container["args"][container["args"].index("--checkpoint") + 1]
+
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    assert mounts["checkpoint"] == checkpoint == "/checkpoint"
+    assert volumes["checkpoint"]["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]}
+    assert claim["metadata"]["name"] == "dq-delayq-reconcile-checkpoint"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    # Written by the image's user: the pod's fsGroup owns the volume.
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+
+
+def test_an_existing_checkpoint_claim_is_mounted_and_none_is_made(rendered):
+    docs = rendered["everything"]
+    spec = follow_deployment(docs)["spec"]["template"]["spec"]
+
+    assert not of_kind(docs, "PersistentVolumeClaim")
+    assert {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "delayq-checkpoint"}} in spec["volumes"]
+
+
+def test_the_checkpoint_claim_takes_its_storage_class_and_annotations(helm, value_args, tmp_path):
+    values = {"reconcile": {"follow": {"enabled": True, "checkpoint": {
+        "storageClass": "fast-ssd", "size": "5Gi", "annotations": {"helm.sh/resource-policy": "keep"}}}}}
+    claim = the(template(helm, *value_args["default"], *values_args(values, tmp_path, "c")), "PersistentVolumeClaim")
+
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+@pytest.mark.parametrize("values", ["production", "everything", "secured"])
+def test_the_follower_serves_metrics_on_the_port_its_probes_and_service_use(rendered, values):
+    docs = rendered[values]
+    container = follow_container(docs)
+    port = int(container["args"][container["args"].index("--metrics-port") + 1])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service = the(docs, "Service", FOLLOW)
+    pod_labels = follow_deployment(docs)["spec"]["template"]["metadata"]["labels"]
+
+    assert ports == {"metrics": port}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}, probe
+    assert "readinessProbe" not in container  # no traffic is sent to it
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    # The prometheus_client server listens on DELAYQ_HTTP_HOST: every interface, or the kubelet could not probe it.
+    assert container_env(docs, container, "x")["DELAYQ_HTTP_HOST"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("values", ["production", "everything", "secured"])
+def test_the_follower_runs_the_reconcile_image_with_the_report_jobs_settings_and_credentials(rendered, values):
+    docs = rendered[values]
+    follower = follow_container(docs)
+    report = pod_specs(docs)["CronJob/dq-delayq-reconcile"]["containers"][0]
+
+    for key in ("image", "imagePullPolicy", "workingDir", "envFrom", "securityContext"):
+        assert follower[key] == report[key], key
+    follower_env = container_env(docs, follower, "x")
+    report_env = container_env(docs, report, "x")
+    assert {k: v for k, v in follower_env.items() if k != "REPORTS"} == \
+        {k: v for k, v in report_env.items() if k != "REPORTS"}
+    assert follower_env["HOME"] == "/tmp"
+    # The same volumes besides its own: /tmp, the Kafka CA when there is one.
+    assert [m for m in follower["volumeMounts"] if m["name"] != "checkpoint"] == \
+        [m for m in report["volumeMounts"] if m["name"] != "reports"]
+    assert follower["resources"]["requests"]["memory"] == "2Gi"
+
+
+def test_a_settings_change_restarts_the_follower(helm, value_args):
+    def annotations(*sets: str) -> dict:
+        args = [a for value in ("reconcile.follow.enabled=true", *sets) for a in ("--set", value)]
+        docs = template(helm, *value_args["default"], *args)
+        return follow_deployment(docs)["spec"]["template"]["metadata"]["annotations"]
+
+    assert annotations()["checksum/config"] != annotations("config.deliveryBatchSize=10")["checksum/config"]
+
+
+def test_the_findings_topic_defaults_to_the_clusters(helm, value_args, rendered):
+    release = template(helm, *value_args["default"], "--set", "reconcile.follow.enabled=true")
+    args = follow_container(release)["args"]
+
+    assert args[args.index("--findings-topic") + 1] == f"delayq-{RELEASE}-reconcile-findings"
+    production = follow_container(rendered["production"])["args"]
+    assert production[production.index("--findings-topic") + 1] == "delayq-orders-reconcile-findings"
+
+
 # --- Prometheus Operator objects (no bundled schema: structure asserted here) -----------------------------------
 
 
 def test_service_monitor_scrapes_every_node_through_the_http_service(rendered):
     docs = rendered["production"]
-    monitor = the(docs, "ServiceMonitor")
+    monitor = the(docs, "ServiceMonitor", "dq-delayq")
     http = the(docs, "Service", "dq-delayq")
     headless = the(docs, "Service", "dq-delayq-headless")
     selector = monitor["spec"]["selector"]["matchLabels"].items()
@@ -912,6 +1088,24 @@ def test_service_monitor_scrapes_every_node_through_the_http_service(rendered):
         {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_the_followers_service_monitor_scrapes_it_alone_under_the_nodes_job(rendered):
+    docs = rendered["production"]
+    monitor = the(docs, "ServiceMonitor", FOLLOW)
+    selector = monitor["spec"]["selector"]["matchLabels"].items()
+    follower = the(docs, "Service", FOLLOW)
+
+    assert selector <= follower["metadata"]["labels"].items()
+    for name in ("dq-delayq", "dq-delayq-headless"):
+        assert not selector <= the(docs, "Service", name)["metadata"]["labels"].items(), name
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    # The Prometheus Operator names the job after the Service's jobLabel label: the nodes' job (their Service's
+    # name), so the dashboard's job variable selects the follower's series too.
+    assert follower["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "dq-delayq"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not [m for m in of_kind(rendered["default"], "ServiceMonitor")]
 
 
 def test_prometheus_rule_alerts_on_no_master_ingest_lag_and_dead_letters(rendered):
@@ -927,12 +1121,15 @@ def test_prometheus_rule_alerts_on_no_master_ingest_lag_and_dead_letters(rendere
     assert "delayq_held_partitions" in alerts["DelayqBufferPartitionHeld"]["expr"]
     assert alerts["DelayqBufferPartitionHeld"]["for"] == "2m"
     selector = f'namespace="{NAMESPACE}", service="dq-delayq"'
+    follower = f'namespace="{NAMESPACE}", service="{FOLLOW}"'
     for name, alert in alerts.items():
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}, name
         assert alert["labels"]["severity"] in {"critical", "warning"}, name
         assert {"summary", "description"} <= alert["annotations"].keys(), name
         assert re.fullmatch(r"(\d+[smh])+", alert.get("for", "0s")), name
-        if name != "DelayqReconcileFailed":
+        if name in FOLLOW_ALERTS:
+            assert follower in alert["expr"], name
+        elif name != "DelayqReconcileFailed":
             assert selector in alert["expr"], name
         assert alert["expr"].count("(") == alert["expr"].count(")"), name
 
@@ -957,12 +1154,86 @@ def test_master_and_lag_alerts_are_per_shard(helm, value_args, rendered):
     assert default["DelayqIngestLag"] == f"sum by (pod) (delayq_buffer_lag{{{selector}}}) > 10000"
 
 
+def rule_exprs(docs: list[dict]) -> dict[str, str]:
+    return {r["alert"]: r["expr"] for group in the(docs, "PrometheusRule")["spec"]["groups"] for r in group["rules"]}
+
+
+def test_the_continuous_reconciliations_alerts_render_only_with_it(helm, value_args, rendered):
+    without = rule_exprs(template(helm, *value_args["default"], "--set", "metrics.prometheusRule.enabled=true",
+                                  "--set", "reconcile.enabled=true"))
+
+    assert set(FOLLOW_ALERTS) <= rule_exprs(rendered["production"]).keys()
+    assert not set(FOLLOW_ALERTS) & without.keys()
+    assert "DelayqReconcileFailed" in without
+
+
+def test_a_finding_that_breaks_the_promise_is_critical_and_says_where_to_read_it(rendered):
+    rules = {r["alert"]: r for group in the(rendered["production"], "PrometheusRule")["spec"]["groups"]
+             for r in group["rules"]}
+    finding = rules["DelayqReconcileFinding"]
+    selector = f'namespace="{NAMESPACE}", service="{FOLLOW}"'
+
+    assert finding["expr"] == (
+        f'sum by (kind) (increase(delayq_reconcile_findings_total{{{selector}, '
+        f'kind=~"duplicated|early|cancel_ignored|missing|unexpected"}}[10m])) > 0')
+    assert finding["labels"]["severity"] == "critical"
+    assert "{{ $labels.kind }}" in finding["annotations"]["description"]
+    assert "topic delayq-orders-reconcile-findings" in finding["annotations"]["description"]
+    assert f"kubectl -n {NAMESPACE} logs deploy/{FOLLOW}" in finding["annotations"]["description"]
+    # The kinds it alerts on are kinds the follower counts.
+    alerting = re.search(r'kind=~"([^"]+)"', finding["expr"]).group(1).split("|")
+    assert set(alerting) < FOLLOW_METRICS["delayq_reconcile_findings_total"][1]
+
+
+def test_lag_and_stall_alerts_take_their_thresholds_from_the_values(helm, value_args, rendered):
+    selector = f'namespace="{NAMESPACE}", service="{FOLLOW}"'
+    default = rule_exprs(rendered["production"])
+    changed = rule_exprs(template(
+        helm, *value_args["production"], "--set", "metrics.prometheusRule.reconcileLagSeconds=120",
+        "--set", "metrics.prometheusRule.reconcileStalledMinutes=3",
+        "--set", "metrics.prometheusRule.reconcileFindingWindow=30m"))
+
+    assert default["DelayqReconcileLagging"] == f"max(delayq_reconcile_lag_seconds{{{selector}}}) > 300"
+    assert changed["DelayqReconcileLagging"] == f"max(delayq_reconcile_lag_seconds{{{selector}}}) > 120"
+    # A follower that finished no batch yet reports 0: it is starting, not stalled.
+    assert default["DelayqReconcileStalled"] == \
+        f"time() - max(delayq_reconcile_last_batch_timestamp_seconds{{{selector}}} > 0) > 600"
+    assert changed["DelayqReconcileStalled"].endswith(" > 180")
+    assert "[30m]" in changed["DelayqReconcileFinding"]
+
+
+def node_series() -> set[str]:
+    """Every series name a node's registry exposes once each labelled family has a child."""
+    from prometheus_client import generate_latest
+
+    from delayq.delay_service.metrics import NodeMetrics
+
+    metrics = NodeMetrics()
+    shard = metrics.shard(0)  # what a node's feed and master create: every per-shard series
+    shard.dead_lettered.labels("missing-topic").inc()
+    shard.rebuilds.labels("stale").inc()
+    metrics.ingested.labels("put").inc()
+    shard.lateness.observe_many([0.01])
+    return {line.split("{")[0].split(" ")[0] for line in generate_latest(metrics.registry).decode().splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_every_metric_an_alert_names_is_one_the_nodes_or_the_follower_export(rendered):
+    nodes = node_series()
+
+    for name, expr in rule_exprs(rendered["production"]).items():
+        for metric in re.findall(r"\bdelayq_\w+", expr):
+            assert metric in (FOLLOW_METRICS if name in FOLLOW_ALERTS else nodes), (name, metric)
+
+
 # --- Grafana dashboard (files/grafana-dashboard.json in a ConfigMap for the Grafana sidecar) ---------------------
 
 DASHBOARD_FILE = CHART / "files" / "grafana-dashboard.json"
 DASHBOARD_CONFIG_MAP = "dq-delayq-grafana-dashboard"
 # What every delayq series in a panel is narrowed to: the dashboard's namespace, job and node variables.
 DASHBOARD_SELECTOR = 'namespace="$namespace", job="$job", pod=~"$pod"'
+# The follower's series carry the nodes' job (its ServiceMonitor's jobLabel) but no node's pod.
+FOLLOW_DASHBOARD_SELECTOR = 'namespace="$namespace", job="$job"'
 
 
 def dashboard_config_maps(docs: list[dict]) -> list[dict]:
@@ -1101,27 +1372,34 @@ def test_every_dashboard_query_is_narrowed_to_the_chosen_namespace_job_and_nodes
         selectors = re.findall(r"\b(delayq_\w+)(\{[^}]*\})?", target["expr"])
         assert selectors, title
         for metric, selector in selectors:
-            assert selector == "{" + DASHBOARD_SELECTOR + "}", f"{title}: {metric}{selector}"
+            if metric in FOLLOW_METRICS:
+                assert selector.startswith("{" + FOLLOW_DASHBOARD_SELECTOR), f"{title}: {metric}{selector}"
+                assert "pod" not in selector, f"{title}: {metric}{selector}"
+            else:
+                assert selector == "{" + DASHBOARD_SELECTOR + "}", f"{title}: {metric}{selector}"
+
+
+def test_the_dashboard_shows_the_continuous_reconciliations_findings_lag_batches_and_records(dashboard):
+    queried = {name for _, target in dashboard_targets(dashboard) for name in re.findall(r"\bdelayq_\w+",
+                                                                                       target["expr"])}
+    by_title = {title: target["expr"] for title, target in dashboard_targets(dashboard)}
+
+    assert set(FOLLOW_METRICS) <= queried
+    assert by_title["Reconciliation findings by kind (5 min)"].startswith(
+        "sum by (kind) (increase(delayq_reconcile_findings_total{")
+    assert by_title["Reconciled records by source"].startswith("sum by (source) (rate(delayq_reconcile_records_total{")
+    # The headline count is what the DelayqReconcileFinding alert counts.
+    assert 'kind=~"duplicated|early|cancel_ignored|missing|unexpected"' in by_title["Reconciliation findings"]
 
 
 def test_every_metric_the_dashboard_queries_is_one_the_node_registry_exposes(dashboard):
-    from prometheus_client import generate_latest
-
-    from delayq.delay_service.metrics import NodeMetrics
-
-    metrics = NodeMetrics()
-    shard = metrics.shard(0)  # what a node's feed and master create: every per-shard series
-    shard.dead_lettered.labels("missing-topic").inc()
-    shard.rebuilds.labels("stale").inc()
-    metrics.ingested.labels("put").inc()
-    shard.lateness.observe_many([0.01])
-    exposed = {line.split("{")[0].split(" ")[0] for line in generate_latest(metrics.registry).decode().splitlines()
-               if line and not line.startswith("#")}
+    exposed = node_series()
     queried = {name for _, target in dashboard_targets(dashboard) for name in re.findall(r"\bdelayq_\w+",
                                                                                        target["expr"])}
 
     assert queried
-    assert not queried - exposed, f"the dashboard queries series no node exposes: {sorted(queried - exposed)}"
+    unknown = queried - exposed - set(FOLLOW_METRICS)
+    assert not unknown, f"the dashboard queries series neither a node nor the follower exposes: {sorted(unknown)}"
 
 
 def render_notes(helm: Path, tmp_path: Path, *args: str) -> str:
@@ -1160,6 +1438,18 @@ def test_notes_give_the_shard_count_and_the_one_master_per_shard_check(helm, val
     assert f"kubectl -n {NAMESPACE} exec dq-delayq-0 -- delayq status" in notes
     assert "WARNING: config.replicas=1" not in notes
     assert "held by every node" in render_notes(helm, tmp_path / "all", *value_args["default"])
+
+
+def test_notes_tell_where_the_continuous_reconciliation_reports_its_findings(helm, value_args, tmp_path):
+    notes = render_notes(helm, tmp_path / "on", *value_args["production"])
+    off = render_notes(helm, tmp_path / "off", *value_args["default"])
+
+    assert "6. The continuous reconciliation judges every message as it falls due" in notes
+    assert f"kubectl -n {NAMESPACE} logs -f deploy/{FOLLOW}" in notes
+    assert "-C -t delayq-orders-reconcile-findings -o beginning -e" in notes
+    assert "kcat needs your -X security.protocol=... settings" in notes  # production's Kafka is SASL_SSL
+    assert f"port-forward svc/{FOLLOW} 9464:9464" in notes and "grep ^delayq_reconcile_" in notes
+    assert "continuous reconciliation" not in off
 
 
 def test_notes_warn_that_replicas_1_leaves_shards_without_a_standby(helm, value_args, tmp_path):
