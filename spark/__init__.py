@@ -48,9 +48,15 @@ def reconcile(settings: Settings, options: ReconcileOptions, *, spark: SparkSess
     Raises:
         ReconcileError: Kafka did not answer, the buffer topic does not exist, or Spark could not start.
     """
+    from .destination import report_folder
     from .job import reconcile_findings
     from .report import build_report, write_outputs
 
+    if isinstance(options.out, str):  # an object store: a wrong bucket or credentials fail now, not after the job
+        try:
+            report_folder(options.out).create()
+        except OSError as err:
+            raise ReconcileError(str(err)) from err
     findings = reconcile_findings(settings, options, spark=spark, progress=progress)
     if progress is not None:
         progress(f"writing the report to {options.out}")

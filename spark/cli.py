@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,11 +14,14 @@ from rich.table import Table
 from delayq.clock import parse_duration_ms
 from delayq.errors import UsageError
 
+from .destination import parse_out
 from .options import MAVEN_CENTRAL, ReconcileOptions, parse_instant
 from .report import ANOMALY_KINDS, EVIDENCE_NAMES, alert_text, count_label
 
 if TYPE_CHECKING:
     from delayq import Settings
+
+    from .follow import FollowOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None,
@@ -54,8 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None
     parser.add_argument("--lookback", default="1h",
                         help="read target topics from this long before --since, to catch early deliveries "
                              "(default: 1h)")
-    parser.add_argument("--out", type=Path, default=Path("delayq-report"),
-                        help="folder for report.json, report.html and anomalies/*.parquet (default: ./delayq-report)")
+    parser.add_argument("--out", default="delayq-report",
+                        help="folder, or object-store URL (s3://bucket/prefix; credentials AWS_ACCESS_KEY_ID/"
+                             "AWS_SECRET_ACCESS_KEY, endpoint AWS_ENDPOINT_URL), for report.json, report.html and "
+                             "anomalies/*.parquet (default: ./delayq-report)")
     parser.add_argument("--topics", default=None,
                         help="comma-separated target topics (default: found from the buffer's put frames)")
     parser.add_argument("--read-uncommitted", action="store_true",
@@ -72,6 +78,25 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_master: str | None
                         help="Maven repository the Spark Kafka source is resolved from on the first run")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark setting for the session the job starts (repeatable)")
+    follow = parser.add_argument_group("continuous reconciliation (--follow)")
+    follow.add_argument("--follow", action="store_true",
+                        help="judge continuously (a Structured Streaming job) until stopped, reporting each finding "
+                             "once to the findings topic and as delayq_reconcile_* metrics; a message is missing "
+                             "once its due time plus --grace has passed undelivered (--since, --until, --out and "
+                             "--list-limit do not apply)")
+    follow.add_argument("--checkpoint", type=Path, default=None,
+                        help="with --follow: folder of the job's checkpoint (offsets and each id's records); a run "
+                             "on the same folder resumes where the last one stopped (required)")
+    follow.add_argument("--findings-topic", default=None,
+                        help="with --follow: the topic findings go to (default: delayq-<cluster>-reconcile-findings)")
+    follow.add_argument("--metrics-port", type=int, default=9464,
+                        help="with --follow: serve Prometheus metrics on this port, on DELAYQ_HTTP_HOST; 0: none "
+                             "(default: 9464)")
+    follow.add_argument("--trigger", type=float, default=10.0,
+                        help="with --follow: seconds between micro-batches (default: 10)")
+    follow.add_argument("--retain", default="1h",
+                        help="with --follow: how long an id's records are kept after its due time plus the grace, so "
+                             "a later duplicate is still told from an unknown id (default: 1h)")
 
 
 def options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) -> ReconcileOptions:
@@ -104,7 +129,7 @@ def _options(args: argparse.Namespace, now_ms: int | None) -> ReconcileOptions:
     return ReconcileOptions(
         since_ms=parse_instant(args.since, "--since", now_ms=now_ms),
         until_ms=parse_instant(args.until, "--until", now_ms=now_ms),
-        out=args.out,
+        out=parse_out(args.out),
         grace_ms=parse_duration_ms(args.grace, "--grace"),
         early_tolerance_ms=parse_duration_ms(args.early_tolerance, "--early-tolerance"),
         reorder_tolerance_ms=parse_duration_ms(args.reorder_tolerance, "--reorder-tolerance"),
@@ -117,6 +142,43 @@ def _options(args: argparse.Namespace, now_ms: int | None) -> ReconcileOptions:
         maven_repository=args.maven_repo,
         spark_conf=conf,
     )
+
+
+# Flags of the batch report that mean nothing to --follow, with their defaults.
+_BATCH_ONLY = {"since": "24h", "until": "now", "out": "delayq-report", "list_limit": 1000}
+# Flags of --follow that mean nothing to the batch report, with their defaults.
+_FOLLOW_ONLY = {"checkpoint": None, "findings_topic": None, "metrics_port": 9464, "trigger": 10.0, "retain": "1h"}
+
+
+def follow_options_from_args(args: argparse.Namespace, *, now_ms: int | None = None) -> FollowOptions:
+    """FollowOptions from parsed flags (``--follow``).
+
+    Raises:
+        UsageError: no --checkpoint, a flag of the batch report given, or a value out of range; the message
+            names the flag.
+    """
+    from .follow import FOREVER_MS, FollowOptions
+
+    given = [f"--{name.replace('_', '-')}" for name, default in _BATCH_ONLY.items()
+             if getattr(args, name) != default]
+    if given:
+        raise UsageError(f"{', '.join(given)} cannot go with --follow: the continuous job judges every id as it "
+                         "falls due, with no window and no report folder; leave them out")
+    if args.checkpoint is None:
+        raise UsageError("--follow needs --checkpoint DIR: the folder the job resumes from after a restart "
+                         "(e.g. --checkpoint /var/lib/delayq/reconcile)")
+    try:
+        whole_time = argparse.Namespace(**{**vars(args), "since": "1970-01-01T00:00:00Z", "until": "now"})
+        rules = options_from_args(whole_time, now_ms=now_ms)
+        rules = replace(rules, since_ms=0, until_ms=FOREVER_MS)
+        return FollowOptions(checkpoint=args.checkpoint, rules=rules, findings_topic=args.findings_topic,
+                             metrics_port=args.metrics_port, trigger_s=args.trigger,
+                             retain_ms=parse_duration_ms(args.retain, "--retain"), topics=rules.topics,
+                             master=args.master, maven_repository=args.maven_repo, spark_conf=rules.spark_conf)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(str(err)) from None
 
 
 def chosen_master(args: argparse.Namespace, settings: Settings) -> str | None:
@@ -137,11 +199,38 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
     settings = Settings()
     args.master = chosen_master(args, settings)
+    if args.follow:
+        return run_follow(settings, follow_options_from_args(args), console)
+    given = [f"--{name.replace('_', '-')}" for name, default in _FOLLOW_ONLY.items()
+             if getattr(args, name) != default]
+    if given:
+        raise UsageError(f"{', '.join(given)} only go with --follow (the continuous job); add --follow, or leave "
+                         "them out for a report over a window")
     options = options_from_args(args)
     with SparkProgress() as progress:
         report = reconcile(settings, options, progress=progress.step)
     print_summary(report, console)
     return report.exit_code
+
+
+def run_follow(settings: Settings, options: FollowOptions, console: Console) -> int:
+    """Run ``--follow`` until SIGTERM or Ctrl-C, a line per micro-batch that read something or found something."""
+    from .follow import BatchSummary, follow, lag_text
+
+    def say(summary: BatchSummary) -> None:
+        if not summary.fresh and not summary.findings:
+            return
+        read = ", ".join(f"{n:,} {side}" for side, n in summary.fresh.items())
+        found = ", ".join(f"[bold red]{f.kind}[/] {escape(f.id)}" for f in summary.findings)
+        console.print(f"batch {summary.batch}: read {read or 'nothing'}; judged {summary.ids:,} ids; lag "
+                      f"{lag_text(summary.lag_s)}" + (f"; found {found}" if found else ""))
+
+    topic = options.findings_topic_of(settings)
+    where = f", metrics on http://{settings.http_host}:{options.metrics_port}/metrics" if options.metrics_port else ""
+    console.print(f"following {settings.buffer_topic}: findings to {topic}{where}; checkpoint {options.checkpoint}")
+    follow(settings, options, say=say)
+    console.print("stopped; a run on the same --checkpoint resumes here")
+    return 0
 
 
 def print_summary(report, console: Console) -> None:

@@ -620,9 +620,19 @@ def per_id(versions: DataFrame, topics: list[str], *, ack_grace_ms: int) -> Data
             .withColumn("dead_letter_topic", _topic_name("dead_letter_topic", topics)))
 
 
-def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
-    """Decide, per id due in the window, what it was and what went wrong (rules: module docstring)."""
+def judge(ids: DataFrame, options: ReconcileOptions, *, expected_before_ms: int | None = None) -> DataFrame:
+    """Decide, per id due in the window, what it was and what went wrong (rules: module docstring).
+
+    Args:
+        ids: :func:`per_id`.
+        options: the window, the grace and the ack grace.
+        expected_before_ms: messages due before this are expected delivered; None: the window's
+            end minus the grace. The continuous job (follow.py) judges at each micro-batch's time
+            whatever the window.
+    """
     from pyspark.sql import functions as F
+
+    expected_before = options.expected_before_ms if expected_before_ms is None else expected_before_ms
 
     expr, col = F.expr, F.col
     has_put = col("put_offset").isNotNull()
@@ -663,8 +673,8 @@ def judge(ids: DataFrame, options: ReconcileOptions) -> DataFrame:
                         .otherwise("unknown"))
             .withColumn("topic", F.coalesce("put_topic", "delivery_topic", "dead_letter_topic"))
             .withColumn("ignored", F.when(cancel_ignored, "cancel").when(col("reschedule_ignored"), "reschedule"))
-            .withColumn("is_expected", legit & (col("due_ms") < options.expected_before_ms))
-            .withColumn("in_grace", legit & (col("due_ms") >= options.expected_before_ms))
+            .withColumn("is_expected", legit & (col("due_ms") < expected_before))
+            .withColumn("in_grace", legit & (col("due_ms") >= expected_before))
             .withColumn("is_delivered", col("is_expected") & delivered)
             .withColumn("is_undeliverable", col("is_expected") & ~delivered & dead_lettered)
             .withColumn("is_missing", (col("is_expected") & ~delivered & ~dead_lettered)

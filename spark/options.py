@@ -8,6 +8,8 @@ from pathlib import Path
 
 from delayq.clock import parse_duration_ms
 
+from .destination import parse_out
+
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 
 
@@ -72,7 +74,8 @@ class ReconcileOptions:
     Args:
         since_ms: window start, epoch milliseconds (inclusive).
         until_ms: window end, epoch milliseconds (exclusive).
-        out: the folder for report.json, report.html and anomalies/.
+        out: the folder for report.json, report.html and anomalies/: a local Path, or an object store's URL
+            (``s3://bucket/prefix``, kept as a str; see destination.py).
         grace_ms: how long after its due time a message may still be in flight.
         early_tolerance_ms: a delivery this much before its due time is not yet "early":
             the due time comes from the producing host's clock and the delivery
@@ -101,7 +104,7 @@ class ReconcileOptions:
 
     since_ms: int
     until_ms: int
-    out: Path
+    out: Path | str
     grace_ms: int = 5 * 60_000
     early_tolerance_ms: int = 10
     reorder_tolerance_ms: int = 0
@@ -134,8 +137,8 @@ class ReconcileOptions:
                              f"{self.until_ms - self.since_ms} ms, so nothing could be expected: "
                              "widen the window (since/until) or shorten the grace")
         if not isinstance(self.out, (str, Path)):
-            raise TypeError(f"out must be a path, not {type(self.out).__name__}")
-        object.__setattr__(self, "out", Path(self.out))
+            raise TypeError(f"out must be a path or an object-store URL, not {type(self.out).__name__}")
+        object.__setattr__(self, "out", parse_out(self.out))
         if self.topics is not None:
             if isinstance(self.topics, str) or not all(isinstance(t, str) and t for t in self.topics):
                 raise TypeError("topics must be a sequence of non-empty topic names (or None to find them)")

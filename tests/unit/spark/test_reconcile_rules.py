@@ -18,6 +18,7 @@ import pytest
 from delayq import wire
 from delayq.schedule import Series
 from delayq.spark import ReconcileOptions, spark_session
+from delayq.spark.follow import history_rows, judge_histories
 from delayq.spark.job import KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
 from delayq.spark.records import DEAD_LETTER_SCHEMA
 
@@ -274,27 +275,35 @@ def _fix_partitions(cases: list[History]) -> None:
                           for r in history.buffer]
 
 
-def judged(cases: list[History], options: ReconcileOptions = OPTIONS) -> DataFrame:
-    """The job's verdicts on ``cases``: buffer_rows, delivery_rows, per_version, per_id and judge."""
+def judged(cases: list[History], options: ReconcileOptions = OPTIONS, path: str = "batch") -> DataFrame:
+    """The job's verdicts on ``cases``: buffer_rows, delivery_rows, per_version, per_id and judge.
+
+    ``path``: "batch", as the batch job calls them; "follow", as the continuous job does (follow.py): the
+    three sides as the history rows it keeps per id, judged by judge_histories at the window's end.
+    """
     spark = spark_session("local[2]")
     _fix_partitions(cases)
     buffer = buffer_rows(spark.createDataFrame([r for h in cases for r in h.buffer], KAFKA_SCHEMA), PARTITIONS)
     deliveries = delivery_rows(spark.createDataFrame([r for h in cases for r in h.deliveries], KAFKA_SCHEMA))
     letters = spark.createDataFrame([r for h in cases for r in h.letters], DEAD_LETTER_SCHEMA)
+    if path == "follow":
+        return judge_histories(history_rows(buffer, deliveries, letters), [TOPIC], options,
+                               options.expected_before_ms)
     versions = per_version(buffer, deliveries, [TOPIC], options.early_tolerance_ms, dead_letters=letters,
                            reorder_tolerance_ms=options.reorder_tolerance_ms)
     return judge(per_id(versions, [TOPIC], ack_grace_ms=options.ack_grace_ms), options)
 
 
-@pytest.fixture(scope="module")
-def verdicts() -> dict[str, dict]:
+# Every rule below is tested once against both jobs: one definition of exactly-once (follow.py's docstring).
+@pytest.fixture(scope="module", params=["batch", "follow"])
+def verdicts(request) -> dict[str, dict]:
     spark = spark_session("local[2]")
     cases = histories()
     names = {h.id: h.name for h in cases}
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "2")  # a hundred rows: more tasks would only cost time
     try:
-        return {names[row["id"]]: row.asDict() for row in judged(cases).collect()}
+        return {names[row["id"]]: row.asDict() for row in judged(cases, path=request.param).collect()}
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", partitions)
 
