@@ -433,28 +433,35 @@ class FindingsTopic:
                 raise ReconcileError(f"findings topic {self.topic!r} could not be created: {err}") from err
 
     def _read_back(self) -> set[str]:
-        """The keys of the findings already committed: a replayed micro-batch must not report them again."""
-        from confluent_kafka import Consumer, TopicPartition
+        """The keys of the findings already committed: a replayed micro-batch must not report them again.
+
+        Read to each partition's end as a read_committed consumer sees it (the partition-EOF event): the
+        offsets after the last finding are its transaction's commit marker, never delivered to a consumer.
+        """
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
 
         consumer = Consumer(self.settings.kafka_conf(**{
             "group.id": f"{self.settings.reconcile_group_prefix}-findings", "enable.auto.commit": False,
-            "isolation.level": "read_committed"}))
+            "isolation.level": "read_committed", "enable.partition.eof": True}))
         keys: set[str] = set()
         try:
             partitions = consumer.list_topics(self.topic, timeout=15).topics[self.topic].partitions
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15)[1] for p in partitions}
-            wanted = {p for p, end in ends.items() if end > 0}
+            wanted = {p for p in partitions
+                      if consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15)[1] > 0}
             consumer.assign([TopicPartition(self.topic, p, 0) for p in wanted])
             deadline = time.monotonic() + 60
             while wanted and time.monotonic() < deadline:
                 record = consumer.poll(0.5)
-                if record is None or record.error():
+                if record is None:
                     continue
-                key, offset = record.key(), record.offset()
+                error = record.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        wanted.discard(record.partition())
+                    continue
+                key = record.key()
                 if key is not None:
                     keys.add(key.decode())
-                if offset is not None and offset + 1 >= ends[record.partition()]:
-                    wanted.discard(record.partition())
             if wanted:
                 raise ReconcileError(f"findings topic {self.topic!r} could not be read back in 60 s; it must be, "
                                      "or a replayed micro-batch would report its findings twice")
