@@ -71,6 +71,8 @@ def test_new_records_are_kept_and_the_whole_history_emitted_with_a_timeout_at_du
     [first] = run_step(state, frame(row(BUFFER_SIDE, PUT, 5, due=20_000)))
     stored_rows, check_at, forget_at = state.updated()
     assert (check_at, forget_at, state.timeout()) == (30_000, 30_000 + RETAIN, 29_000)
+    assert json.loads(stored_rows) == [[BUFFER_SIDE, PUT, 5, 1, 20_000, "orders", None, None, None, None, None, 0,
+                                        None]]
     assert list(first["fresh"]) == [True] and list(first["judged_at"]) == [1_000]
 
     later = State(now=2_000, stored=state.updated())
