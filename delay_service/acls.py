@@ -124,6 +124,12 @@ def required_acls(settings: Settings, *, node: str | None = None, producer: str 
             AclLine("reconcile", p, "READ", "TOPIC", dead, "LITERAL", "the dead letters"),
             AclLine("reconcile", p, "READ", "GROUP", settings.reconcile_group_prefix, "PREFIXED",
                     "Spark's Kafka source consumers (groupIdPrefix)"),
+            *(AclLine("reconcile", p, operation, "TOPIC", settings.reconcile_findings_topic, "LITERAL", why)
+              for operation, why in (("CREATE", "--follow creates its findings topic on its first run"),
+                                     ("WRITE", "--follow reports each finding there"),
+                                     ("READ", "--follow reads its findings back when it starts"))),
+            AclLine("reconcile", p, "WRITE", "TRANSACTIONAL_ID", settings.reconcile_transactional_id_prefix,
+                    "PREFIXED", "--follow writes each micro-batch's findings in one transaction"),
         ]
         lines += [AclLine("reconcile", p, "READ", "TOPIC", name, pattern, "the deliveries, to prove them")
                   for name, pattern in topics]

@@ -366,6 +366,16 @@ class Settings(BaseSettings):
         """The consumer groups of the reconciliation's Spark Kafka source start with this (its ``groupIdPrefix``)."""
         return f"delayq-{self.cluster}-reconcile"
 
+    @property
+    def reconcile_findings_topic(self) -> str:
+        """Where the continuous reconciliation (``delayq reconcile --follow``) reports findings, by default."""
+        return f"delayq-{self.cluster}-reconcile-findings"
+
+    @property
+    def reconcile_transactional_id_prefix(self) -> str:
+        """The continuous reconciliation's transactional ids (one per checkpoint) start with this."""
+        return f"{self.reconcile_group_prefix}-follow-"
+
     def kafka_conf(self, **overrides: Any) -> dict[str, Any]:
         """librdkafka configuration: bootstrap servers, pass-through settings, then overrides.
 

@@ -136,7 +136,7 @@ class FollowOptions:
             raise ValueError(f"retain_ms {self.retain_ms!r} must be a duration in ms, 0 or more")
 
     def findings_topic_of(self, settings: Settings) -> str:
-        return self.findings_topic or FINDINGS_TOPIC_PATTERN.replace("*", settings.cluster)
+        return self.findings_topic or settings.reconcile_findings_topic
 
 
 @dataclass(frozen=True)
@@ -596,7 +596,7 @@ def follow(settings: Settings, options: FollowOptions, *, say: Callable[[BatchSu
     options.checkpoint.mkdir(parents=True, exist_ok=True)
     topic = options.findings_topic_of(settings)
     # One writer of findings per checkpoint: a second run on the same checkpoint fences the first.
-    transactional_id = f"{settings.reconcile_group_prefix}-follow-{_digest(options.checkpoint.resolve())}"
+    transactional_id = f"{settings.reconcile_transactional_id_prefix}{_digest(options.checkpoint.resolve())}"
     findings = FindingsTopic(settings, topic, transactional_id)
     conf = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE,
             # Fixed by the first run of a checkpoint (the state is split by it): small, for a small driver.

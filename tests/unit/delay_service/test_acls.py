@@ -35,6 +35,10 @@ def test_each_role_gets_exactly_its_acls_prefixed_only_for_transactional_ids_and
         ("User:r", "READ", "TOPIC", "delayq-orders-buffer", "LITERAL"),
         ("User:r", "READ", "TOPIC", "delayq-orders-dead-letter", "LITERAL"),
         ("User:r", "READ", "GROUP", "delayq-orders-reconcile", "PREFIXED"),
+        ("User:r", "CREATE", "TOPIC", "delayq-orders-reconcile-findings", "LITERAL"),
+        ("User:r", "WRITE", "TOPIC", "delayq-orders-reconcile-findings", "LITERAL"),
+        ("User:r", "READ", "TOPIC", "delayq-orders-reconcile-findings", "LITERAL"),
+        ("User:r", "WRITE", "TRANSACTIONAL_ID", "delayq-orders-reconcile-follow-", "PREFIXED"),
         ("User:r", "READ", "TOPIC", "orders.", "PREFIXED"),
         ("User:r", "READ", "TOPIC", "audit", "LITERAL"),
     }
@@ -42,6 +46,7 @@ def test_each_role_gets_exactly_its_acls_prefixed_only_for_transactional_ids_and
     # The names the ACLs grant are the ones the code uses.
     assert settings.transactional_id(3).startswith("delayq-orders-master")
     assert settings.ingest_group.startswith("delayq-orders-ingest-")
+    assert settings.reconcile_findings_topic == "delayq-orders-reconcile-findings"
 
 
 def test_targets_given_on_the_command_line_replace_the_settings_and_star_is_kafkas_wildcard():
