@@ -452,6 +452,28 @@ def reconcile_figure(messages: int, master: str, runs: list[dict]) -> Figure:
                            "load_after": [r["load_after"] for r in runs]})
 
 
+def suite_follow(ctx: Context) -> list[Figure]:
+    """``delayq reconcile --follow`` under live healthy traffic (issue 33: 20k msg/s), each trigger in turn per run:
+    the rate the generator reached, the lag p50/p95/max and its slope (keeps up or falls behind), CPU per record;
+    any finding is an error. BENCH_FOLLOW_RATE, BENCH_FOLLOW_SECONDS, BENCH_FOLLOW_TRIGGERS pick the run."""
+    from . import follow_bench
+
+    rate, seconds, warmup, triggers = follow_bench.settings_from(os.environ, ctx.options.quick)
+    runs: dict[float, list[dict]] = {trigger: [] for trigger in triggers}
+    for run in range(ctx.runs):  # alternating: the machine's load swings hit both triggers alike
+        for trigger in triggers:
+            result = ctx.step(f"follow at {rate:,.0f} msg/s, trigger {trigger:g} s ({run + 1}/{ctx.runs})",
+                              lambda trigger=trigger: follow_bench.measured_run(
+                                  ctx.stack.bootstrap_servers, rate, seconds, trigger, warmup_s=warmup,
+                                  say=ctx.progress.console.print))
+            console.log(follow_bench.one_line(result))
+            if result["findings"]:
+                _say_invalid(f"follow, trigger {trigger:g} s: findings on healthy traffic {result['findings']}: "
+                             f"{result['finding_keys'][:10]}")
+            runs[trigger].append(result)
+    return [figure for trigger, results in runs.items() for figure in follow_bench.figures(trigger, results)]
+
+
 def _say_invalid(text: str) -> None:
     console.log(f"[bold red]{escape(text)}[/]")  # the reasons hold brackets: shard lists, masterships
 
@@ -604,6 +626,7 @@ _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "members": suite_members,
     "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
     "capacity-100m": suite_capacity_large,
+    "follow": suite_follow,
 }
 assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"
 SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {

@@ -22,10 +22,13 @@ SUITE_TEXT: dict[str, str] = {
     "rebuild": "a wiped node with 10M pending: time until ready",
     "reconcile": "the Spark reconciliation of 1M delayed messages",
     "capacity-100m": "100M pending in one node: RSS and disk per message (only with --only: ~40 min, ~60 GB disk)",
+    "follow": "`delayq reconcile --follow` under 20,000 msg/s of live healthy traffic (puts, deliveries, dones), "
+              "triggers 10 s and 5 s: lag p50/p95/max and slope (keeps up or not), CPU per record, no finding "
+              "(only with --only: ~10 min a run)",
 }
 
 # Suites a plain `delayq bench` leaves out: they run only when --only names them.
-OPT_IN_SUITES = frozenset({"capacity-100m"})
+OPT_IN_SUITES = frozenset({"capacity-100m", "follow"})
 
 # The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run. On one broker (the default)
 # every kind but the replicated cluster's; with --brokers N (2 or more) those instead of the two that hit "the"
