@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayq import Settings
+from delayq.bench.proc import busy_cores_between, machine_ticks
 from delayq.spark import iso
 from delayq.spark.synthetic import TrafficWriter, healthy_traffic, new_message
 from delayq.wire import Envelope
@@ -223,30 +225,93 @@ def ensure_data(bootstrap: str, messages: int, progress: Callable[[int, int], No
           f"{time.monotonic() - started:.0f} s")
 
 
+class TreeCpu:
+    """CPU seconds of a process and every process below it, sampled from /proc every ``every_s`` while it runs.
+
+    Each process (pid and start time) counts the most its own threads were seen to have used, so one that
+    ends counts up to its last sample: a process's last ``every_s`` may be missed. With local[2] the tree is
+    the whole job (the driver's Python, Spark's JVM and its executors' Python workers); with a standalone
+    master it is the driver side only (the executors are the workers' children).
+    """
+
+    def __init__(self, root: int, every_s: float = 0.5):
+        self.root, self.every_s = root, every_s
+        self._seen: dict[tuple[int, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconcile-bench-cpu", daemon=True)
+
+    def __enter__(self) -> TreeCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self._seen.values()) / os.sysconf("SC_CLK_TCK")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.every_s)
+
+    def sample(self) -> None:
+        stats: dict[int, tuple[int, int, int]] = {}  # pid: (parent, start time, utime + stime)
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):  # gone meanwhile
+                continue
+            stats[int(entry.name)] = (int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12]))
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _start, _ticks) in stats.items():
+            children.setdefault(parent, []).append(pid)
+        todo = [self.root] if self.root in stats else []
+        while todo:
+            pid = todo.pop()
+            _parent, start, ticks = stats[pid]
+            self._seen[(pid, start)] = max(ticks, self._seen.get((pid, start), 0))
+            todo += children.get(pid, [])
+
+
 def timed_run(bootstrap: str, messages: int, master: str, out: Path) -> tuple[float, dict]:
+    elapsed, report, _cpu_s = _reconcile(bootstrap, messages, master, out)
+    return elapsed, report
+
+
+def _reconcile(bootstrap: str, messages: int, master: str, out: Path) -> tuple[float, dict, float]:
+    """``delayq reconcile`` of the data set on ``master``: seconds, its report, its process tree's CPU seconds."""
     buffer, _targets = topic_names(messages)
     env = {**os.environ, "DELAYQ_BOOTSTRAP_SERVERS": bootstrap, "DELAYQ_BUFFER_TOPIC": buffer}
     command = [sys.executable, "-m", "delayq", "reconcile", "--master", master, "--since", iso(BASE_MS),
                "--until", iso(BASE_MS + WINDOW_MS), "--out", str(out)]
     started = time.monotonic()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child, \
+            TreeCpu(child.pid) as cpu:
+        stdout, stderr = child.communicate()
     elapsed = time.monotonic() - started
-    if result.returncode not in (0, 1):
-        raise SystemExit(f"delayq reconcile failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return elapsed, json.loads((out / "report.json").read_text())
+    if child.returncode not in (0, 1):
+        raise SystemExit(f"delayq reconcile failed ({child.returncode}):\n{stdout}\n{stderr}")
+    return elapsed, json.loads((out / "report.json").read_text()), cpu.seconds
 
 
 def measured_run(bootstrap: str, messages: int, master: str, out: Path) -> dict:
-    """One checked run on ``master``: seconds, the job's own step timings, and the machine's load around it.
+    """One checked run on ``master``: seconds, the job's own step timings, the machine's load around it, the CPU
+    seconds of the ``delayq reconcile`` process tree (:class:`TreeCpu`) and the machine's busy cores meanwhile.
 
     Raises:
         SystemExit: the job failed, or its report did not find exactly the injected anomalies.
     """
-    before = [round(x, 2) for x in os.getloadavg()]
-    elapsed, report = timed_run(bootstrap, messages, master, out)
+    before, ticks = [round(x, 2) for x in os.getloadavg()], machine_ticks()
+    elapsed, report, cpu_s = _reconcile(bootstrap, messages, master, out)
     check(report, messages)
     return {"elapsed_s": round(elapsed, 1), "timings_s": report["timings_s"], "load_before": before,
-            "load_after": [round(x, 2) for x in os.getloadavg()]}
+            "load_after": [round(x, 2) for x in os.getloadavg()], "cpu_s": round(cpu_s, 1),
+            "machine_busy_cores": round(busy_cores_between(ticks, machine_ticks()), 2)}
 
 
 def check(report: dict, messages: int) -> None:
@@ -285,7 +350,8 @@ def main() -> int:
                 result = measured_run(bootstrap, args.messages, master, Path(folder) / f"run{run}-{figure_key(master)}")
                 runs[master].append(result)
                 print(f"{master} run {run + 1}/{args.runs}: {result['elapsed_s']:.1f} s  (steps: "
-                      f"{result['timings_s']}; load before {result['load_before']}, after {result['load_after']})")
+                      f"{result['timings_s']}; load before {result['load_before']}, after {result['load_after']}; "
+                      f"CPU {result['cpu_s']} s, machine busy {result['machine_busy_cores']} cores)")
     buffer_records, deliveries = expected_counts(args.messages)
     target = target_s(args.messages)
     summaries = []
@@ -295,7 +361,8 @@ def main() -> int:
             "messages": args.messages, "buffer_records": buffer_records, "deliveries": deliveries, "master": master,
             "runs_s": times, "median_s": round(statistics.median(times), 1), "min_s": min(times),
             "max_s": max(times), "timings_s": [r["timings_s"] for r in results],
-            "load_before": [r["load_before"] for r in results], "target_s": target,
+            "load_before": [r["load_before"] for r in results], "cpu_s": [r["cpu_s"] for r in results],
+            "target_s": target,
             "within_target": statistics.median(times) < target})
     print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
     return 0 if summaries[0]["within_target"] else 1

@@ -437,7 +437,7 @@ def suite_reconcile(ctx: Context) -> list[Figure]:
 
 def reconcile_figure(messages: int, master: str, runs: list[dict]) -> Figure:
     """The figure of one master's reconciliation runs (reconcile_bench.measured_run's), keyed by
-    reconcile_bench.figure_key; results.json keeps each run's step timings and the load around it."""
+    reconcile_bench.figure_key; results.json keeps each run's step timings, the load around it and its CPU."""
     from . import reconcile_bench
 
     buffer_records, deliveries = reconcile_bench.expected_counts(messages)
@@ -445,11 +445,9 @@ def reconcile_figure(messages: int, master: str, runs: list[dict]) -> Figure:
     return Figure(reconcile_bench.figure_key(master),
                   f"reconciliation of {messages:,} messages ({buffer_records:,} buffer records, {deliveries:,} "
                   f"deliveries), `delayq reconcile` on {where}", "s", "lower", [r["elapsed_s"] for r in runs],
-                  details={"messages": messages, "master": master,
-                           "target_s": reconcile_bench.target_s(messages),
-                           "timings_s": [r["timings_s"] for r in runs],
-                           "load_before": [r["load_before"] for r in runs],
-                           "load_after": [r["load_after"] for r in runs]})
+                  details={"messages": messages, "master": master, "target_s": reconcile_bench.target_s(messages),
+                           # per run: timings_s, load_before/after, cpu_s, machine_busy_cores
+                           **{key: [r[key] for r in runs] for key in runs[0] if key != "elapsed_s"}})
 
 
 def suite_follow(ctx: Context) -> list[Figure]:

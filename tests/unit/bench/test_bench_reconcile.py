@@ -120,3 +120,14 @@ def test_without_a_standalone_master_the_suite_times_local_2_at_its_size(monkeyp
         figures = suite_reconcile(ctx)
     assert timed == [(LOCAL_MASTER, 20_000)]
     assert [f.key for f in figures] == ["reconcile"]
+
+
+def test_tree_cpu_counts_the_children_of_the_process_too():
+    import subprocess
+    import sys
+
+    burn = "import time\nwhile time.process_time() < 0.4: pass\ntime.sleep(0.3)"
+    parent = (f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}], check=True)\n{burn}")
+    with subprocess.Popen([sys.executable, "-c", parent]) as child, reconcile_bench.TreeCpu(child.pid, 0.05) as cpu:
+        assert child.wait(60) == 0
+    assert 0.7 < cpu.seconds < 3.0  # both burned 0.4 s (and started Python)
