@@ -74,12 +74,17 @@ HISTORY_COLUMNS = ("side", "kind", "offset", "ts", "due", "topic", "restores", "
 HISTORY_SCHEMA = ("id STRING, side INT, kind INT, offset BIGINT, ts BIGINT, due BIGINT, topic STRING, "
                   "restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT, follows_cutoff BIGINT, "
                   "written BIGINT, epoch BIGINT")
-# What the stateful step emits per touched id: its whole history, which rows are new in this micro-batch,
-# and the micro-batch's time (Spark's batch timestamp: everything appended before it has been read).
-EMITTED_SCHEMA = HISTORY_SCHEMA + ", fresh BOOLEAN, judged_at BIGINT"
-# An id's state: its history as JSON rows (HISTORY_COLUMNS, in that order), when its due time plus the grace
-# passes (null once judged then, or with no put), and when it is forgotten.
-STATE_SCHEMA = "rows STRING, check_at BIGINT, forget_at BIGINT"
+# What the stateful step reads per record: the record as JSON (built in the JVM: ``to_json``, nulls left out)
+# and the few fields the step looks at itself, to know the id's latest put.
+STEP_INPUT = ("id", "record", "side", "kind", "offset", "due")
+# What it emits per touched id: its whole history as a JSON array of records (the history columns), from
+# which record on they are new in this micro-batch, and the micro-batch's time (Spark's batch timestamp:
+# everything appended before it has been read). One row per id, parsed back in the JVM (``from_json``).
+EMITTED_SCHEMA = "id STRING, records STRING, fresh_from INT, judged_at BIGINT"
+# An id's state: its records as JSON objects joined by commas, how many, its latest put's offset and due
+# time, when its due time plus the grace passes (null once judged then, or with no put), when it is forgotten.
+STATE_SCHEMA = ("records STRING, count INT, put_offset BIGINT, put_due BIGINT, check_at BIGINT, "
+                "forget_at BIGINT")
 # A window wide enough for every due time: the continuous job judges each id whatever its due time.
 FOREVER_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z
 # What each finding kind is flagged by in the judged table: the report's anomaly kinds (a duplicate is
@@ -178,69 +183,55 @@ def findings_of(rows: Iterable[dict[str, Any]]) -> list[Finding]:
 # -- the stateful step: each id's history, kept and emitted whole when touched ------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """A pandas cell as JSON takes it: NaN/NA as None, a float that holds an integer as an int."""
-    if value is None:
-        return None
-    try:
-        if value != value:  # NaN, pandas.NA raises
-            return None
-    except TypeError:
-        return None
-    if isinstance(value, float):
-        return int(value)
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return value
-
-
-def latest_due(rows: list[list[Any]]) -> int | None:
-    """The due time of an id's latest put (the buffer's put at the highest offset), None without one."""
-    side, kind, offset, due = (HISTORY_COLUMNS.index(c) for c in ("side", "kind", "offset", "due"))
-    puts = [r for r in rows if r[side] == BUFFER_SIDE and r[kind] == PUT and r[due] is not None]
-    return max(puts, key=lambda r: r[offset])[due] if puts else None
+def _latest_put(rows: list[list[Any]], offset: int | None, due: int | None) -> tuple[int | None, int | None]:
+    """The latest put (offset, due time) of an id whose latest put so far was (``offset``, ``due``), given new
+    records (:data:`STEP_INPUT` rows): a buffer put at a higher offset replaces it."""
+    for _, _, side, kind, at, when in rows:
+        if side == BUFFER_SIDE and kind == PUT and when == when and at == at and (offset is None or at > offset):
+            offset, due = int(at), int(when)  # a null arrives as NaN: NaN != NaN
+    return offset, due
 
 
 def follow_step(grace_ms: int, retain_ms: int) -> Callable[[Any, Iterable[pd.DataFrame], GroupState],
                                                            Iterator[pd.DataFrame]]:
     """The function ``applyInPandasWithState`` runs per touched or timed-out id.
 
-    New records: kept with the old ones; the whole history emitted (``fresh`` marks the new
-    rows); a timeout set at the latest put's due time plus ``grace_ms`` if that is still to
-    come, else at the moment the id is forgotten. A timeout with no new records: at the
-    check, the history emitted again (judged with everything read by now) and the next
-    timeout set to the forgetting; at the forgetting, the state removed, nothing emitted.
+    New records: kept after the old ones; the whole history emitted (``fresh_from``: the
+    first new record); a timeout set at the latest put's due time plus ``grace_ms`` if that
+    is still to come, else at the moment the id is forgotten. A timeout with no new records:
+    at the check, the history emitted again (judged with everything read by now) and the
+    next timeout set to the forgetting; at the forgetting, the state removed, nothing
+    emitted. The records stay JSON text throughout: Python only joins strings and compares
+    a few numbers per id (the per-id Python work is what bounds the job's rate).
     """
 
     def step(key: Any, frames: Iterable[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         now = state.getCurrentProcessingTimeMs()
-        old: list[list[Any]] = json.loads(state.get[0]) if state.exists else []
-        new = [[_plain(v) for v in row] for frame in frames for row in frame[list(HISTORY_COLUMNS)].itertuples(
-            index=False, name=None)]
+        records, count, put_offset, put_due, check_at, forget_at = (
+            state.get if state.exists else ("", 0, None, None, None, None))
+        old_count, new = count, False
+        for frame in frames:
+            if len(frame):
+                new = True
+                rows = frame.values.tolist()  # one conversion: pandas' per-column access costs more than the rest
+                joined = ",".join(row[1] for row in rows)
+                records = f"{records},{joined}" if records else joined
+                count += len(rows)
+                put_offset, put_due = _latest_put(rows, put_offset, put_due)
         if not new:  # a timeout
-            _, check_at, forget_at = state.get
             if check_at is None or now >= forget_at:
                 state.remove()
                 return
-            state.update((json.dumps(old), None, forget_at))
-            state.setTimeoutDuration(max(1, forget_at - now))
+            check_at = None
         else:
-            due = latest_due(old + new)
-            check_at = None if due is None or due + grace_ms <= now else due + grace_ms
-            forget_at = max(now, due + grace_ms if due is not None else now) + retain_ms
-            state.update((json.dumps(old + new), check_at, forget_at))
-            state.setTimeoutDuration(max(1, (check_at or forget_at) - now))
-        rows = old + new
-        frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
-        for column in HISTORY_COLUMNS:
-            if column != "topic":
-                frame[column] = pd.array(frame[column].tolist(), dtype="Int64")
-        frame.insert(0, "id", key[0])
-        frame["fresh"] = [False] * len(old) + [True] * len(new)
-        frame["judged_at"] = now
-        yield frame
+            check_at = None if put_due is None or put_due + grace_ms <= now else put_due + grace_ms
+            forget_at = max(now, put_due + grace_ms if put_due is not None else now) + retain_ms
+        state.update((records, count, put_offset, put_due, check_at, forget_at))
+        state.setTimeoutDuration(max(1, (check_at or forget_at) - now))
+        yield pd.DataFrame({"id": [key[0]], "records": [f"[{records}]"], "fresh_from": [old_count],
+                            "judged_at": [now]})
 
     return step
 
@@ -395,9 +386,28 @@ def follow_query_input(spark: SparkSession, settings: Settings, options: FollowO
                         delivery_rows(raw.where((topic != settings.buffer_topic)
                                                 & (topic != settings.dead_letter_topic))),
                         dead_letter_rows(raw.where(topic == settings.dead_letter_topic)))
-    return rows.groupBy("id").applyInPandasWithState(
-        follow_step(options.rules.grace_ms, options.retain_ms), EMITTED_SCHEMA, STATE_SCHEMA, "update",
-        GroupStateTimeout.ProcessingTimeTimeout)
+    return (step_input(rows).groupBy("id").applyInPandasWithState(
+                follow_step(options.rules.grace_ms, options.retain_ms), EMITTED_SCHEMA, STATE_SCHEMA, "update",
+                GroupStateTimeout.ProcessingTimeTimeout))
+
+
+def step_input(rows: DataFrame) -> DataFrame:
+    """History rows as the stateful step reads them (:data:`STEP_INPUT`): each record as JSON, built in the JVM."""
+    from pyspark.sql import functions as F
+
+    record = F.to_json(F.struct(*(F.col(c) for c in HISTORY_COLUMNS)))
+    return rows.select(*(record.alias(c) if c == "record" else F.col(c) for c in STEP_INPUT))
+
+
+def emitted_histories(emitted: DataFrame) -> DataFrame:
+    """The step's rows (one per touched id, its records as JSON) as history rows, with ``fresh`` and ``judged_at``."""
+    from pyspark.sql import functions as F
+
+    fields = (field.split() for field in HISTORY_SCHEMA.split(", ")[1:])  # the history columns, id left out
+    records = F.from_json("records", f"ARRAY<STRUCT<{', '.join(f'{name}: {kind}' for name, kind in fields)}>>")
+    exploded = emitted.select("id", "fresh_from", "judged_at", F.posexplode(records).alias("at", "record"))
+    return exploded.select("id", *(F.col(f"record.{c}").alias(c) for c in HISTORY_COLUMNS),
+                           (F.col("at") >= F.col("fresh_from")).alias("fresh"), "judged_at")
 
 
 # -- findings: a Kafka topic, exactly once, and metrics -----------------------------------------------------
@@ -532,11 +542,11 @@ class Follower:
                  metrics: FollowMetrics | None, say: Callable[[BatchSummary], None]):
         self.settings, self.options, self.topic, self.metrics, self.say = settings, options, findings, metrics, say
 
-    def on_batch(self, histories: DataFrame, batch: int) -> None:
+    def on_batch(self, emitted: DataFrame, batch: int) -> None:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        histories = histories.persist(StorageLevel.MEMORY_AND_DISK)
+        histories = emitted_histories(emitted).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             fresh = F.col("fresh")
             sides = histories.groupBy("side").agg(
@@ -656,5 +666,5 @@ def lag_text(lag_s: float | None) -> str:
     return "-" if lag_s is None or math.isnan(lag_s) else f"{lag_s:.1f} s"
 
 
-__all__ = ["BATCH_HEADER", "FINDING_FLAGS", "KIND_HEADER", "BatchSummary", "Finding", "FollowOptions", "findings_of",
-           "follow", "follow_step", "history_rows", "judge_histories"]
+__all__ = ["BATCH_HEADER", "FINDING_FLAGS", "KIND_HEADER", "BatchSummary", "Finding", "FollowOptions",
+           "emitted_histories", "findings_of", "follow", "follow_step", "history_rows", "judge_histories", "step_input"]

@@ -22,7 +22,6 @@ from delayq.spark.follow import (
     DELIVERED_SIDE,
     FINDING_FLAGS,
     FOREVER_MS,
-    HISTORY_COLUMNS,
     Finding,
     FollowOptions,
     findings_of,
@@ -36,13 +35,15 @@ GRACE, RETAIN = 10_000, 60_000
 RULES = ReconcileOptions(since_ms=0, until_ms=FOREVER_MS, out=Path("unused"), grace_ms=GRACE)
 
 
-def row(side: int, kind: int, offset: int | None, due: int | None, ts: int = 1) -> dict:
-    return {**dict.fromkeys(HISTORY_COLUMNS), "side": side, "kind": kind, "offset": offset, "due": due, "ts": ts,
-            "topic": "orders", "written": 0}
+def record(side: int, kind: int, offset: int | None, due: int | None, ts: int = 1) -> dict:
+    """A history record, as the job's input gives it to the step: its JSON and the fields the step reads."""
+    fields = {"side": side, "kind": kind, "offset": offset, "ts": ts, "due": due, "topic": "orders", "written": 0}
+    return {"id": "id-1", "record": json.dumps({k: v for k, v in fields.items() if v is not None}),
+            "side": side, "kind": kind, "offset": offset, "due": due}
 
 
-def frame(*rows: dict) -> pd.DataFrame:
-    return pd.DataFrame([{"id": "id-1", **r} for r in rows])
+def frame(*records: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(records))  # a null offset or due arrives as NaN, as Spark's Arrow hands it over
 
 
 class State:
@@ -68,35 +69,33 @@ def run_step(state: State, *frames: pd.DataFrame) -> list[pd.DataFrame]:
 
 def test_new_records_are_kept_and_the_whole_history_emitted_with_a_timeout_at_due_plus_grace():
     state = State(now=1_000)
-    [first] = run_step(state, frame(row(BUFFER_SIDE, PUT, 5, due=20_000)))
-    stored_rows, check_at, forget_at = state.updated()
-    assert (check_at, forget_at, state.timeout()) == (30_000, 30_000 + RETAIN, 29_000)
-    assert json.loads(stored_rows) == [[BUFFER_SIDE, PUT, 5, 1, 20_000, "orders", None, None, None, None, None, 0,
-                                        None]]
-    assert list(first["fresh"]) == [True] and list(first["judged_at"]) == [1_000]
+    [first] = run_step(state, frame(record(BUFFER_SIDE, PUT, 5, due=20_000)))
+    records, count, put_offset, put_due, check_at, forget_at = state.updated()
+    assert (count, put_offset, put_due, check_at, forget_at) == (1, 5, 20_000, 30_000, 30_000 + RETAIN)
+    assert state.timeout() == 29_000
+    assert first.to_dict("records") == [{"id": "id-1", "records": f"[{records}]", "fresh_from": 0,
+                                         "judged_at": 1_000}]
 
     later = State(now=2_000, stored=state.updated())
-    [second] = run_step(later, frame(row(DELIVERED_SIDE, 3, None, due=20_000, ts=1_900)))
-    assert len(json.loads(later.updated()[0])) == 2
-    assert list(second["fresh"]) == [False, True]
-    assert list(second["offset"].isna()) == [False, True]  # a delivery has no buffer offset: null, not NaN or 0
-    assert int(second["offset"][0]) == 5 and str(second["offset"].dtype) == "Int64"
+    [second] = run_step(later, frame(record(DELIVERED_SIDE, 3, None, due=20_000, ts=1_900)))
+    history = json.loads(second["records"][0])
+    assert [r["side"] for r in history] == [BUFFER_SIDE, DELIVERED_SIDE] and "offset" not in history[1]
+    assert (second["fresh_from"][0], later.updated()[1:4]) == (1, (2, 5, 20_000))
 
 
-def test_the_latest_put_sets_the_check_a_reschedule_moves_it():
+def test_the_latest_put_sets_the_check_a_reschedule_moves_it_a_done_does_not():
     state = State(now=1_000)
-    run_step(state, frame(row(BUFFER_SIDE, PUT, 5, due=20_000), row(BUFFER_SIDE, PUT, 9, due=50_000),
-                          row(BUFFER_SIDE, DONE, 7, due=None)))
-    assert state.updated()[1] == 60_000
+    run_step(state, frame(record(BUFFER_SIDE, PUT, 9, due=50_000), record(BUFFER_SIDE, PUT, 5, due=20_000),
+                          record(BUFFER_SIDE, DONE, 11, due=None)))
+    assert state.updated()[2:5] == (9, 50_000, 60_000)
 
 
 def test_at_the_check_the_history_is_emitted_again_then_forgotten_after_the_retention():
-    stored = (json.dumps([[BUFFER_SIDE, PUT, 5, 1, 20_000, "orders", None, None, None, None, None, 0, None]]),
-              30_000, 90_000)
+    stored = ('{"side":0,"kind":0,"offset":5,"due":20000}', 1, 5, 20_000, 30_000, 90_000)
     check = State(now=30_500, stored=stored, timed_out=True)
     [emitted] = run_step(check)
-    assert list(emitted["fresh"]) == [False] and list(emitted["judged_at"]) == [30_500]
-    assert check.updated()[1:] == (None, 90_000) and check.timeout() == 59_500
+    assert (emitted["fresh_from"][0], emitted["judged_at"][0]) == (1, 30_500)  # nothing fresh
+    assert check.updated()[4:] == (None, 90_000) and check.timeout() == 59_500
 
     forget = State(now=90_000, stored=check.updated(), timed_out=True)
     assert run_step(forget) == []
@@ -105,11 +104,11 @@ def test_at_the_check_the_history_is_emitted_again_then_forgotten_after_the_rete
 
 def test_an_id_with_no_put_or_due_already_past_is_judged_now_and_only_forgotten_later():
     state = State(now=100_000)
-    run_step(state, frame(row(DELIVERED_SIDE, 3, None, due=20_000)))
-    assert state.updated()[1:] == (None, 100_000 + RETAIN)
+    run_step(state, frame(record(DELIVERED_SIDE, 3, None, due=20_000)))
+    assert state.updated()[4:] == (None, 100_000 + RETAIN)
     past = State(now=100_000)
-    run_step(past, frame(row(BUFFER_SIDE, PUT, 5, due=20_000)))
-    assert past.updated()[1:] == (None, 100_000 + RETAIN)
+    run_step(past, frame(record(BUFFER_SIDE, PUT, 5, due=20_000)))
+    assert past.updated()[4:] == (None, 100_000 + RETAIN)
 
 
 def matches(pattern: str, topic: str) -> bool:

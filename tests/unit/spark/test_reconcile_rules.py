@@ -18,7 +18,7 @@ import pytest
 from delayq import wire
 from delayq.schedule import Series
 from delayq.spark import ReconcileOptions, spark_session
-from delayq.spark.follow import history_rows, judge_histories
+from delayq.spark.follow import emitted_histories, history_rows, judge_histories, step_input
 from delayq.spark.job import KAFKA_SCHEMA, buffer_rows, delivery_rows, judge, per_id, per_version
 from delayq.spark.records import DEAD_LETTER_SCHEMA
 
@@ -287,8 +287,13 @@ def judged(cases: list[History], options: ReconcileOptions = OPTIONS, path: str 
     deliveries = delivery_rows(spark.createDataFrame([r for h in cases for r in h.deliveries], KAFKA_SCHEMA))
     letters = spark.createDataFrame([r for h in cases for r in h.letters], DEAD_LETTER_SCHEMA)
     if path == "follow":
-        return judge_histories(history_rows(buffer, deliveries, letters), [TOPIC], options,
-                               options.expected_before_ms)
+        from pyspark.sql import functions as F
+
+        # Each id's records as the stateful step keeps and emits them (JSON), read back as the sink reads them.
+        emitted = (step_input(history_rows(buffer, deliveries, letters)).groupBy("id")
+                   .agg(F.concat(F.lit("["), F.concat_ws(",", F.collect_list("record")), F.lit("]")).alias("records"))
+                   .select("id", "records", F.lit(0).alias("fresh_from"), F.lit(0).cast("bigint").alias("judged_at")))
+        return judge_histories(emitted_histories(emitted), [TOPIC], options, options.expected_before_ms)
     versions = per_version(buffer, deliveries, [TOPIC], options.early_tolerance_ms, dead_letters=letters,
                            reorder_tolerance_ms=options.reorder_tolerance_ms)
     return judge(per_id(versions, [TOPIC], ack_grace_ms=options.ack_grace_ms), options)
