@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .job import dead_letter_rows, delivery_rows, judge, per_id, per_version
+from .job import dead_letter_rows, delivery_rows, judge, per_id, per_version, topics_with_the_buffer
 from .options import MAVEN_CENTRAL, ReconcileOptions
 from .records import PUT
 from .report import ANOMALY_FLAGS
@@ -584,16 +584,6 @@ class Follower:
         self.say(summary)
 
 
-def _buffer_partitions(settings: Settings) -> int:
-    from .job import _topics_on_broker
-
-    found = _topics_on_broker(settings, [settings.buffer_topic])
-    if settings.buffer_topic not in found:
-        raise ReconcileError(f"buffer topic {settings.buffer_topic!r} does not exist on {settings.bootstrap_servers}:"
-                             " run `delayq init`, or set DELAYQ_BUFFER_TOPIC / DELAYQ_CLUSTER to the cluster's")
-    return found[settings.buffer_topic]
-
-
 def follow(settings: Settings, options: FollowOptions, *, say: Callable[[BatchSummary], None] | None = None,
            stop: threading.Event | None = None) -> None:
     """Run the continuous reconciliation until ``stop`` is set (or SIGTERM/SIGINT in the main thread).
@@ -602,7 +592,7 @@ def follow(settings: Settings, options: FollowOptions, *, say: Callable[[BatchSu
         ReconcileError: Kafka does not answer, the buffer topic does not exist, Spark does not start,
             the findings topic cannot be created or read back, or the query fails.
     """
-    partitions = _buffer_partitions(settings)
+    partitions = topics_with_the_buffer(settings, [])[settings.buffer_topic]
     options.checkpoint.mkdir(parents=True, exist_ok=True)
     topic = options.findings_topic_of(settings)
     # One writer of findings per checkpoint: a second run on the same checkpoint fences the first.

@@ -794,6 +794,19 @@ def _topics_on_broker(settings: Settings, topics: list[str]) -> dict[str, int]:
             if t in metadata.topics and metadata.topics[t].error is None}
 
 
+def topics_with_the_buffer(settings: Settings, others: list[str]) -> dict[str, int]:
+    """The partition count of the buffer topic and of each of ``others`` that exists.
+
+    Raises:
+        ReconcileError: Kafka did not answer, or the buffer topic does not exist (the message says how to fix it).
+    """
+    found = _topics_on_broker(settings, [settings.buffer_topic, *others])
+    if settings.buffer_topic not in found:
+        raise ReconcileError(f"buffer topic {settings.buffer_topic!r} does not exist on {settings.bootstrap_servers}:"
+                             " run `delayq init`, or set DELAYQ_BUFFER_TOPIC / DELAYQ_CLUSTER to the cluster's")
+    return found
+
+
 def dead_letter_findings(letters: DataFrame, judged: DataFrame, options: ReconcileOptions) -> dict[str, Any]:
     """The dead letters that concern the window, counted by reason code, the first ``list_limit`` listed.
 
@@ -840,10 +853,7 @@ def reconcile_findings(settings: Settings, options: ReconcileOptions, *, spark: 
         clock = now
 
     say(f"checking topics on {settings.bootstrap_servers}")
-    found = _topics_on_broker(settings, [settings.buffer_topic, settings.dead_letter_topic])
-    if settings.buffer_topic not in found:
-        raise ReconcileError(f"buffer topic {settings.buffer_topic!r} does not exist on {settings.bootstrap_servers}:"
-                             " run `delayq init`, or set DELAYQ_BUFFER_TOPIC / DELAYQ_CLUSTER to the cluster's")
+    found = topics_with_the_buffer(settings, [settings.dead_letter_topic])
     say("starting Spark (the first run resolves the Kafka source from Maven)")
     spark = spark or spark_session(options.master, maven_repository=options.maven_repository,
                                    conf=options.spark_conf)
