@@ -27,8 +27,8 @@ RUN groupadd --system --gid 10001 delayq \
  && chown 10001:10001 /data
 COPY --from=wheel /tmp/dist/ /tmp/dist/
 COPY constraints.txt /tmp/constraints.txt
-# A node and the reconciliation (extras node and reconcile), at the versions CI passed with.
-RUN pip install -c /tmp/constraints.txt "$(ls /tmp/dist/delayq-*.whl)[node,reconcile]" \
+# A node, its console and the reconciliation (extras node, console and reconcile), at the versions CI passed with.
+RUN pip install -c /tmp/constraints.txt "$(ls /tmp/dist/delayq-*.whl)[node,console,reconcile]" \
  && rm -rf /tmp/dist /tmp/constraints.txt
 WORKDIR /home/delayq
 ENV DELAYQ_DATA_DIR=/data \

@@ -16,14 +16,15 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "zookeeper": ("kazoo",),
     "node": ("kazoo", "rocksdict", "prometheus_client"),
     "reconcile": ("pyspark", "pyarrow", "pandas", "matplotlib"),
-    "dev": ("kazoo", "rocksdict", "prometheus_client", "pyspark", "pyarrow", "pandas", "matplotlib", "redis"),
+    "console": ("kazoo", "rocksdict", "prometheus_client", "flask"),
+    "dev": ("kazoo", "rocksdict", "prometheus_client", "pyspark", "pyarrow", "pandas", "matplotlib", "flask", "redis"),
     "quix": ("quixstreams",),
 }
 
 # `delayq COMMAND` -> the extra it needs; the others (produce, cancel, get) run on the bare install.
 COMMAND_EXTRAS: dict[str, str] = {
     "node": "node", "init": "node", "status": "node", "upgrade": "node", "acls": "node",
-    "reconcile": "reconcile",
+    "reconcile": "reconcile", "console": "console",
     "dev": "dev", "demo": "dev", "bench": "dev", "soak": "dev",
 }
 
