@@ -237,6 +237,27 @@ class Settings(BaseSettings):
         description="the Spark master `delayq reconcile` runs its job on when --master is not given: local[*] "
                     "(inside the command), spark://host:7077 (a standalone cluster; `delayq dev env` prints the dev "
                     "stack's), yarn, k8s://...")
+    # The web console (delay_service/console): `delayq console`, and /console on a node's HTTP port.
+    console: bool = Field(
+        default=False,
+        description="serve the web console under /console on this node's HTTP port (its index of the buffer and "
+                    "the dead letters in data_dir/console); `delayq console` serves it without this")
+    console_actions: bool = Field(
+        default=False,
+        description="let the console cancel, reschedule and replay (after a login: console_user and "
+                    "console_password, or console_token); off, it only shows")
+    console_user: str | None = None
+    console_password: SecretStr | None = None
+    console_token: SecretStr | None = Field(
+        default=None, description="a login by token (form or `Authorization: Bearer`) instead of user and password")
+    console_secret_key: SecretStr | None = Field(
+        default=None,
+        description="signs the console's session cookie; unset, a random key per process (logins end with it, and "
+                    "replicas of the console do not share them)")
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(default=8090, ge=0, le=65535, description="where `delayq console` listens")
+    console_data_dir: Path | None = Field(
+        default=None, description="the console's index of the buffer and the dead letters; unset: data_dir/console")
 
     @field_validator("kafka", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # The distribution that brings each module delayq imports (pyproject.toml names distributions).
 DISTRIBUTIONS = {"kazoo": "kazoo", "rocksdict": "rocksdict", "prometheus_client": "prometheus-client",
                  "pyspark": "pyspark", "pyarrow": "pyarrow", "pandas": "pandas", "matplotlib": "matplotlib",
-                 "redis": "redis", "quixstreams": "quixstreams"}
+                 "redis": "redis", "quixstreams": "quixstreams", "flask": "flask"}
 
 
 def declared(extra: str, optional: dict[str, list[str]]) -> set[str]:
