@@ -1559,7 +1559,7 @@ def test_the_image_runs_a_node_as_the_chart_expects():
     base = text.split("AS base")[1].split("FROM")[0]
     assert "COPY --from=wheel /tmp/dist/ /tmp/dist/" in base
     # With what a node and the reconciliation need (extras), at the locked versions make install uses.
-    assert 'pip install -c /tmp/constraints.txt "$(ls /tmp/dist/delayq-*.whl)[node,reconcile]"' in base
+    assert 'pip install -c /tmp/constraints.txt "$(ls /tmp/dist/delayq-*.whl)[node,console,reconcile]"' in base
     assert "COPY constraints.txt /tmp/constraints.txt" in base and (ROOT / "constraints.txt").is_file()
     assert "/tmp/src" not in base
 
