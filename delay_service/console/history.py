@@ -199,7 +199,7 @@ class BufferReading:
             kind, replaces = NEXT_OCCURRENCE, record.follows
         else:
             replaces = None
-            text = self._replay_source(headers)
+            text = self._replay_source(headers) if headers else None
             if text is not None:
                 kind = REPLAY
                 replay_of = self._replayed_letter(text)
