@@ -1,12 +1,15 @@
 """The Kafka ACLs each role of a delayq cluster needs, and nothing wider (``delayq acls``).
 
-Three roles, each a Kafka principal:
+Four roles, each a Kafka principal:
 
 - a **node** reads the buffer, writes its own records back to it (done markers, restored
   copies, next occurrences), writes the dead-letter topic and the target topics in
   transactions, and commits the dead-letter ledger's mark in those transactions;
 - a **producer** writes puts, cancels and reschedules to the buffer;
-- the **reconciliation** reads the buffer, the dead-letter topic and the target topics.
+- the **reconciliation** reads the buffer, the dead-letter topic and the target topics;
+- the **console** (``delayq console``) indexes the buffer and the dead-letter topic, reads a
+  delivery back from its target topic, and writes cancels, reschedules and replays to the
+  buffer; it never writes the dead-letter topic or a target topic itself.
 
 Prefixed resources are used only where a role owns a family of names: the shard masters'
 transactional ids (``delayq-<cluster>-master``, ``-1``, ``-2``, ...) and the reconciliation's
@@ -15,7 +18,8 @@ consumer groups (Spark's ``groupIdPrefix``). Target topics come from glob patter
 wildcard; any other glob has no ACL form and is refused.
 
 Idempotent producers need no cluster ``IdempotentWrite`` ACL on brokers from 2.8 on (WRITE
-on a topic allows it, KIP-679), so none is granted.
+on a topic allows it, KIP-679), so none is granted. Nor is ``DESCRIBE`` on a topic: Kafka
+implies it from ``READ`` and ``WRITE`` (metadata, end offsets, offsets by time).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from delayq.settings import Settings
 
 # What Kafka's principal builder produces for SASL users, and what an operator writes in kafka-acls.
 PRINCIPAL = re.compile(r"[A-Za-z]+:[^\s:][^\s]*")
-ROLES = ("node", "producer", "reconcile")
+ROLES = ("node", "producer", "reconcile", "console")
 
 
 @dataclass(frozen=True)
@@ -78,19 +82,20 @@ def check_principal(principal: str, role: str) -> str:
 
 
 def required_acls(settings: Settings, *, node: str | None = None, producer: str | None = None,
-                  reconcile: str | None = None, targets: list[str] | None = None) -> list[AclLine]:
+                  reconcile: str | None = None, console: str | None = None,
+                  targets: list[str] | None = None) -> list[AclLine]:
     """The ACLs of each given role's principal for the cluster ``settings`` name.
 
     ``targets`` (default: the cluster's ``target_topics``) are the topic patterns the node
-    delivers to and the reconciliation reads.
+    delivers to and the reconciliation and the console read.
 
     Raises:
         ConfigurationError: no role given, a principal that is not ``Type:name``, or a
             target pattern with no ACL form.
     """
-    if node is None and producer is None and reconcile is None:
-        raise ConfigurationError("name at least one role's principal: --node User:N, --producer User:P or "
-                                 "--reconcile User:R")
+    if node is None and producer is None and reconcile is None and console is None:
+        raise ConfigurationError("name at least one role's principal: --node User:N, --producer User:P, "
+                                 "--reconcile User:R or --console User:C")
     buffer, dead = settings.buffer_topic, settings.dead_letter_topic
     topics = target_resources(targets if targets is not None else settings.target_topics)
     lines: list[AclLine] = []
@@ -133,7 +138,33 @@ def required_acls(settings: Settings, *, node: str | None = None, producer: str 
         ]
         lines += [AclLine("reconcile", p, "READ", "TOPIC", name, pattern, "the deliveries, to prove them")
                   for name, pattern in topics]
+    if console is not None:
+        lines += console_acls(settings, check_principal(console, "console"), topics)
     return lines
+
+
+def console_acls(settings: Settings, principal: str, topics: list[tuple[str, str]]) -> list[AclLine]:
+    """The console's: read the buffer and the dead letters, write the buffer, read the deliveries back.
+
+    Its readers are assigned partitions and never join or commit, so the one group they name
+    needs DESCRIBE only (librdkafka looks it up), the node's ingest readers' case.
+    """
+    # The index module loads RocksDB: only `delayq acls --console` pays for that import.
+    from .console.index import consumer_group
+
+    return [
+        AclLine("console", principal, "READ", "TOPIC", settings.buffer_topic, "LITERAL",
+                "its index of every id's history and the live series; a reschedule reads its put back"),
+        AclLine("console", principal, "WRITE", "TOPIC", settings.buffer_topic, "LITERAL",
+                "cancel, reschedule and replay (console actions), through delayq.Producer"),
+        AclLine("console", principal, "READ", "TOPIC", settings.dead_letter_topic, "LITERAL",
+                "its index of the dead letters; a replay reads its dead letter back"),
+        AclLine("console", principal, "DESCRIBE", "GROUP", consumer_group(settings), "LITERAL",
+                "its readers name a group (librdkafka insists); they are assigned partitions, never commit"),
+        *(AclLine("console", principal, "READ", "TOPIC", name, pattern,
+                  "a message's history shows its delivery's place, read back around its done")
+          for name, pattern in topics),
+    ]
 
 
 def apply_acls(settings: Settings, lines: list[AclLine], timeout_s: float = 30.0) -> int:

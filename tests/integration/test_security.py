@@ -2,7 +2,7 @@
 
 One secured dev stack serves the module, set up only with delayq's own commands, as a
 person would: ``delayq dev up --secure``, ``delayq dev user`` for a node, a producer, the
-reconciliation and a stranger, ``delayq init`` and ``delayq acls --apply`` as the admin.
+reconciliation, the console and a stranger, ``delayq init`` and ``delayq acls --apply`` as the admin.
 Every command and node of the module writes its output into the module's folder, which
 the last test searches for the passwords.
 """
@@ -85,7 +85,7 @@ class Secured:
 
     def passwords(self) -> list[str]:
         """The stack's: each principal's SCRAM password and ZooKeeper's digest password."""
-        principals = [self.env[role] for role in ("admin", "node", "producer", "reconcile", "stranger")]
+        principals = [self.env[role] for role in ("admin", "node", "producer", "reconcile", "console", "stranger")]
         found = {env["DELAYQ_KAFKA__SASL_PASSWORD"] for env in principals}
         found |= {env["DELAYQ_ZK_AUTH"].partition(":")[2] for env in principals if "DELAYQ_ZK_AUTH" in env}
         return sorted(found)
@@ -112,14 +112,16 @@ def secured(tmp_path_factory) -> Secured:
     stack = DevStack(root / "stack")
     env = {"admin": exports(run_delayq("dev", "env", "--secure", "--state-dir", state).stdout)}
     for role, name, extra in (("node", "dq-node", ["--zk"]), ("producer", "orders-app", []),
-                              ("reconcile", "dq-reconcile", []), ("stranger", "stranger", [])):
+                              ("reconcile", "dq-reconcile", []), ("console", "dq-console", []),
+                              ("stranger", "stranger", [])):
         made = run_delayq("dev", "user", name, "--state-dir", state, *extra)
         assert made.returncode == 0, made.stderr
         env[role] = exports(made.stdout)
     secured = Secured(stack, root, env, outputs=[up.stdout, up.stderr])
     assert secured.run("admin", "init").returncode == 0
     acls = secured.run("admin", "acls", "--node", "User:dq-node", "--producer", "User:orders-app",
-                       "--reconcile", "User:dq-reconcile", "--targets", GRANTED, "--apply")
+                       "--reconcile", "User:dq-reconcile", "--console", "User:dq-console", "--targets", GRANTED,
+                       "--apply")
     assert acls.returncode == 0, acls.stderr
     admin = AdminClient(secured.conf("admin"))
     for future in admin.create_topics([NewTopic(t, 3, 1) for t in ("orders", "payments", "audit")]).values():
@@ -356,10 +358,51 @@ def test_a_thousand_delayed_messages_with_cancels_deliver_exactly_once_through_a
     assert totals["early"] == 0 and totals["unexpected"] == 0 and totals["cancel_ignored"] == 0
 
 
+def test_the_consoles_principal_indexes_reads_back_and_cancels_and_writes_nothing_but_the_buffer(secured, tmp_path):
+    """`delayq acls --console` is all the console needs (index, dead letter and delivery read back, a cancel), no more."""
+    from delayq.delay_service.console.index import ConsoleIndex
+
+    producer = secured.producer()
+    dead = producer.produce("payments", b"dead on arrival", delay=0.2)
+    delivered = producer.produce("orders", b"delivered", delay=0.2)
+    pending = producer.produce("orders", b"cancelled from the console", delay=600)
+    producer.flush(20)
+    assert dead_letter_reason(secured, dead, timeout_s=30).startswith("forbidden-topic: ")
+    assert wait_until(lambda: delivered in delivered_ids(secured, "orders", idle_s=0.5), 30)
+
+    index = ConsoleIndex(secured.settings("console"), tmp_path / "index")
+    index.start()
+    try:
+        assert index.wait_caught_up(30)
+        letters = [letter for letter in index.dead_letters(limit=50, code="forbidden-topic").items
+                   if letter.id == dead]
+        assert len(letters) == 1
+        record = index.dead_letter_record(letters[0].coordinates)
+        assert record is not None and record.key == dead.encode()
+        done = [event for event in index.history(delivered) if event.kind == "done"]
+        assert done and done[0].version is not None
+        delivery = index.find_delivery("orders", delivered, done[0].version, done[0].ts_ms)
+        assert delivery is not None and delivery.topic == "orders"
+
+        console = Producer({**secured.conf("console"), "delayq.cluster": CLUSTER})
+        console.cancel(pending)
+        assert console.flush(20) == 0
+        assert wait_until(lambda: "cancel" in {event.kind for event in index.history(pending)}, 20)
+    finally:
+        index.stop()
+
+    raw = KafkaProducer({**secured.conf("console"), "log_level": 0})
+    reports: list = []
+    for topic in (secured.settings("console").dead_letter_topic, "orders"):
+        raw.produce(topic, b"x", key=b"k", on_delivery=lambda error, _message: reports.append(error))
+    raw.flush(20)
+    assert [error.name() for error in reports] == ["TOPIC_AUTHORIZATION_FAILED"] * 2
+
+
 def test_no_password_appears_in_any_output_log_or_report(secured):
     """Last in the module: everything it ran has written its logs, outputs and reports by now."""
     passwords = secured.passwords()
-    assert len(passwords) == 6  # five SCRAM users and ZooKeeper's
+    assert len(passwords) == 7  # six SCRAM users and ZooKeeper's
     texts = {f"output {i}": text for i, text in enumerate(secured.outputs)}
     files = [path for path in secured.root.rglob("*") if path.is_file()
              and path.suffix in (".log", ".html", ".json", ".txt", ".csv", "")
