@@ -15,7 +15,9 @@ import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import IO, cast
 from wsgiref.handlers import SimpleHandler
+from wsgiref.headers import Headers
 from wsgiref.types import WSGIApplication
 
 log = logging.getLogger("delayq.console")
@@ -33,9 +35,13 @@ class _Handler(SimpleHandler):
     # wsgiref copies the process's environment into every request's environ by default: not the console's
     # secrets (DELAYQ_CONSOLE_PASSWORD, ...).
     os_environ: dict[str, str] = {}  # noqa: RUF012 - wsgiref's class attribute, never changed
+    # Set by wsgiref as it runs the request (typeshed does not list them).
+    headers: Headers
+    environ: dict[str, str]
 
     def __init__(self, request: BaseHTTPRequestHandler, body: io.BytesIO, environ: dict[str, str]):
-        super().__init__(body, request.wfile, sys.stderr, environ, multithread=True, multiprocess=False)
+        super().__init__(body, cast(IO[bytes], request.wfile), sys.stderr, environ, multithread=True,
+                         multiprocess=False)
         self.request = request
 
     def cleanup_headers(self) -> None:
@@ -82,7 +88,8 @@ def serve(handler: BaseHTTPRequestHandler, app: WSGIApplication) -> None:
 def _environ(handler: BaseHTTPRequestHandler, length: int) -> dict[str, str]:
     """The CGI part of a WSGI environ for ``handler``'s request (wsgiref adds the wsgi.* keys)."""
     target = urllib.parse.urlsplit(handler.path)
-    host, port = handler.server.server_address[:2]
+    address = handler.server.server_address
+    host, port = (address[0], address[1]) if isinstance(address, tuple) else (address, "")
     environ = {
         "REQUEST_METHOD": handler.command,
         "SCRIPT_NAME": "",
