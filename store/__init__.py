@@ -3,6 +3,7 @@
 Public surface::
 
     from delayq.store import TimeIndex, StoreOptions, Put, Remove, Malformed, MalformedEntry, StoredEntry, ApplyResult
+    from delayq.store import PendingByDue, Upcoming  # TimeIndex.pending_by_due's buckets, TimeIndex.upcoming's page
     from delayq.store import StoreError, StoreFormatError
     from delayq.store import OLDEST_FORMAT, NEWEST_FORMAT  # the store formats this code opens (4 migrates to 5)
     from delayq.store import producer_write  # a producer's put or cancel, to apply a copy of it once
@@ -23,6 +24,7 @@ from .ops import (
     remove_frame,
 )
 from .options import StoreOptions
+from .pending_by_due import MAX_DAYS, PendingByDue
 from .time_index import (
     NEWEST_FORMAT,
     OLDEST_FORMAT,
@@ -32,14 +34,17 @@ from .time_index import (
     StoreError,
     StoreFormatError,
     TimeIndex,
+    Upcoming,
 )
 
 __all__ = [
+    "MAX_DAYS",
     "NEWEST_FORMAT",
     "OLDEST_FORMAT",
     "ApplyResult",
     "Malformed",
     "MalformedEntry",
+    "PendingByDue",
     "Put",
     "Remove",
     "StoreError",
@@ -48,6 +53,7 @@ __all__ = [
     "StoreOptions",
     "StoredEntry",
     "TimeIndex",
+    "Upcoming",
     "decode",
     "malformed_frame",
     "pack_producer_write",

@@ -39,7 +39,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Container, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Generator, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +64,7 @@ from .ops import (
     check_ms,
 )
 from .options import COLUMN_FAMILIES, IDS_CF, META_CF, OFFSETS_CF, TIME_CF, WRITTEN_CF, StoreOptions
+from .pending_by_due import DueCounts, PendingByDue, check_days, summarize
 
 # Store formats, in sys/format as b"delayq-time-index-<n>":
 # 3: malformed records are kept (sys/malformed/) and ingest enforces the wire contract's partition,
@@ -134,6 +135,14 @@ class StoredEntry(NamedTuple):
     version: int = 0
 
 
+class Upcoming(NamedTuple):
+    """A page of :meth:`TimeIndex.upcoming`: the entries, where the next page starts (None: no more), entries read."""
+
+    entries: list[StoredEntry]
+    next: tuple[int, str] | None
+    scanned: int
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one :meth:`TimeIndex.apply` did, op by op.
@@ -185,6 +194,8 @@ class _Plan(NamedTuple):
     pending: int  # the pending count after it
     lowest_put: bytes | None  # the lowest time key it writes, if any
     moved_away: list[str]  # the ids whose time key it deletes (removed or rescheduled)
+    arrived: list[int]  # the due times of the time keys it adds (a new id, or one rescheduled)
+    left: list[int]  # the due times of the time keys it deletes
     shadow: dict[str, bytes]  # id -> its shadow mark after it (or _UNMARKED)
 
 
@@ -199,6 +210,14 @@ class _ProducerWrites:
 
 def _malformed_key(partition: int, offset: int) -> bytes:
     return _META_MALFORMED + PLACE.pack(partition, offset)
+
+
+def _check_positive(value: object, argument: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{argument} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{argument} must be at least 1, got {value}")
+    return value
 
 
 def _holds_all(skip: Container[str], ids: Iterable[str]) -> bool:
@@ -228,7 +247,8 @@ class _Family(Protocol):
 
     def put(self, key: bytes, value: bytes, write_opt: rocksdict.WriteOptions | None = None) -> None: ...
 
-    def keys(self, *, from_key: bytes | None = None) -> Iterator[bytes]: ...
+    def keys(self, *, from_key: bytes | None = None,
+             read_opt: rocksdict.ReadOptions | None = None) -> Iterator[bytes]: ...
 
     def items(self, *, from_key: bytes | None = None,
               read_opt: rocksdict.ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]: ...
@@ -313,6 +333,8 @@ class TimeIndex:
         except BaseException:
             self._db.close()
             raise
+        # Pending entries per minute of due time, counted once asked (pending_by_due), then kept by apply().
+        self._due = DueCounts(self._view_lock, empty=self._pending == 0)
 
     # -- opening -------------------------------------------------------------
 
@@ -573,6 +595,7 @@ class TimeIndex:
                     raise StoreError(f"writing a batch of {len(ops)} ops to {self.path} failed, nothing was "
                                      f"applied: {err}") from err
                 self._pending = pending
+                self._due.changed(plan.arrived, plan.left)
                 self._offsets = merged
                 self._newest = writes.newest
                 self._writes_pruned_to = pruned_to
@@ -725,6 +748,8 @@ class TimeIndex:
         pending = self._pending
         lowest_put: bytes | None = None
         moved_away: list[str] = []
+        arrived: list[int] = []
+        left: list[int] = []
         for delay_id, id_key in zip(touched, id_keys):
             mark = shadow.get(delay_id)
             if mark is _UNMARKED:
@@ -738,6 +763,7 @@ class TimeIndex:
                     batch.delete(_time_key(old[0], id_key), time_cf)
                     batch.delete(id_key, ids_cf)
                     moved_away.append(delay_id)
+                    left.append(old[0])
                     pending -= 1
                 continue
             new_at, new_version, payload = new
@@ -745,9 +771,12 @@ class TimeIndex:
                 continue
             if old is None:
                 pending += 1
+                arrived.append(new_at)
             elif old[0] != new_at:
                 batch.delete(_time_key(old[0], id_key), time_cf)
                 moved_away.append(delay_id)
+                left.append(old[0])
+                arrived.append(new_at)
             key = _time_key(new_at, id_key)
             batch.put(key, payload, time_cf)
             if old != (new_at, new_version):
@@ -755,7 +784,7 @@ class TimeIndex:
             if lowest_put is None or key < lowest_put:
                 lowest_put = key
         result = ApplyResult(added, moved, removed, unchanged, kept, len(copies))
-        return _Plan(batch, result, pending, lowest_put, moved_away, shadow)
+        return _Plan(batch, result, pending, lowest_put, moved_away, arrived, left, shadow)
 
     def _producer_writes(self, ops: list[StoreOp]) -> _ProducerWrites:
         """Which of ``ops`` are copies of a producer write applied before, and what to record of the others.
@@ -955,6 +984,121 @@ class TimeIndex:
         else:
             self._skipped_end = None
 
+    def pending_by_due(self, now_ms: int, days: int) -> PendingByDue | None:
+        """The pending entries by due time around ``now_ms``: the last minutes, the next hour, ``days`` days, later.
+
+        From counts kept in memory (store/pending_by_due.py): a call costs a pass over the
+        minutes that have entries, never a read of the store. The first call starts counting
+        the store in a thread (:meth:`count_pending_by_due` starts it before) and answers
+        None until that has ended; :attr:`pending_counted` tells how far it is.
+
+        Raises:
+            TypeError, ValueError: ``now_ms`` is not a time in [0, 2**63) or ``days`` not in [1, 31].
+            StoreError: the store is closed, or the count failed (the next call counts again).
+        """
+        check_ms(now_ms, "now_ms")
+        check_days(days)
+        with self._view_lock:
+            self._check_open()
+            tally = self._due.tally()
+            if tally is None:
+                self._count_due()
+                return None
+        counts, emptied = tally.net()  # outside the lock: a pass over every minute with entries
+        if emptied:
+            with self._view_lock:
+                self._due.forget(emptied)
+        return summarize(counts, now_ms, days)
+
+    def count_pending_by_due(self) -> None:
+        """Start counting the pending entries by due time now, in a thread, if not counted or counting yet.
+
+        Raises:
+            StoreError: the store is closed, or the last count failed (this call counts again).
+        """
+        with self._view_lock:
+            self._check_open()
+            if not self._due.known:
+                self._count_due()
+
+    @property
+    def pending_counted(self) -> int:
+        """How many entries the running count of :meth:`pending_by_due` has counted so far."""
+        return self._due.counted
+
+    def _count_due(self) -> None:
+        """Start the count's pass over a snapshot of the time keys (under _view_lock: no batch lands meanwhile)."""
+        if self._due.counting:
+            return
+        failure = self._due.take_failure()
+        read_opts = rocksdict.ReadOptions()
+        # One pass over everything would push the hot blocks out of the cache. (rocksdict's stub forgets the argument.)
+        read_opts.fill_cache(False)  # type: ignore[call-arg]
+        try:
+            # Every key below _scan_from is deleted: the pass starts past the tombstones at the front.
+            keys = self._time.keys(from_key=self._scan_from, read_opt=read_opts)
+        except Exception as err:
+            raise StoreError(f"reading the time index of {self.path} failed: {err}") from err
+        self._due.start(keys, f"count-due-{self.path.name}")
+        if failure is not None:
+            raise StoreError(f"counting the pending entries of {self.path} by due time failed ({failure}); "
+                             "counting again")
+
+    def upcoming(self, after: tuple[int, str] | None, limit: int, *, keep: Callable[[bytes], bool] | None = None,
+                 scan_limit: int | None = None) -> Upcoming:
+        """The entries after ``after`` in due order (time, then id), ``limit`` at most: a page of what falls due next.
+
+        A page goes on where the last one ended (its ``next``), never counting or reading the
+        store from its front again. ``keep`` picks entries by their stored value (the caller
+        decodes it: a node filters by topic); ``scan_limit`` bounds how many entries one
+        call looks at, so a filter that matches little answers with what it found and where
+        to go on, instead of reading the whole store.
+
+        Args:
+            after: ``(deliver_at_ms, delay_id)`` of the entry before the page (excluded); None: from the first.
+            limit: At most this many entries, at least 1.
+            keep: Whether an entry's stored value belongs on the page; None: every entry.
+            scan_limit: At most this many entries looked at (kept or not); None: no bound.
+
+        Returns:
+            The entries (version 0: the time index does not hold it, the stored value does), the
+            ``(deliver_at_ms, delay_id)`` to go on from (None once past the last entry), and how
+            many entries were looked at.
+
+        Raises:
+            TypeError, ValueError: an argument has the wrong type or is out of range.
+            StoreError: the store is closed or RocksDB failed to read.
+        """
+        seek = None
+        if after is not None:
+            if not isinstance(after, tuple) or len(after) != 2:
+                raise TypeError(f"after must be a (deliver_at_ms, delay_id) tuple or None, not {after!r:.80}")
+            # The smallest key above the one named: that key with a 0 byte after it.
+            seek = _time_key(check_ms(after[0], "after[0]"), check_id(after[1], "after[1]").encode("ascii")) + b"\0"
+        _check_positive(limit, "limit")
+        if scan_limit is not None:
+            _check_positive(scan_limit, "scan_limit")
+        with self._view_lock:
+            self._check_open()
+            if seek is None or seek < self._scan_from:
+                seek = self._scan_from
+            try:
+                items = self._time.items(from_key=seek)
+            except Exception as err:
+                raise StoreError(f"reading the time index of {self.path} failed: {err}") from err
+        entries: list[StoredEntry] = []
+        scanned = 0
+        last = b""
+        for key, payload in items:
+            if len(entries) == limit or scanned == scan_limit:
+                # There is more: the next page starts after the last entry looked at.
+                return Upcoming(entries, (_key_time(last)[0], last[8:].decode("ascii")), scanned)
+            scanned += 1
+            last = key
+            if keep is None or keep(payload):
+                entries.append(StoredEntry(key[8:].decode("ascii"), _key_time(key)[0], payload))
+        return Upcoming(entries, None, scanned)
+
     def get(self, delay_id: str) -> StoredEntry | None:
         """The stored entry of ``delay_id``, or None if it is not pending.
 
@@ -1134,6 +1278,7 @@ class TimeIndex:
 
     def close(self) -> None:
         """Release the directory lock; RocksDB flushes the memtables first (batches skip the WAL). Idempotent."""
+        self._due.stop()  # before the locks: a count that ends takes the view lock
         with self._write_lock, self._view_lock:
             if self._closed:
                 return
