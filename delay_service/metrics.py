@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -12,6 +14,11 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+# What a shard's master delivered lately (RecentDeliveries, the console's "now"): the window, and how many
+# lateness values it keeps at most over the window (a systematic sample above that, each value standing for
+# as many deliveries as the sampling stride).
+RECENT_WINDOW_MS = 60_000
+RECENT_MAX_SAMPLES = 50_000
 
 
 class BatchHistogram(Collector):
@@ -56,6 +63,105 @@ class BatchHistogram(Collector):
 
 
 @dataclass(frozen=True)
+class Recent:
+    """What :class:`RecentDeliveries` saw in its window: deliveries, and lateness percentiles (None: none)."""
+
+    window_s: float
+    delivered: int
+    lateness_p50_s: float | None
+    lateness_p99_s: float | None
+
+
+class RecentDeliveries:
+    """A shard master's commits of the last minute: delivered counts exactly, lateness as a bounded sample.
+
+    :meth:`add` keeps the list of lateness values the commit made for the Prometheus histogram
+    (no copy, no work per value), or every ``stride``-th of them once the window holds more than
+    ``max_samples`` values: then the values kept are halved in place and the stride doubled, so
+    memory stays bounded at any delivery rate and a value costs O(1) amortized. The stride
+    comes down again as the rate does. Percentiles weigh each value by the stride it was kept at.
+    """
+
+    def __init__(self, window_ms: int = RECENT_WINDOW_MS, max_samples: int = RECENT_MAX_SAMPLES):
+        self.window_ms = window_ms
+        self.max_samples = max_samples
+        # (commit time ms, delivered, stride, the lateness values kept), oldest first.
+        self._commits: deque[tuple[int, int, int, list[float]]] = deque()
+        self._kept = 0
+        self._stride = 1
+        self._phase = 0  # where the next commit's sample starts, so that commits smaller than the stride are fair
+        self._lock = threading.Lock()
+
+    def add(self, committed_at_ms: int, lateness_s: list[float]) -> None:
+        """A commit at ``committed_at_ms`` delivered messages this late (seconds each); the list is kept, not copied."""
+        if not lateness_s:
+            return
+        with self._lock:
+            self._trim(committed_at_ms)
+            stride = self._stride
+            if stride == 1:
+                sample = lateness_s
+            else:
+                sample = lateness_s[self._phase::stride]
+                self._phase = (self._phase - len(lateness_s)) % stride
+            self._commits.append((committed_at_ms, len(lateness_s), stride, sample))
+            self._kept += len(sample)
+            if self._kept > self.max_samples:
+                self._thin()
+
+    def _thin(self) -> None:
+        """Keep every other value of the window (counted across commits), and from now on half as many."""
+        kept = parity = 0
+        for index, (at, delivered, stride, sample) in enumerate(self._commits):
+            thinned = sample[parity::2]
+            parity = (parity + len(sample)) % 2
+            self._commits[index] = (at, delivered, stride * 2, thinned)
+            kept += len(thinned)
+        self._kept = kept
+        # After an odd count the next value the old stride would keep is dropped: the one after it is kept.
+        self._phase += parity * self._stride
+        self._stride *= 2
+
+    def _trim(self, now_ms: int) -> None:
+        commits = self._commits
+        while commits and commits[0][0] <= now_ms - self.window_ms:
+            self._kept -= len(commits.popleft()[3])
+        if self._stride > 1 and self._kept < self.max_samples // 4:
+            self._stride //= 2
+            self._phase %= self._stride
+
+    def recent(self, now_ms: int) -> Recent:
+        """What was delivered in the window up to ``now_ms``."""
+        with self._lock:
+            self._trim(now_ms)
+            commits = list(self._commits)
+        delivered = sum(commit[1] for commit in commits)
+        p50, p99 = _weighted_percentiles([(stride, sample) for _, _, stride, sample in commits], (0.5, 0.99))
+        return Recent(self.window_ms / 1000, delivered, p50, p99)
+
+
+def _weighted_percentiles(samples: list[tuple[int, list[float]]], quantiles: tuple[float, ...]) -> list[float | None]:
+    """Nearest-rank ``quantiles`` of the values, each weighing its sample's stride (the deliveries it stands for)."""
+    strides = {stride for stride, values in samples if values}
+    if not strides:
+        return [None] * len(quantiles)
+    if len(strides) == 1:  # all of one weight (the common case): a plain sort
+        ordered = sorted(value for _, values in samples for value in values)
+        return [ordered[max(0, math.ceil(q * len(ordered)) - 1)] for q in quantiles]
+    weighted = sorted((value, stride) for stride, values in samples for value in values)
+    total = sum(stride for _, stride in weighted)
+    found: list[float | None] = []
+    for q in quantiles:
+        below = 0
+        for value, stride in weighted:
+            below += stride
+            if below >= q * total:
+                found.append(value)
+                break
+    return found
+
+
+@dataclass(frozen=True)
 class ShardMetrics:
     """The series of one shard (label ``shard``): what its feed and its master update."""
 
@@ -75,6 +181,7 @@ class ShardMetrics:
     rebuilds: _Labelled  # still wants .labels(reason)
     migrations: Counter
     store_format: Gauge
+    recent: RecentDeliveries  # not a series: the last minute's deliveries, which the console asks for
 
 
 class NodeMetrics:
@@ -122,6 +229,7 @@ class NodeMetrics:
                                       "what follows there waits until the node is upgraded", registry=r)
         self.shards_held = Gauge("delayq_shards_held", "shards this node holds (ingests into a store of their own)",
                                  registry=r)
+        self._recent: dict[int, RecentDeliveries] = {}
 
     def shard(self, shard: int) -> ShardMetrics:
         """The series of ``shard`` (created at 0 on first use)."""
@@ -131,11 +239,13 @@ class NodeMetrics:
             self.malformed_waiting.labels(label), self.pending.labels(label), self.buffer_lag.labels(label),
             self.lateness, self.is_master.labels(label), self.epoch.labels(label), self.elections.labels(label),
             self.held_partitions.labels(label), self.partition_marks.labels(label), self.write_copies.labels(label),
-            _Labelled(self.rebuilds, label), self.migrations.labels(label), self.store_format.labels(label))
+            _Labelled(self.rebuilds, label), self.migrations.labels(label), self.store_format.labels(label),
+            self._recent.setdefault(shard, RecentDeliveries()))
 
     def forget_shard(self, shard: int) -> None:
         """Drop the series of a shard this node no longer holds (its counters start again at 0 if it comes back)."""
         label = str(shard)
+        self._recent.pop(shard, None)
         for metric in (self.delivered, self.malformed_waiting, self.pending, self.buffer_lag, self.is_master,
                        self.epoch, self.elections, self.held_partitions, self.partition_marks, self.write_copies,
                        self.store_format):

@@ -31,10 +31,11 @@ class Progress:
         self._cursor_written: CursorRecord | None = None
 
     def committed(self, epoch: int, outgoing: list[Outgoing], dead: list[Undeliverable]) -> None:
-        """Count a committed transaction: delivered, dead-lettered, lateness (commit time vs due)."""
+        """Count a committed transaction: delivered, dead-lettered, lateness (commit time vs due), the last minute's."""
         committed_at = now_ms()
-        self.metrics.lateness.observe_many([max(0, committed_at - item.entry.deliver_at_ms) / 1000
-                                            for item in outgoing])
+        lateness_s = [max(0, committed_at - item.entry.deliver_at_ms) / 1000 for item in outgoing]
+        self.metrics.lateness.observe_many(lateness_s)
+        self.metrics.recent.add(committed_at, lateness_s)
         self.metrics.delivered.inc(len(outgoing))
         for undeliverable in dead:
             self.metrics.dead_lettered.labels(undeliverable.code.value).inc()
