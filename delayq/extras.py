@@ -24,7 +24,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
 # `delayq COMMAND` -> the extra it needs; the others (produce, cancel, get) run on the bare install.
 COMMAND_EXTRAS: dict[str, str] = {
     "node": "node", "init": "node", "status": "node", "upgrade": "node", "acls": "node",
-    "reconcile": "reconcile",
+    "reconcile": "reconcile", "console": "console",
     "dev": "dev", "demo": "dev", "bench": "dev", "soak": "dev",
 }
 
