@@ -154,6 +154,27 @@ app.kubernetes.io/part-of: delayq
 {{- if and (or $reports.credentialsSecret $reports.endpoint) (not $reports.url) -}}
 {{- fail "reconcile.reports.credentialsSecret and reconcile.reports.endpoint are for an object store: name it with --set reconcile.reports.url=s3://BUCKET/PREFIX" -}}
 {{- end -}}
+{{- $console := .Values.console -}}
+{{- if and $console.actions.enabled (not $console.auth.existingSecret) -}}
+{{- fail "console.actions.enabled=true lets whoever reaches the console cancel, reschedule and replay: it needs a login, --set console.auth.existingSecret=NAME (a Secret with the keys user, password and secret-key; see values.yaml)" -}}
+{{- end -}}
+{{- if ne (empty $console.auth.userKey) (empty $console.auth.passwordKey) -}}
+{{- fail "console.auth.userKey and console.auth.passwordKey go together (a login is both): set both, or both to \"\" and use --set console.auth.tokenKey=token" -}}
+{{- end -}}
+{{- if and $console.actions.enabled (empty $console.auth.userKey) (empty $console.auth.tokenKey) -}}
+{{- fail "console.actions.enabled=true needs a way to log in: --set console.auth.userKey=user,console.auth.passwordKey=password or --set console.auth.tokenKey=token (keys of console.auth.existingSecret)" -}}
+{{- end -}}
+{{- $consoleSasl := $console.deployment.kafka.sasl -}}
+{{- if and $consoleSasl.username (not (include "delayq.kafkaSasl" .)) -}}
+{{- fail (printf "console.deployment.kafka.sasl.username is set but kafka.securityProtocol=%s does not use SASL: --set kafka.securityProtocol=SASL_SSL (or SASL_PLAINTEXT), or --set console.deployment.kafka.sasl.username=" .Values.kafka.securityProtocol) -}}
+{{- end -}}
+{{- if and (include "delayq.consoleOwnPrincipal" .) (not .Values.auth.existingSecret) (not $consoleSasl.password) -}}
+{{- fail (printf "console.deployment.kafka.sasl.password is required with console.deployment.kafka.sasl.username=%s: --set console.deployment.kafka.sasl.password=PASSWORD, or put it under the key %s of --set auth.existingSecret=NAME" $consoleSasl.username .Values.auth.consoleKafkaSaslPasswordKey) -}}
+{{- end -}}
+{{- $ingress := $console.deployment.ingress -}}
+{{- if and $ingress.enabled $ingress.tlsSecret (not $ingress.host) -}}
+{{- fail "console.deployment.ingress.tlsSecret needs the host its certificate is for: --set console.deployment.ingress.host=delayq.example.com" -}}
+{{- end -}}
 {{- $replicas := int64 .Values.config.replicas -}}
 {{- if and (gt $replicas 0) (gt $replicas (int64 .Values.replicaCount)) -}}
 {{- fail (printf "config.replicas=%d is more than replicaCount=%d: a shard cannot be held by more nodes than there are; --set config.replicas=%d (or 0: every node holds every shard), or --set replicaCount=%d" $replicas (int64 .Values.replicaCount) (int64 .Values.replicaCount) $replicas) -}}
@@ -192,6 +213,12 @@ DELAYQ_DISPATCH_LIMITS: {{ toJson . | quote }}
 {{- end }}
 {{- with .Values.config.targetTopics }}
 DELAYQ_TARGET_TOPICS: {{ join "," . | quote }}
+{{- end }}
+{{- if .Values.console.enabled }}
+DELAYQ_CONSOLE: "true"
+{{- end }}
+{{- if .Values.console.actions.enabled }}
+DELAYQ_CONSOLE_ACTIONS: "true"
 {{- end }}
 DELAYQ_DATA_DIR: {{ .Values.persistence.mountPath | quote }}
 DELAYQ_HTTP_HOST: "0.0.0.0"
@@ -251,7 +278,7 @@ DELAYQ_KAFKA__SSL_KEY_LOCATION: {{ printf "/etc/delayq/kafka-tls/%s" .Values.kaf
 {{- end }}
 {{- end -}}
 
-{{/* Credentials of a delayq container, from the Secret named "secretName". Call with (dict "root" $ "secretName" NAME). */}}
+{{/* Credentials of a delayq container, from the Secret named "secretName": the SASL password under "passwordKey" (default auth.kafkaSaslPasswordKey), ZooKeeper's unless "zookeeper" is false. Call with (dict "root" $ "secretName" NAME). */}}
 {{- define "delayq.secretEnv" -}}
 {{- $root := .root -}}
 {{- if include "delayq.kafkaSasl" $root }}
@@ -259,9 +286,9 @@ DELAYQ_KAFKA__SSL_KEY_LOCATION: {{ printf "/etc/delayq/kafka-tls/%s" .Values.kaf
   valueFrom:
     secretKeyRef:
       name: {{ .secretName }}
-      key: {{ $root.Values.auth.kafkaSaslPasswordKey }}
+      key: {{ default $root.Values.auth.kafkaSaslPasswordKey .passwordKey }}
 {{- end }}
-{{- if $root.Values.zookeeper.auth.enabled }}
+{{- if and $root.Values.zookeeper.auth.enabled (ternary .zookeeper true (hasKey . "zookeeper")) }}
 - name: DELAYQ_ZK_AUTH
   valueFrom:
     secretKeyRef:
@@ -376,6 +403,44 @@ app.kubernetes.io/component: reconcile-follow
 {{- default (printf "delayq-%s-reconcile-findings" (include "delayq.cluster" .)) .Values.reconcile.follow.findingsTopic -}}
 {{- end -}}
 
+{{/* Name of the console's Deployment, Service, Ingress and index claim. */}}
+{{- define "delayq.consoleName" -}}
+{{- printf "%s-console" (include "delayq.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select the console's pod. */}}
+{{- define "delayq.consoleSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "delayq.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: console
+{{- end -}}
+
+{{/* Claim holding the console Deployment's index: console.deployment.persistence.existingClaim, else the chart's own. */}}
+{{- define "delayq.consoleIndexClaim" -}}
+{{- default (include "delayq.consoleName" .) .Values.console.deployment.persistence.existingClaim -}}
+{{- end -}}
+
+{{/* True (non-empty) when the console Deployment talks to Kafka as a SASL principal of its own. */}}
+{{- define "delayq.consoleOwnPrincipal" -}}
+{{- if and .Values.console.deployment.enabled .Values.console.deployment.kafka.sasl.username (include "delayq.kafkaSasl" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The console's login and session key (DELAYQ_CONSOLE_USER, _PASSWORD, _TOKEN, _SECRET_KEY) from console.auth.existingSecret, each key left out when its value is empty; nothing without the Secret. */}}
+{{- define "delayq.consoleAuthEnv" -}}
+{{- $auth := .Values.console.auth -}}
+{{- if $auth.existingSecret }}
+{{- range list (list "USER" $auth.userKey) (list "PASSWORD" $auth.passwordKey) (list "TOKEN" $auth.tokenKey) (list "SECRET_KEY" $auth.secretKeyKey) }}
+{{- if index . 1 }}
+- name: DELAYQ_CONSOLE_{{ index . 0 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret }}
+      key: {{ index . 1 }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* Volume mounts every delayq container needs: a writable /tmp (the root filesystem is read-only), the Kafka TLS files. */}}
 {{- define "delayq.commonVolumeMounts" -}}
 - name: tmp
@@ -440,6 +505,9 @@ stringData:
   {{- end }}
   {{- if $root.Values.zookeeper.auth.enabled }}
   {{ $root.Values.auth.zookeeperCredentialsKey }}: {{ $root.Values.zookeeper.auth.credentials | quote }}
+  {{- end }}
+  {{- if include "delayq.consoleOwnPrincipal" $root }}
+  {{ $root.Values.auth.consoleKafkaSaslPasswordKey }}: {{ $root.Values.console.deployment.kafka.sasl.password | quote }}
   {{- end }}
 {{- end -}}
 

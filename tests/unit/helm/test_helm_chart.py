@@ -27,6 +27,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
+from pydantic import SecretStr
 
 from delayq import Settings
 from delayq.dev import cache_dir
@@ -58,7 +59,8 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 REQUIRED = {"kafka": {"bootstrapServers": "kafka:9092"}, "zookeeper": {"connect": "zk:2181"}}
 # Every optional branch of the templates at once: chart-made Secret, mutual TLS, extra settings and librdkafka
 # settings (numbers from a values file arrive as floats), reconcile report, continuous reconciliation on an existing
-# checkpoint claim, no PVC, existing ServiceAccount.
+# checkpoint claim, no PVC, existing ServiceAccount, the console on the nodes and in a Deployment of its own (its own
+# Kafka user, its index on an emptyDir, a token login, an Ingress for any host).
 EVERYTHING = {
     "image": {"digest": "sha256:" + "ab" * 32, "pullSecrets": ["regcred"]},
     "kafka": {
@@ -87,11 +89,19 @@ EVERYTHING = {
                   "follow": {"enabled": True, "findingsTopic": "orders-findings", "metricsPort": 9500, "trigger": 2.5,
                              "grace": "90s", "extraArgs": ["--retain", "2h"],
                              "checkpoint": {"existingClaim": "delayq-checkpoint"}}},
+    "console": {"enabled": True, "actions": {"enabled": True},
+                "auth": {"existingSecret": "console-login", "userKey": "", "passwordKey": "", "tokenKey": "token"},
+                "deployment": {"enabled": True, "port": 9090, "kafka": {"sasl": {"username": "delayq-console",
+                                                                                 "password": "c0nsole"}},
+                               "persistence": {"enabled": False}, "service": {"port": 80},
+                               "ingress": {"enabled": True, "className": "nginx", "path": "/"}}},
 }
 # A cluster locked down as the secured dev stack is: SASL_SSL with SCRAM-SHA-512 and the chart's own Secret, the CA
 # under a key name of its own (not the default ca.crt), ZooKeeper digest auth, and a target-topic allowlist. The
-# reconcile CronJob and the continuous reconciliation are on so that every kind of delayq container is rendered.
+# reconcile CronJob, the continuous reconciliation and the console (on the nodes, and its own pod as its own Kafka
+# user, with actions behind a login) are on so that every kind of delayq container is rendered.
 SECURED_KAFKA_PASSWORD = "kafka-Pa55-7f3e"
+SECURED_CONSOLE_PASSWORD = "console-Pa55-93d0"
 SECURED_ZK_CREDENTIALS = "delayq-zk:zk-Pa55-41c9"
 SECURED = {
     "kafka": {
@@ -103,8 +113,15 @@ SECURED = {
     "zookeeper": {"connect": "zk-0:2181", "auth": {"enabled": True, "credentials": SECURED_ZK_CREDENTIALS}},
     "config": {"targetTopics": ["orders*", "audit"]},
     "reconcile": {"enabled": True, "follow": {"enabled": True}},
+    "console": {"enabled": True, "actions": {"enabled": True}, "auth": {"existingSecret": "delayq-console"},
+                "deployment": {"enabled": True,
+                               "kafka": {"sasl": {"username": "delayq-console", "password": SECURED_CONSOLE_PASSWORD}}}},
 }
 VALUE_SETS = ("default", "production", "everything", "secured")
+# The console's Deployment (and Service, Ingress, index claim), and the variables of its login.
+CONSOLE = f"{RELEASE}-delayq-console"
+CONSOLE_LOGIN_VARIABLES = ("DELAYQ_CONSOLE_USER", "DELAYQ_CONSOLE_PASSWORD", "DELAYQ_CONSOLE_TOKEN",
+                           "DELAYQ_CONSOLE_SECRET_KEY")
 
 
 # --- helm, built once -------------------------------------------------------------------------------------
@@ -456,6 +473,26 @@ def test_a_missing_required_value_is_named_with_its_set_fix(helm, missing, sets)
     (["reconcile.reports.credentialsSecret=s3"], "--set reconcile.reports.url=s3://BUCKET/PREFIX"),
     (["reconcile.reports.endpoint=http://minio:9000"], "--set reconcile.reports.url=s3://BUCKET/PREFIX"),
     (["metrics.prometheusRule.reconcileStalledMinutes=0"], "/metrics/prometheusRule/reconcileStalledMinutes"),
+    (["console.actions.enabled=true"], "console.actions.enabled=true lets whoever reaches the console cancel, "
+                                       "reschedule and replay: it needs a login, --set console.auth.existingSecret="),
+    (["console.actions.enabled=true", "console.deployment.enabled=true"], "--set console.auth.existingSecret=NAME"),
+    (["console.auth.existingSecret=login", "console.auth.passwordKey="],
+     "console.auth.userKey and console.auth.passwordKey go together"),
+    (["console.actions.enabled=true", "console.auth.existingSecret=login", "console.auth.userKey=",
+      "console.auth.passwordKey="], "needs a way to log in: --set console.auth.userKey=user,console.auth.passwordKey="),
+    (["console.deployment.enabled=true", "console.deployment.kafka.sasl.username=c"],
+     "console.deployment.kafka.sasl.username is set but kafka.securityProtocol=PLAINTEXT does not use SASL"),
+    (["console.deployment.enabled=true", "console.deployment.kafka.sasl.username=c", "kafka.securityProtocol=SASL_SSL",
+      "kafka.sasl.username=n", "kafka.sasl.password=p"],
+     "console.deployment.kafka.sasl.password is required with console.deployment.kafka.sasl.username=c: --set "
+     "console.deployment.kafka.sasl.password=PASSWORD, or put it under the key console-kafka-sasl-password of"),
+    (["console.deployment.ingress.enabled=true", "console.deployment.ingress.tlsSecret=tls"],
+     "--set console.deployment.ingress.host="),
+    (["console.deployment.port=0"], "/console/deployment/port"),
+    (["console.deployment.ingress.path=console"], "/console/deployment/ingress/path"),
+    (["console.deployment.ingress.host=Delayq.Example.com:443"], "/console/deployment/ingress/host"),
+    (["console.auth.userKey=a b"], "/console/auth/userKey"),
+    (["console.deployment.replicas=2"], "additional properties 'replicas' not allowed"),
 ])
 def test_bad_values_are_refused_naming_the_key(helm, sets, message):
     args = ["--set", "kafka.bootstrapServers=kafka:9092", "--set", "zookeeper.connect=zk:2181"]
@@ -594,6 +631,13 @@ def test_the_rendered_environment_loads_into_the_settings_model(rendered, values
                 if field == "target_topics":  # comma-separated in the environment, a list in the model
                     assert loaded[field] == value.split(","), (owner, name)
                     continue
+                held = getattr(settings, field)
+                if isinstance(held, SecretStr):  # hidden in the dump: compared revealed
+                    assert held.get_secret_value() == value, (owner, name)
+                    continue
+                if isinstance(held, bool):
+                    assert held is (value == "true"), (owner, name)
+                    continue
                 assert str(loaded[field]) == str(expected), (owner, name)
 
 
@@ -612,7 +656,8 @@ def test_credentials_come_from_the_secret_never_the_configmap(rendered):
         assert name not in config
     assert "s3cret" not in json.dumps(config) and "delayq:pw" not in json.dumps(config)
     assert the(docs, "Secret", "dq-delayq")["stringData"] == {"kafka-sasl-password": "s3cret",
-                                                              "zookeeper-credentials": "delayq:pw"}
+                                                              "zookeeper-credentials": "delayq:pw",
+                                                              "console-kafka-sasl-password": "c0nsole"}
 
 
 def test_production_reads_credentials_from_the_existing_secret_and_renders_none(rendered):
@@ -630,22 +675,26 @@ def test_a_secured_release_gives_every_delayq_container_sasl_ssl_scram_the_ca_zo
     specs = pod_specs(docs)
     containers = delayq_containers(docs)
 
-    # The node, the init hook, the reconcile report, the continuous reconciliation and the helm test all talk to
-    # Kafka and ZooKeeper.
-    assert sorted(owner.split("/")[0] for owner, _, _ in containers) == \
-        ["CronJob", "Deployment", "Job", "Pod", "StatefulSet"]
+    # The node, the init hook, the reconcile report, the continuous reconciliation, the console and the helm test all
+    # talk to Kafka and ZooKeeper.
+    assert sorted(owner for owner, _, _ in containers) == [
+        "CronJob/dq-delayq-reconcile", f"Deployment/{CONSOLE}", f"Deployment/{FOLLOW}", "Job/dq-delayq-init",
+        "Pod/dq-delayq-test-one-master", "StatefulSet/dq-delayq"]
     for owner, container, env in containers:
         settings = load_settings(env, monkeypatch)
         conf = settings.kafka_conf()
+        console = owner == f"Deployment/{CONSOLE}"
 
         assert conf["security.protocol"] == "SASL_SSL", owner
         # The chart sets librdkafka's sasl.mechanism; its alias sasl.mechanisms must not say otherwise.
         assert conf["sasl.mechanism"] == "SCRAM-SHA-512" and "sasl.mechanisms" not in conf, owner
-        assert conf["sasl.username"] == "delayq-node", owner
-        assert conf["sasl.password"] == SECURED_KAFKA_PASSWORD, owner
+        # The console's pod is a Kafka user of its own (`delayq acls --console`), every other container the nodes'.
+        assert conf["sasl.username"] == ("delayq-console" if console else "delayq-node"), owner
+        assert conf["sasl.password"] == (SECURED_CONSOLE_PASSWORD if console else SECURED_KAFKA_PASSWORD), owner
         assert secret_key_at(specs[owner], container, conf["ssl.ca.location"]) == \
             ("kafka-broker-ca", "broker-ca.pem"), (owner, conf["ssl.ca.location"])
-        assert settings.zk_credentials == SECURED_ZK_CREDENTIALS, owner
+        # The console only reads ZooKeeper, which anyone may: it gets no credentials to change it.
+        assert settings.zk_credentials == (None if console else SECURED_ZK_CREDENTIALS), owner
         assert settings.target_topics == ["orders*", "audit"], owner
         assert settings.forbidden_target("orders.eu") is None, owner
         assert settings.forbidden_target("payments") is not None, owner
@@ -654,15 +703,21 @@ def test_a_secured_release_gives_every_delayq_container_sasl_ssl_scram_the_ca_zo
 def test_a_secured_release_shows_its_passwords_in_no_settings_repr_and_no_configmap(rendered, monkeypatch):
     docs = rendered["secured"]
     zk_password = SECURED_ZK_CREDENTIALS.split(":", 1)[1]
-    secrets = (SECURED_KAFKA_PASSWORD, zk_password)
+    secrets = (SECURED_KAFKA_PASSWORD, SECURED_CONSOLE_PASSWORD, zk_password)
 
     for owner, _container, env in delayq_containers(docs):
         settings = load_settings(env, monkeypatch)
         # Loaded for real: the values are there, only hidden.
-        assert settings.kafka_passthrough()["sasl.password"] == SECURED_KAFKA_PASSWORD, owner
-        assert settings.zk_credentials == SECURED_ZK_CREDENTIALS, owner
+        assert settings.kafka_passthrough()["sasl.password"] in (SECURED_KAFKA_PASSWORD, SECURED_CONSOLE_PASSWORD)
+        assert settings.zk_credentials in (SECURED_ZK_CREDENTIALS, None), owner
+        if "DELAYQ_CONSOLE_PASSWORD" in env:  # the console's login, from its Secret (a stand-in value here)
+            assert settings.console_password is not None, owner
+            assert settings.console_password.get_secret_value() == env["DELAYQ_CONSOLE_PASSWORD"], owner
+            secrets_here = (*secrets, env["DELAYQ_CONSOLE_PASSWORD"])
+        else:
+            secrets_here = secrets
         shown = repr(settings) + str(settings)
-        assert not [secret for secret in secrets if secret in shown], owner
+        assert not [secret for secret in secrets_here if secret in shown], owner
     config_maps = of_kind(docs, "ConfigMap")
     assert [cm["metadata"]["name"] for cm in config_maps] == ["dq-delayq", "dq-delayq-init"]
     for config_map in config_maps:
@@ -760,7 +815,9 @@ def test_the_init_hook_runs_delayq_init_before_install_and_upgrade(rendered, val
     assert int(config["metadata"]["annotations"]["helm.sh/hook-weight"]) < \
         int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
     def settings(env):
-        return {k: v for k, v in env.items() if k.startswith("DELAYQ_") and k != "DELAYQ_NODE_ID"}
+        # The node's id and the login of the console it serves are the node's own; the rest is the release's.
+        return {k: v for k, v in env.items() if k.startswith("DELAYQ_") and k != "DELAYQ_NODE_ID"
+                and k not in CONSOLE_LOGIN_VARIABLES}
 
     assert settings(node_env) == settings(hook_env)
 
@@ -983,7 +1040,7 @@ def test_the_checkpoint_is_a_claim_the_chart_makes_mounted_where_the_follower_ke
     docs = rendered["production"]
     spec = follow_deployment(docs)["spec"]["template"]["spec"]
     container = spec["containers"][0]
-    claim = the(docs, "PersistentVolumeClaim")
+    claim = the(docs, "PersistentVolumeClaim", "dq-delayq-reconcile-checkpoint")
     checkpoint = container["args"][container["args"].index("--checkpoint") + 1]
 
     mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
@@ -1069,6 +1126,189 @@ def test_the_findings_topic_defaults_to_the_clusters(helm, value_args, rendered)
     assert args[args.index("--findings-topic") + 1] == f"delayq-{RELEASE}-reconcile-findings"
     production = follow_container(rendered["production"])["args"]
     assert production[production.index("--findings-topic") + 1] == "delayq-orders-reconcile-findings"
+
+
+# --- the web console ------------------------------------------------------------------------------------------
+
+
+def console_deployment(docs: list[dict]) -> dict:
+    return the(docs, "Deployment", CONSOLE)
+
+
+def console_container(docs: list[dict]) -> dict:
+    return console_deployment(docs)["spec"]["template"]["spec"]["containers"][0]
+
+
+def secret_refs(container: dict) -> dict[str, tuple[str, str]]:
+    """Variable -> (Secret, key) of each variable ``container`` takes from a Secret."""
+    return {var["name"]: (var["valueFrom"]["secretKeyRef"]["name"], var["valueFrom"]["secretKeyRef"]["key"])
+            for var in container.get("env", []) if "secretKeyRef" in var.get("valueFrom", {})}
+
+
+def test_the_console_is_off_by_default_and_renders_nothing(rendered):
+    docs = rendered["default"]
+    env = container_env(docs, node_container(docs), "dq-delayq-0")
+
+    assert not [doc for doc in docs if doc["metadata"]["name"] == CONSOLE]
+    assert not of_kind(docs, "Ingress")
+    # No console variable at all: a release without the console sets nothing an older delayq would refuse.
+    assert not [name for name in env if name.startswith("DELAYQ_CONSOLE")]
+
+
+def test_console_enabled_serves_it_under_console_on_every_nodes_port(helm, value_args, monkeypatch):
+    docs = template(helm, *value_args["default"], "--set", "console.enabled=true")
+    settings = load_settings(container_env(docs, node_container(docs), "dq-delayq-0"), monkeypatch)
+
+    assert settings.console is True and settings.console_actions is False
+    # On the node's own HTTP port (its Service's): no pod, Service or Ingress of its own.
+    assert not [doc for doc in docs if doc["metadata"]["name"] == CONSOLE]
+    assert settings.console_user is None and settings.console_secret_key is None  # no Secret named: no login
+
+
+@pytest.mark.parametrize("values", ["production", "everything", "secured"])
+def test_the_console_deployment_runs_delayq_console_listening_where_its_probes_and_service_look(rendered, values,
+                                                                                                 monkeypatch):
+    docs = rendered[values]
+    container = console_container(docs)
+    env = container_env(docs, container, f"{CONSOLE}-x")
+    settings = load_settings(env, monkeypatch)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    service = the(docs, "Service", CONSOLE)
+    pod_labels = console_deployment(docs)["spec"]["template"]["metadata"]["labels"]
+
+    assert container_argv(container) == ["delayq", "console"]
+    # Every interface, or neither the kubelet's probes nor the Service reach it.
+    assert settings.console_host == "0.0.0.0"
+    assert ports == {"http": settings.console_port}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/console/healthz", "port": "http"}, probe
+    assert "startupProbe" not in container  # it serves at once; its index fills behind the pages
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("http", "http")]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    # Neither the nodes' Service, PodDisruptionBudget nor anti-affinity selects it.
+    node_selector = the(docs, "StatefulSet")["spec"]["selector"]["matchLabels"]
+    assert not node_selector.items() <= pod_labels.items()
+    assert console_deployment(docs)["spec"]["replicas"] == 1
+
+
+def test_the_console_port_and_service_port_come_from_the_values(rendered):
+    container = console_container(rendered["everything"])
+    service = the(rendered["everything"], "Service", CONSOLE)
+
+    assert container["ports"] == [{"name": "http", "containerPort": 9090, "protocol": "TCP"}]
+    assert service["spec"]["ports"][0]["port"] == 80
+    assert the(rendered["production"], "Service", CONSOLE)["spec"]["ports"][0]["port"] == 8090
+
+
+def test_the_consoles_index_is_a_claim_it_alone_opens_or_an_empty_dir(rendered, monkeypatch):
+    for values, volume, strategy in (("production", {"persistentVolumeClaim": {"claimName": CONSOLE}}, "Recreate"),
+                                     ("everything", {"emptyDir": {}}, "RollingUpdate")):
+        docs = rendered[values]
+        spec = console_deployment(docs)["spec"]
+        container = console_container(docs)
+        settings = load_settings(container_env(docs, container, "x"), monkeypatch)
+        mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+        volumes = {v["name"]: {k: x for k, x in v.items() if k != "name"} for v in spec["template"]["spec"]["volumes"]}
+
+        assert mounts["index"] == str(settings.console_data_dir) == "/index", values
+        assert volumes["index"] == volume, values
+        # A RocksDB on a claim is opened by one process: the old pod stops before the new one starts.
+        assert spec["strategy"] == {"type": strategy}, values
+    claim = the(rendered["production"], "PersistentVolumeClaim", CONSOLE)
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    assert not [doc for doc in of_kind(rendered["everything"], "PersistentVolumeClaim")]
+
+
+def test_an_existing_index_claim_is_mounted_and_none_is_made(helm, value_args):
+    docs = template(helm, *value_args["default"], "--set", "console.deployment.enabled=true",
+                    "--set", "console.deployment.persistence.existingClaim=console-index")
+
+    assert not of_kind(docs, "PersistentVolumeClaim")
+    volumes = console_deployment(docs)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "index", "persistentVolumeClaim": {"claimName": "console-index"}} in volumes
+
+
+def test_the_console_login_comes_from_its_secret_to_the_console_pod_and_the_nodes(rendered):
+    docs = rendered["secured"]
+
+    login = {"DELAYQ_CONSOLE_USER": ("delayq-console", "user"),
+             "DELAYQ_CONSOLE_PASSWORD": ("delayq-console", "password"),
+             "DELAYQ_CONSOLE_SECRET_KEY": ("delayq-console", "secret-key")}
+    for container in (console_container(docs), node_container(docs)):
+        refs = secret_refs(container)
+        assert {name: ref for name, ref in refs.items() if name.startswith("DELAYQ_CONSOLE")} == login, \
+            container["name"]
+    config = the(docs, "ConfigMap", "dq-delayq")["data"]
+    assert config["DELAYQ_CONSOLE"] == "true" and config["DELAYQ_CONSOLE_ACTIONS"] == "true"
+    assert not [name for name in config if name in CONSOLE_LOGIN_VARIABLES]
+    # A key set to "" leaves its variable out: a token login only.
+    token = secret_refs(console_container(rendered["everything"]))
+    assert {name: ref for name, ref in token.items() if name.startswith("DELAYQ_CONSOLE")} == {
+        "DELAYQ_CONSOLE_TOKEN": ("console-login", "token"), "DELAYQ_CONSOLE_SECRET_KEY": ("console-login", "secret-key")}
+    # Only the pods serving the console get its login.
+    for owner, container, _env in delayq_containers(docs):
+        if owner not in (f"Deployment/{CONSOLE}", "StatefulSet/dq-delayq"):
+            assert not set(secret_refs(container)) & set(CONSOLE_LOGIN_VARIABLES), owner
+
+
+def test_the_consoles_kafka_user_is_its_own_or_else_the_nodes(helm, value_args, rendered, monkeypatch):
+    own = secret_refs(console_container(rendered["production"]))
+    assert own["DELAYQ_KAFKA__SASL_PASSWORD"] == ("delayq-credentials", "console-kafka-sasl-password")
+    assert container_env(rendered["production"], console_container(rendered["production"]), "x")[
+        "DELAYQ_KAFKA__SASL_USERNAME"] == "delayq-console"
+
+    sasl = ["--set", "kafka.securityProtocol=SASL_SSL", "--set", "kafka.sasl.username=delayq-node",
+            "--set", "kafka.sasl.password=pw", "--set", "console.deployment.enabled=true"]
+    docs = template(helm, *value_args["default"], *sasl)
+    settings = load_settings(container_env(docs, console_container(docs), "x"), monkeypatch)
+    assert settings.kafka_conf()["sasl.username"] == "delayq-node"
+    assert secret_refs(console_container(docs))["DELAYQ_KAFKA__SASL_PASSWORD"] == ("dq-delayq", "kafka-sasl-password")
+    assert "console-kafka-sasl-password" not in the(docs, "Secret", "dq-delayq")["stringData"]
+
+
+def test_the_console_ingress_routes_its_path_to_the_console_service(rendered):
+    production = the(rendered["production"], "Ingress", CONSOLE)
+    anywhere = the(rendered["everything"], "Ingress", CONSOLE)
+
+    assert production["spec"]["ingressClassName"] == "nginx"
+    assert production["spec"]["tls"] == [{"hosts": ["delayq.example.com"], "secretName": "delayq-console-tls"}]
+    rule = production["spec"]["rules"][0]
+    assert rule["host"] == "delayq.example.com"
+    assert rule["http"]["paths"] == [{"path": "/console", "pathType": "Prefix", "backend": {
+        "service": {"name": CONSOLE, "port": {"name": "http"}}}}]
+    assert [port["name"] for port in the(rendered["production"], "Service", CONSOLE)["spec"]["ports"]] == ["http"]
+    # No host: any; no tlsSecret: no TLS section.
+    assert "host" not in anywhere["spec"]["rules"][0] and "tls" not in anywhere["spec"]
+    assert anywhere["spec"]["rules"][0]["http"]["paths"][0]["path"] == "/"
+    assert not of_kind(rendered["secured"], "Ingress")
+
+
+def test_a_settings_change_restarts_the_console(helm, value_args):
+    def annotations(*sets: str) -> dict:
+        args = [a for value in ("console.deployment.enabled=true", *sets) for a in ("--set", value)]
+        return console_deployment(template(helm, *value_args["default"], *args))["spec"]["template"]["metadata"][
+            "annotations"]
+
+    assert annotations()["checksum/config"] != annotations("console.actions.enabled=true",
+                                                           "console.auth.existingSecret=login")["checksum/config"]
+
+
+def test_notes_tell_where_the_console_is_and_which_acls_its_kafka_user_needs(helm, value_args, tmp_path):
+    production = render_notes(helm, tmp_path / "production", *value_args["production"])
+    nodes = render_notes(helm, tmp_path / "nodes", *value_args["default"], "--set", "console.enabled=true")
+    off = render_notes(helm, tmp_path / "off", *value_args["default"])
+
+    assert "7. The web console: shards, upcoming messages" in production
+    assert "cancel, reschedule\n   and replay after a login (Secret delayq-console)" in production
+    assert f"kubectl -n {NAMESPACE} port-forward svc/{CONSOLE} 8090:8090" in production
+    assert "https://delayq.example.com/console/" in production
+    assert "delayq acls --console User:delayq-console --apply" in production
+    assert "delayq acls --console User:delayq --apply" not in production  # the nodes do not serve it there
+    assert "5. The web console" in nodes and "(read-only)" in nodes
+    assert "port-forward svc/dq-delayq 8080:8080\n     open http://localhost:8080/console/" in nodes
+    assert "delayq acls --console" not in nodes  # PLAINTEXT: no ACLs
+    assert "web console" not in off
 
 
 # --- Prometheus Operator objects (no bundled schema: structure asserted here) -----------------------------------
