@@ -1,7 +1,18 @@
-"""The node's HTTP endpoints: /livez, /readyz, /metrics, GET /v1/messages/{id}.
+"""The node's HTTP endpoints: /livez, /readyz, /metrics, GET /v1/messages/{id}, the console's /v1/shards/, /console.
 
 The server sees the node only through :class:`NodeView`: health, metrics, which shard
-an id is in and whether the node holds it, and the store's entry for an id; nothing else.
+an id is in and whether the node holds it, the store's entry for an id, the console's answers
+about a shard it holds (shard_answers.py), and the console's WSGI app; nothing else.
+
+For the console (console/records.py), per shard this node holds:
+
+- ``GET /v1/shards/<shard>/pending[?days=7]``: :class:`PendingHistogram`; 503 with ``"status":
+  "counting"`` (and ``Retry-After``) while the store's first count runs.
+- ``GET /v1/shards/<shard>/upcoming[?after=<due_ms>:<id>][&limit=100][&topic=<topic>]``:
+  :class:`UpcomingPage`, the next messages due after the cursor (a page's ``next``).
+- ``GET /v1/shards/<shard>/now``: :class:`ShardNow`.
+
+421 ``not_held`` when this node does not hold the shard; 400 with a one-line error for a bad argument.
 """
 
 from __future__ import annotations
@@ -10,21 +21,31 @@ import errno
 import json
 import logging
 import threading
+import urllib.parse
+from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
+from wsgiref.types import WSGIApplication
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from delayq.clock import now_ms
 from delayq.errors import ConfigurationError
-from delayq.store import StoredEntry
-from delayq.wire import check_delay_id, series_options
+from delayq.store import MAX_DAYS, StoredEntry
+from delayq.wire import check_delay_id, check_topic
 
 from . import stored
+from .console.records import MAX_PAGE, NOW, PENDING, SHARDS_PATH, UPCOMING, to_json
+from .shard_answers import Counting, ShardAnswers, schedule_of
 
 log = logging.getLogger("delayq.http")
 
 MESSAGES = "/v1/messages/"
+CONSOLE = "/console"
+# What /pending and /upcoming give unless asked otherwise.
+DEFAULT_DAYS = 7
+DEFAULT_LIMIT = 100
 
 
 class NodeView(Protocol):
@@ -42,6 +63,19 @@ class NodeView(Protocol):
         ...
 
     def entry(self, delay_id: str) -> StoredEntry | None: ...
+
+    def shard_count(self) -> int:
+        """How many shards the cluster has."""
+        ...
+
+    def console_shard(self, shard: int) -> ShardAnswers | None:
+        """The console's answers about ``shard``, or None when this node does not hold it."""
+        ...
+
+    @property
+    def console_app(self) -> WSGIApplication | None:
+        """The console this node serves under /console, or None when it is off (DELAYQ_CONSOLE)."""
+        ...
 
 
 def iso_ms(epoch_ms: int) -> str | None:
@@ -95,14 +129,29 @@ class NodeHandler(BaseHTTPRequestHandler):
         pass  # probes every few seconds would drown the node's log
 
     def do_GET(self) -> None:  # http.server's naming
+        self._answer(self._get)
+
+    def do_POST(self) -> None:  # http.server's naming
+        self._answer(self._post)
+
+    def _answer(self, handle: Callable[[], None]) -> None:
         try:
-            self._get()
+            handle()
         except Exception as err:  # one bad request answers 500 in JSON; the server goes on
-            log.exception("GET %s failed", self.path[:200])
+            log.exception("%s %s failed", self.command, self.path[:200])
             self._json(500, {"error": f"internal error: {type(err).__name__}: {err}"[:500]})
 
+    def _post(self) -> None:
+        if _is_console(self.path.split("?", 1)[0]):
+            self.console()
+            return
+        # The body is not read: the connection cannot carry another request after it.
+        self.close_connection = True
+        self._json(405, {"error": f"POST is not answered on {self.path.split('?', 1)[0][:200]}: only the "
+                                  f"console's pages ({CONSOLE}/...) take a POST"})
+
     def _get(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         if path == "/livez":
             alive = self.node.alive()
             self.send(200 if alive else 503, b"ok\n" if alive else b"loops stopped\n", "text/plain")
@@ -113,8 +162,63 @@ class NodeHandler(BaseHTTPRequestHandler):
             self.send(200, generate_latest(self.node.registry), CONTENT_TYPE_LATEST)
         elif path.startswith(MESSAGES):
             self.message(path[len(MESSAGES):])
+        elif path.startswith(SHARDS_PATH):
+            self.shard_page(path[len(SHARDS_PATH):], query)
+        elif _is_console(path):
+            self.console()
         else:
-            self._json(404, {"error": f"no such endpoint {path}"})
+            self._json(404, {"error": f"no such endpoint {path[:200]}"})
+
+    def console(self) -> None:
+        """A request of the console's pages (GET or POST), to its WSGI app."""
+        app = self.node.console_app
+        if app is None:
+            self._json(404, {"error": "the console is off on this node: set DELAYQ_CONSOLE=true"})
+            return
+        from .console.wsgi import serve  # with the app only: the console's side of the node
+
+        serve(self, app)
+
+    def shard_page(self, rest: str, query: str) -> None:
+        """``/v1/shards/<shard>/<page>?<query>``: one of the console's questions about a shard this node holds."""
+        shard_text, _, page = rest.partition("/")
+        if page not in (PENDING, UPCOMING, NOW):
+            self._json(404, {"error": f"no such endpoint {SHARDS_PATH}{rest[:200]}: a shard answers "
+                                      f"{SHARDS_PATH}<shard>/{PENDING}, /{UPCOMING} and /{NOW}"})
+            return
+        try:
+            shard = _shard_number(shard_text, self.node.shard_count())
+            asked = _query(query, {PENDING: ("days",), UPCOMING: ("after", "limit", "topic"), NOW: ()}[page])
+            answers = self.node.console_shard(shard)
+            if answers is None:
+                self._json(421, {"shard": shard, "status": "not_held",
+                                 "error": f"this node does not hold shard {shard}: ask a node that does (delayq "
+                                          "status lists them)"})
+                return
+            if page == PENDING:
+                self._histogram(answers, _number(asked.get("days"), "days", DEFAULT_DAYS, MAX_DAYS))
+            elif page == UPCOMING:
+                topic = asked.get("topic")
+                page_of = answers.upcoming(_cursor(asked.get("after")),
+                                           _number(asked.get("limit"), "limit", DEFAULT_LIMIT, MAX_PAGE),
+                                           None if topic is None else check_topic(topic))
+                self._json(200, to_json(page_of))
+            else:
+                self._json(200, to_json(answers.now(now_ms())))
+        except ValueError as err:
+            self._json(400, {"error": str(err)})
+
+    def _histogram(self, answers: ShardAnswers, days: int) -> None:
+        found = answers.histogram(now_ms(), days)
+        if isinstance(found, Counting):
+            # Not an error: the store's first count (a pass over its keys, in a thread) has not ended yet.
+            self._json(503, {"shard": found.shard, "status": "counting", "counted": found.counted,
+                             "pending": found.pending,
+                             "error": f"shard {found.shard}'s pending messages are being counted by due time "
+                                      f"({found.counted} of {found.pending}): ask again in a second"},
+                       {"Retry-After": "1"})
+            return
+        self._json(200, to_json(found))
 
     def message(self, delay_id: str) -> None:
         try:
@@ -140,19 +244,79 @@ class NodeHandler(BaseHTTPRequestHandler):
             return
         answer = {"id": delay_id, "status": "pending", "deliver_at_ms": entry.deliver_at_ms,
                   "deliver_at": iso_ms(entry.deliver_at_ms), "topic": message.topic}
-        if message.series is not None:  # a repeating message: the occurrence pending, and the schedule
-            answer["occurrence"] = message.occurrence or 1
-            answer["repeat"] = series_options(message.series).strip()
+        occurrence, repeat = schedule_of(message)
+        if repeat is not None:  # a repeating message: the occurrence pending, and the schedule
+            answer["occurrence"] = occurrence
+            answer["repeat"] = repeat
         if message.attempt is not None:
             answer["attempt"] = message.attempt
         self._json(200, answer)
 
-    def _json(self, status: int, body: dict) -> None:
-        self.send(status, json.dumps(body).encode() + b"\n", "application/json")
+    def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
+        self.send(status, json.dumps(body).encode() + b"\n", "application/json", headers)
 
-    def send(self, status: int, body: bytes, content_type: str) -> None:
+    def send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+
+
+def _is_console(path: str) -> bool:
+    return path == CONSOLE or path.startswith(CONSOLE + "/")
+
+
+def _query(query: str, known: tuple[str, ...]) -> dict[str, str]:
+    """The arguments of a query string, each at most once and each one of ``known``.
+
+    Raises:
+        ValueError: an argument is unknown, given twice, or not %-decodable.
+    """
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query),
+                                       errors="strict")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"the query {query[:100]!r} is not one of name=value pairs ({err})") from None
+    asked: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in known:
+            takes = f"takes {', '.join(known)}" if known else "takes no arguments"
+            raise ValueError(f"unknown argument {name[:40]!r}: this endpoint {takes}")
+        if name in asked:
+            raise ValueError(f"{name} is given twice: give it once")
+        asked[name] = value
+    return asked
+
+
+def _shard_number(text: str, shards: int) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) >= shards:
+        raise ValueError(f"shard {text[:40]!r} is not a shard of this cluster: it has shards 0 to {shards - 1}")
+    return int(text)
+
+
+def _number(text: str | None, name: str, default: int, highest: int) -> int:
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= highest:
+        raise ValueError(f"{name}={text[:40]!r} is not a whole number from 1 to {highest}")
+    return int(text)
+
+
+def _cursor(text: str | None) -> tuple[int, str] | None:
+    """An upcoming cursor ``<due_ms>:<id>`` (a page's ``next``) as (due_ms, id); None when not given."""
+    if text is None:
+        return None
+    due, _, delay_id = text.partition(":")
+    try:
+        if not (due.isascii() and due.isdigit()) or int(due) >= 2**63:
+            raise ValueError(due)
+        check_delay_id(delay_id, "id")
+    except (TypeError, ValueError):
+        raise ValueError(f"after={text[:80]!r} is not an upcoming cursor: give <due_ms>:<id>, as a page's next "
+                         "says it") from None
+    return int(due), delay_id

@@ -25,13 +25,17 @@ This process is their supervisor, and does nothing else:
 - It answers the node's HTTP port for the group (:class:`GroupView`), so probes and
   scrapes configured for a node need no change: ``/livez`` (it runs), ``/readyz`` (200
   once every member is ready; else the first one that is not, and why), ``/metrics``
-  (every member's series, each with a ``member`` label), ``/v1/messages/{id}`` (answered
-  by the member holding the id's shard). The members listen on the ports after it.
+  (every member's series, each with a ``member`` label), ``/v1/messages/{id}`` and the
+  console's ``/v1/shards/<shard>/...`` (answered by the member holding the shard), and
+  ``/console`` (passed to the first member, the one that runs the console when
+  ``DELAYQ_CONSOLE`` is on: one index of the buffer per node, not per member). The members
+  listen on the ports after it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import logging
 import os
@@ -59,7 +63,9 @@ from delayq.features import MEMBERS_LEVEL, introduced_by
 from delayq.settings import Settings
 from delayq.store import StoredEntry
 
-from .http import MESSAGES, NodeHandler, NodeHTTPServer
+from .console.wsgi import MAX_BODY
+from .http import NodeHandler, NodeHTTPServer
+from .shard_answers import ShardAnswers
 from .stores import MEMBERS_DIR, forget_stores
 
 log = logging.getLogger("delayq.node")
@@ -76,6 +82,11 @@ RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 5.0
 # How long the front waits for a member's answer (a probe, a scrape, a lookup).
 MEMBER_ANSWER_S = 2.0
+# How long it waits for a console page the first member renders (pages ask the cluster's nodes in turn).
+MEMBER_CONSOLE_S = 30.0
+# Headers of one connection, not of the request or answer passed on (RFC 9110, 7.6.1), and the length, set anew.
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                         "transfer-encoding", "upgrade", "content-length"})
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -100,6 +111,8 @@ def member_environment(settings: Settings, index: int, port: int, base: dict[str
         "DELAYQ_HTTP_PORT": str(port),
         "DELAYQ_DATA_DIR": str(settings.data_dir / MEMBERS_DIR / str(index)),
         "DELAYQ_LOG_LEVEL": settings.log_level,
+        # The first member runs the node's console (the node's port passes /console to it): one index each node.
+        "DELAYQ_CONSOLE": str(settings.console and index == 0).lower(),
     })
     return env
 
@@ -364,19 +377,70 @@ class GroupView:
     def entry(self, delay_id: str) -> StoredEntry | None:  # GroupHandler asks the members instead
         raise NotImplementedError
 
+    def shard_count(self) -> int:  # GroupHandler asks the members instead
+        raise NotImplementedError
+
+    def console_shard(self, shard: int) -> ShardAnswers | None:  # GroupHandler asks the members instead
+        raise NotImplementedError
+
+    @property
+    def console_app(self) -> None:  # GroupHandler passes /console to the first member
+        return None
+
 
 class GroupHandler(NodeHandler):
-    """A lookup is answered by the member that holds the id's shard (the others answer 421)."""
+    """What the holder of a shard answers (a lookup, the console's questions about a shard) is asked of the members:
+    the one holding it answers, the others say 421. /console is the first member's."""
 
-    def message(self, delay_id: str) -> None:
+    @property
+    def _members(self) -> list[Member]:
         view = self.node
         assert isinstance(view, GroupView)
-        last: tuple[int, bytes] = (503, json.dumps({"id": delay_id, "error": "no member answered"}).encode())
-        for member in view.processes.members:
-            status, body = _member_get(member, MESSAGES + delay_id)
+        return view.processes.members
+
+    def message(self, delay_id: str) -> None:
+        self._from_holder()
+
+    def shard_page(self, rest: str, query: str) -> None:
+        self._from_holder()
+
+    def _from_holder(self) -> None:
+        """The answer to this GET of the first member that does not say 421 (the shard is not its)."""
+        last: tuple[int, bytes] = (503, json.dumps({"error": "no member of this node answered"}).encode())
+        for member in self._members:
+            status, body = _member_get(member, self.path)
             if status in (0, 421):
                 last = (status or 503, body or last[1])
                 continue
             self.send(status, body, "application/json")
             return
         self.send(last[0], last[1], "application/json")
+
+    def console(self) -> None:
+        """This request (GET or POST) passed to the first member as it came, and its answer back as it went."""
+        member = self._members[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True
+            self._json(413, {"error": f"a request body of {length} bytes is over the console's {MAX_BODY}"})
+            return
+        body = self.rfile.read(length) if length else None
+        headers = {name: value for name, value in self.headers.items() if name.lower() not in _HOP_BY_HOP}
+        connection = http.client.HTTPConnection("127.0.0.1", member.port, timeout=MEMBER_CONSOLE_S)
+        try:
+            connection.request(self.command, self.path, body=body, headers=headers)
+            answer = connection.getresponse()
+            status, answered, data = answer.status, answer.getheaders(), answer.read()
+        except OSError as err:
+            self._json(503, {"error": f"member {member.node_id}, which runs this node's console, did not answer: "
+                                      f"{err}"})
+            return
+        finally:
+            connection.close()
+        self.send_response(status)
+        for name, value in answered:
+            if name.lower() not in _HOP_BY_HOP:
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -43,8 +44,12 @@ from .loops import Loops
 from .metrics import NodeMetrics
 from .registration import Registration, node_record
 from .seats import Seats
+from .shard_answers import ShardAnswers
 from .stores import MEMBERS_DIR, ShardStores, forget_stores
 from .topics import EndOffsets, admin_client, buffer_info
+
+if TYPE_CHECKING:
+    from .console import ConsoleApp
 
 log = logging.getLogger("delayq.node")
 
@@ -72,6 +77,8 @@ class Node:
         self.stores: ShardStores | None = None
         self.registration: Registration | None = None
         self.seats: Seats | None = None
+        # The console under /console on the HTTP port (DELAYQ_CONSOLE=true), made at start.
+        self._console: ConsoleApp | None = None
         # Whether Kafka can take acknowledged writes where this node writes (enough in-sync replicas).
         self.insync = InSyncWatch(settings, self._written_partitions)
 
@@ -97,11 +104,18 @@ class Node:
                 self.ingest.close()
             if self.seats is not None:
                 self.seats.close()
+            self._close_console()
             raise
 
     def _start_serving(self) -> None:
-        """HTTP, ZooKeeper, ingest and the shards to hold, membership and the loops, once the buffer is known."""
+        """The console, HTTP, ZooKeeper, ingest and the shards to hold, membership and the loops."""
         s = self.settings
+        if s.console:
+            # Imported only when asked: a node without the console does not load Flask. Made before anything of
+            # the cluster is touched, so that a console that cannot start (no Flask, half a login) stops the node.
+            from .console import node_app
+
+            self._console = node_app(s)
         self.http = NodeHTTPServer(self, s.http_host, s.http_port)
         self.http.start()
         self.zk = connect_for(s)
@@ -152,6 +166,7 @@ class Node:
             self.ingest.close()
         if self.http is not None:
             self.http.stop()
+        self._close_console()
         self.zk.stop()
         self.zk.close()
         if self.seats is not None:
@@ -168,6 +183,11 @@ class Node:
         self.stop()
         return 0 if self.loops.failure is None else 1
 
+    def _close_console(self) -> None:
+        if self._console is not None:
+            self._console.close()
+            self._console = None
+
     def _record(self) -> NodeRecord:
         """This node's registration as it is now (Registration's ``describe``)."""
         seats = self.seats
@@ -183,8 +203,7 @@ class Node:
         return self.metrics.registry
 
     def shard_of(self, delay_id: str) -> tuple[int, bool]:
-        shards = self.layout.shards if self.layout is not None else 1
-        shard = wire.shard_of(wire.buffer_partition(delay_id, len(self.info.partitions)), shards)
+        shard = wire.shard_of(wire.buffer_partition(delay_id, len(self.info.partitions)), self.shard_count())
         return shard, self.seats is not None and self.seats.get(shard) is not None
 
     def entry(self, delay_id: str) -> StoredEntry | None:
@@ -192,11 +211,23 @@ class Node:
         seat = self.seats.get(shard) if self.seats is not None else None
         return seat.store.get(delay_id) if seat is not None else None
 
+    def shard_count(self) -> int:
+        return self.layout.shards if self.layout is not None else 1
+
+    def console_shard(self, shard: int) -> ShardAnswers | None:
+        seat = self.seats.get(shard) if self.seats is not None else None
+        if seat is None:
+            return None
+        return ShardAnswers(shard, seat.store, seat.metrics.recent, lambda: seat.mastering)
+
+    @property
+    def console_app(self) -> ConsoleApp | None:
+        return self._console
+
     def _written_partitions(self) -> tuple[list[int], list[str]]:
         """The buffer partitions and the transactional ids of the shards this node holds: what its masters write."""
-        shards = self.layout.shards if self.layout is not None else 1
         held = self.seats.shards() if self.seats is not None else []
-        partitions = [p for p in self.info.partitions if wire.shard_of(p, shards) in held]
+        partitions = [p for p in self.info.partitions if wire.shard_of(p, self.shard_count()) in held]
         return partitions, [self.settings.transactional_id(shard) for shard in held]
 
     def alive(self) -> bool:

@@ -67,6 +67,8 @@ class Seat:
         self.wanted = False
         self.thread: threading.Thread | None = None
         self.metrics.pending.set(store.pending_count())
+        if settings.console:
+            store.count_pending_by_due()  # in a thread: the console's pending chart is ready when first looked at
 
     @property
     def mastering(self) -> bool:
