@@ -1,10 +1,12 @@
 """What the console may do to messages: cancel, reschedule, replay a dead letter; and a message's state, which says
 which of them applies.
 
-Every action goes through delayq's own producer (proxy/producer.py), one for the console, made on the first
-action, so the buffer gets exactly what a client's producer would write. A reschedule and a replay re-put the
-message as the buffer has it (its put frame read back, :class:`delayq.wire.Envelope`), so its key, payload,
-headers, target partition or partitioner, and a series' schedule stay as they were.
+Every action writes to the buffer what a client's producer would (the records of :mod:`delayq.wire`: a
+``cancel`` tombstone, a ``put``), on the id's buffer partition, through one idempotent producer of the
+console's, made on its first action (idempotence keeps each id's writes in order, as delayq's producer
+does). A reschedule and a replay re-put the message as the buffer has it (its put frame read back,
+:class:`delayq.wire.Envelope`), so its key, payload, headers, target partition or partitioner, and a
+series' schedule stay as they were.
 
 A replay is idempotent: its delay id is :func:`replay_id` of the dead letter (the same every time), its put
 carries :data:`REPLAYED_FROM` naming the dead letter, and the index (mark_replayed, and its own reading of that
@@ -24,16 +26,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Literal, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from delayq import wire
 from delayq.clock import now_ms, parse_duration_ms
-from delayq.errors import DelayqError
-from delayq.proxy.producer import Producer
+from delayq.errors import DelayqError, UnavailableError
 from delayq.schedule import due_ms
 from delayq.settings import Settings
 
 from ..http import iso_ms
+from ..topics import admin_client, buffer_partition_count
 from .cluster import NodeLookup
 from .history import REPLAYED_FROM, parse_coordinates
 from .index import ConsoleIndex, consumer_group
@@ -147,22 +149,25 @@ class Actions:
     Args:
         settings: the cluster's (topics, Kafka client settings, the maximum delay).
         index: where histories, latest puts and dead letters are read.
-        producer: makes the console's producer, on the first action (default: delayq's, with ``settings``).
+        producer: makes the console's producer, on the first action (default: an idempotent one of ``settings``).
+        partitions: tells the buffer's partition count, on the first action (default: asked of Kafka).
         consumer: makes the consumer a reschedule reads a put back with, on the first reschedule.
     """
 
     def __init__(self, settings: Settings, index: ConsoleIndex, *, producer: Callable[[], Producer] | None = None,
-                 consumer: Callable[[], Consumer] | None = None):
+                 consumer: Callable[[], Consumer] | None = None, partitions: Callable[[], int | None] | None = None):
         self.settings = settings
         self.index = index
-        self._new_producer = producer or (lambda: Producer(settings.kafka_conf(**{"delayq.cluster": settings.cluster,
-                                                                                    "linger.ms": 5})))
+        self._new_producer = producer or (lambda: Producer(settings.kafka_conf(**{
+            "client.id": f"delayq-console-{settings.node_id}", "enable.idempotence": True, "linger.ms": 5})))
         self._new_consumer = consumer or (lambda: Consumer(settings.kafka_conf(**{
             "group.id": consumer_group(settings), "client.id": f"delayq-console-reschedule-{settings.node_id}",
             "enable.auto.commit": False, "enable.auto.offset.store": False, "isolation.level": "read_committed",
             "enable.partition.eof": True})))
+        self._ask_partitions = partitions or (lambda: buffer_partition_count(settings, admin_client(settings)))
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
+        self._partitions: int | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -185,9 +190,7 @@ class Actions:
         """
         delay_id = check_id(delay_id)
         with self._lock:
-            producer = self._the_producer()
-            self._confirmed(producer, [delay_id], lambda report: producer.cancel(delay_id, on_delivery=report),
-                            f"the cancel of {delay_id}")
+            self._write([(delay_id, None, wire.control_headers(wire.OP_CANCEL, delay_id))], f"the cancel of {delay_id}")
         return f"cancelled {delay_id}"
 
     def reschedule(self, delay_id: str, deliver_at: str, node: NodeLookup) -> str:
@@ -317,34 +320,28 @@ class Actions:
             self.index.mark_replayed(coordinates, put.delay_id)
         return [(coordinates, put.delay_id) for coordinates, put in puts]
 
-    def _the_producer(self) -> Producer:
-        if self._producer is None:
-            self._producer = self._new_producer()
-        return self._producer
-
     def _put_all(self, messages: Sequence[wire.Envelope], what: str) -> None:
         """Write each message's put to the buffer (its frame as :class:`wire.Envelope` writes it), confirmed."""
-        producer = self._the_producer()
-        try:
-            partitions = producer.buffer_partitions(ACTION_TIMEOUT_S)
-        except KafkaException as err:
-            raise ActionFailed(f"{what}: Kafka at {self.settings.bootstrap_servers} did not answer "
-                               f"({err.args[0].str()}); nothing was written") from None
+        self._write([(m.delay_id, m.buffer_value(), m.buffer_headers()) for m in messages], what)
 
-        def send(report: Callable) -> None:
-            for message in messages:
-                producer.produce(self.settings.buffer_topic, message.buffer_value(), message.delay_id,
-                                 wire.buffer_partition(message.delay_id, partitions), report,
-                                 headers=message.buffer_headers())
-
-        self._confirmed(producer, [m.delay_id for m in messages], send, what)
-
-    def _confirmed(self, producer: Producer, ids: Sequence[str], send: Callable[[Callable], None], what: str) -> None:
-        """``send(report)``, flush, and check Kafka confirmed one write per id.
+    def _write(self, records: Sequence[tuple[str, bytes | None, wire.ProduceHeaders]], what: str) -> None:
+        """Write each (delay id, value, headers) to the buffer, on the id's partition, and check Kafka confirmed each.
 
         Raises:
-            ActionFailed: a write failed or was not confirmed within :data:`ACTION_TIMEOUT_S`.
+            ActionFailed: Kafka did not answer, the buffer does not exist, or a write failed or was not confirmed
+                within :data:`ACTION_TIMEOUT_S`.
         """
+        if self._partitions is None:
+            try:
+                self._partitions = self._ask_partitions()
+            except UnavailableError as err:
+                raise ActionFailed(f"{what}: {err}; nothing was written") from None
+            if self._partitions is None:
+                raise ActionFailed(f"{what}: the buffer topic {self.settings.buffer_topic} does not exist: create it "
+                                   "with `delayq init`; nothing was written")
+        if self._producer is None:
+            self._producer = self._new_producer()
+        producer, partitions = self._producer, self._partitions
         failed: list[str] = []
         confirmed = 0
 
@@ -356,14 +353,17 @@ class Actions:
                 failed.append(err.str())
 
         try:
-            send(report)
+            for delay_id, value, headers in records:
+                producer.produce(self.settings.buffer_topic, value=value, key=delay_id,
+                                 partition=wire.buffer_partition(delay_id, partitions), on_delivery=report,
+                                 headers=headers)
         except (BufferError, KafkaException) as err:
             raise ActionFailed(f"{what}: the producer refused it ({err}); nothing more was written") from None
         producer.flush(ACTION_TIMEOUT_S)
-        if failed or confirmed < len(ids):
+        if failed or confirmed < len(records):
             said = failed[0] if failed else f"no confirmation within {ACTION_TIMEOUT_S:g} s: is Kafka reachable?"
-            raise ActionFailed(f"{what}: Kafka confirmed {confirmed} of {len(ids)} write(s) ({said}); the page shows "
-                               "what the buffer has")
+            raise ActionFailed(f"{what}: Kafka confirmed {confirmed} of {len(records)} write(s) ({said}); the page "
+                               "shows what the buffer has")
 
     def _read_records(self, topic: str, places: Sequence[tuple[int, int]],
                       timeout_s: float) -> dict[tuple[int, int], Message]:

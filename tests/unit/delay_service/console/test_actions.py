@@ -8,7 +8,7 @@ import uuid
 from unittest import mock
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from delayq import wire
 from delayq.clock import now_ms
@@ -25,7 +25,6 @@ from delayq.delay_service.console.actions import (
 from delayq.delay_service.console.cluster import NodeLookup
 from delayq.delay_service.console.index import ConsoleIndex
 from delayq.delay_service.console.records import DeadLetter, HistoryEvent, Page
-from delayq.proxy.producer import Producer
 from delayq.schedule import Series
 from delayq.settings import Settings
 
@@ -61,10 +60,8 @@ class Stand:
     def __init__(self, records: list | None = None, fail: KafkaError | None = None):
         self.index = mock.create_autospec(ConsoleIndex, instance=True, spec_set=True)
         self.producer = mock.Mock(spec_set=Producer)
-        self.producer.buffer_partitions.return_value = PARTITIONS
         self.reports: list = []
-        self.producer.produce.side_effect = lambda *args, **kwargs: self.reports.append(args[4])
-        self.producer.cancel.side_effect = lambda delay_id, on_delivery: self.reports.append(on_delivery)
+        self.producer.produce.side_effect = lambda *args, **kwargs: self.reports.append(kwargs["on_delivery"])
 
         def flush(timeout: float) -> int:
             for report in self.reports:
@@ -75,15 +72,20 @@ class Stand:
         self.producer.flush.side_effect = flush
         self.consumer = mock.Mock(spec_set=Consumer)
         self.consumer.consume.side_effect = [records or [], *([[]] * 1000)]
-        self.actions = Actions(SETTINGS, self.index, producer=lambda: self.producer, consumer=lambda: self.consumer)
+        self.actions = Actions(SETTINGS, self.index, producer=lambda: self.producer, consumer=lambda: self.consumer,
+                               partitions=lambda: PARTITIONS)
+
+    def written(self) -> list[dict]:
+        """Each record written: its topic, key, value, partition and headers."""
+        return [{"topic": call.args[0], **call.kwargs} for call in self.producer.produce.call_args_list]
 
     def produced(self) -> list[wire.BufferRecord]:
-        """Each put written, read back as every node reads it."""
+        """Each record written, read back as every node reads it; each on the buffer, on its id's partition."""
         found = []
-        for call in self.producer.produce.call_args_list:
-            topic, value, key, partition = call.args[:4]
-            assert topic == BUFFER and partition == wire.buffer_partition(key, PARTITIONS)
-            found.append(wire.parse_buffer_record(key.encode(), value, call.kwargs["headers"]))
+        for record in self.written():
+            key = record["key"]
+            assert record["topic"] == BUFFER and record["partition"] == wire.buffer_partition(key, PARTITIONS)
+            found.append(wire.parse_buffer_record(key.encode(), record["value"], record["headers"]))
         return found
 
 
@@ -148,11 +150,11 @@ def test_a_messages_state_is_the_nodes_pending_or_how_the_index_saw_it_end(histo
 # -- cancel and reschedule -------------------------------------------------------
 
 
-def test_a_cancel_is_the_producers_confirmed_and_says_so():
+def test_a_cancel_is_a_cancel_tombstone_on_the_ids_partition_confirmed():
     stand = Stand()
     assert stand.actions.cancel(f" {ID} ") == f"cancelled {ID}"
-    stand.producer.cancel.assert_called_once()
-    assert stand.producer.cancel.call_args.args[0] == ID
+    (cancel,) = stand.produced()
+    assert (cancel.op, cancel.delay_id, cancel.envelope) == (wire.OP_CANCEL, ID, None)
 
 
 def test_a_cancel_of_no_id_sends_nothing():
@@ -160,7 +162,7 @@ def test_a_cancel_of_no_id_sends_nothing():
     with pytest.raises(ActionRefused, match="is not a delay id") as refused:
         stand.actions.cancel("0190-nope")
     assert refused.value.status == 400
-    stand.producer.cancel.assert_not_called()
+    stand.producer.produce.assert_not_called()
 
 
 def test_a_write_kafka_does_not_confirm_fails_in_one_line():
@@ -296,6 +298,13 @@ def test_a_filtered_replay_with_nothing_to_replay_is_refused():
     with pytest.raises(ActionRefused, match="no dead letter of code 'rejected' to replay") as refused:
         stand.actions.replay_code("rejected", "")
     assert refused.value.status == 404
+
+
+def test_a_buffer_that_does_not_exist_is_one_line_saying_to_create_it():
+    stand = Stand()
+    stand.actions = Actions(SETTINGS, stand.index, producer=lambda: stand.producer, partitions=lambda: None)
+    with pytest.raises(ActionFailed, match=f"the buffer topic {BUFFER} does not exist: create it with `delayq init`"):
+        stand.actions.cancel(ID)
 
 
 def test_records_far_apart_are_sought_not_read_through():
