@@ -48,6 +48,7 @@ import uuid
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from delayq.features import LEVELS, SUPPORTED_LEVEL
 from delayq.schedule import MAX_MULTIPLIER, MIN_DUE_MS, Series, check_cron, time_zone
@@ -197,6 +198,75 @@ class MalformedRecord(ValueError):
         self.text = text
         self.reason = reason_text(code, text)
         super().__init__(self.reason)
+
+
+# -- dead letters as read back ------------------------------------------------
+
+# The code of a dead letter whose reason header starts with no known code.
+UNKNOWN_CODE = "unknown"
+
+
+class DeadLetterFacts(NamedTuple):
+    """What a record of the dead-letter topic says, as the reconciliation and the console read it back.
+
+    ``code`` is the reason's code (:data:`UNKNOWN_CODE` when the header starts with none) and
+    ``text`` the rest of the header; ``delay_id`` the key if it is a delay id; ``version`` an
+    undeliverable message's ``delayq-version``, else the offset its source header names;
+    ``due_ms`` and ``topic`` come from the put frame an undeliverable message's copy carries (None
+    for a copy too large for Kafka, which has no value); ``user_headers`` are the message's own.
+    """
+
+    delay_id: str | None
+    code: str
+    text: str
+    source: str | None
+    version: int | None
+    due_ms: int | None
+    topic: str | None
+    undeliverable: bool
+    user_headers: Headers
+
+
+def _offset_number(raw: bytes | str | None) -> int | None:
+    """A buffer offset written as plain decimal digits (as a node writes it), else None."""
+    if raw is None:
+        return None
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else None
+
+
+def read_dead_letter(key: bytes | None, value: bytes | None, headers: Headers | None) -> DeadLetterFacts:
+    """A dead-letter record's facts (delay_service/dead_letters.py and the master's transactions write them)."""
+    reason = source = version_text = None
+    user_headers: Headers = []
+    for name, data in headers or ():
+        if name == DEAD_LETTER_REASON:
+            reason = data
+        elif name == DEAD_LETTER_SOURCE:
+            source = (data or b"").decode(errors="replace")
+        elif name == VERSION:
+            version_text = data
+        elif not name.startswith(RESERVED_PREFIX):
+            user_headers.append((name, data))
+    found = Reason.of(reason)
+    text = (reason or b"").decode(errors="replace")
+    code = UNKNOWN_CODE if found is None else found.value
+    if found is not None:
+        text = text[len(code) + 1:].lstrip()
+    delay_id = key.decode() if key is not None and is_delay_id(key) else None
+    version = _offset_number(version_text)
+    if version is None and source:
+        version = _offset_number(source.rpartition("/")[2])
+    undeliverable = found in UNDELIVERABLE
+    due = topic = None
+    if undeliverable and value is not None and delay_id is not None:
+        try:
+            message = parse_buffer_record(key, value, user_headers).envelope
+        except (MalformedRecord, NewerLevelRecord):
+            message = None
+        if message is not None:
+            due, topic = message.deliver_at_ms, message.topic
+    return DeadLetterFacts(delay_id, code, text, source, version, due, topic, undeliverable, user_headers)
 
 
 # -- delay ids ---------------------------------------------------------------

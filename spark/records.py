@@ -38,7 +38,7 @@ UNDELIVERABLE = frozenset(code.value for code in wire.UNDELIVERABLE)
 # Codes a malformed buffer record can have (what parse_buffer_record raises).
 MALFORMED_CODES = tuple(r.value for r in wire.Reason if r.value not in UNDELIVERABLE)
 # A dead letter whose reason header starts with no known code.
-UNKNOWN_CODE = "unknown"
+UNKNOWN_CODE = wire.UNKNOWN_CODE
 # The code of a buffer record of a feature level above this code's (wire.NewerLevelRecord): not
 # malformed, but nothing this delayq can judge; the job refuses to judge a buffer holding one.
 NEWER_LEVEL_CODE = "newer-level"
@@ -139,45 +139,11 @@ def dead_letter(key: bytes | None, value: bytes | None, headers: list[tuple[str,
                 ) -> tuple[str | None, str, str, str | None, int | None, int | None, str | None, bool]:
     """What a dead-letter record says: (id, code, text, source, version, due, topic, undeliverable).
 
-    ``id`` is the key if it is a delay id; ``code`` the reason's code (``unknown`` if it has
-    none); ``version`` the ``delayq-version`` header of an undeliverable message, else the
-    offset its source header names; ``due`` and ``topic`` come from the put's frame that an
-    undeliverable message's copy carries (null for a copy too large for Kafka, which has no value).
+    Read by :func:`delayq.wire.read_dead_letter`, as the console reads it.
     """
-    reason = source = version_text = None
-    user_headers = []
-    for name, data in headers or ():
-        if name == wire.DEAD_LETTER_REASON:
-            reason = data
-        elif name == wire.DEAD_LETTER_SOURCE:
-            source = (data or b"").decode(errors="replace")
-        elif name == wire.VERSION:
-            version_text = data
-        elif not name.startswith(wire.RESERVED_PREFIX):
-            user_headers.append((name, data))
-    found = wire.Reason.of(reason)
-    text = (reason or b"").decode(errors="replace")
-    if found is None:
-        code = UNKNOWN_CODE
-    else:
-        code = found.value
-        text = text[len(code) + 1:].lstrip()
-    delay_id = key.decode() if key is not None and wire.is_delay_id(key) else None
-    version = int(version_text) if version_text is not None and version_text.isdigit() and len(version_text) <= 18 \
-        else None
-    if version is None and source:
-        offset = source.rpartition("/")[2]
-        version = int(offset) if offset.isdigit() and len(offset) <= 18 else None
-    undeliverable = code in UNDELIVERABLE
-    due = topic = None
-    if undeliverable and value is not None and delay_id is not None:
-        try:
-            message = wire.parse_buffer_record(key, value, user_headers).envelope
-        except wire.MalformedRecord:
-            message = None
-        if message is not None:
-            due, topic = message.deliver_at_ms, message.topic
-    return delay_id, code, text, source, version, due, topic, undeliverable
+    facts = wire.read_dead_letter(key, value, headers)
+    return (facts.delay_id, facts.code, facts.text, facts.source, facts.version, facts.due_ms, facts.topic,
+            facts.undeliverable)
 
 
 def classify_dead_letters(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

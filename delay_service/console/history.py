@@ -43,7 +43,7 @@ from .records import DeadLetter, HistoryEvent, HistoryKind, SeriesInfo
 # re-produces. Not a delayq- header: the producer refuses those on a put.
 REPLAYED_FROM = "dead-letter-replayed-from"
 # A dead letter's reason header that names no known code.
-UNKNOWN_CODE = "unknown"
+UNKNOWN_CODE = wire.UNKNOWN_CODE
 # Header values of a dead letter as the console shows them: at most this many characters each.
 MAX_HEADER_TEXT = 200
 
@@ -260,43 +260,11 @@ def read_dead_letter(partition: int, offset: int, ts_ms: int, key: bytes | None,
     message's copy carries (none for a copy too large for Kafka, which has no value), and only
     such a copy can be replayed.
     """
-    reason = source = version_text = None
-    user_headers: wire.Headers = []
-    shown = []
-    for name, data in headers or ():
-        if name == wire.DEAD_LETTER_REASON:
-            reason = data
-        elif name == wire.DEAD_LETTER_SOURCE:
-            source = (data or b"").decode(errors="replace")
-        elif name == wire.VERSION:
-            version_text = data
-        elif not name.startswith(wire.RESERVED_PREFIX):
-            user_headers.append((name, data))
-        shown.append((name, "" if data is None else data[:MAX_HEADER_TEXT * 4].decode(errors="replace")
-                      [:MAX_HEADER_TEXT]))
-    found = wire.Reason.of(reason)
-    text = (reason or b"").decode(errors="replace")
-    code = UNKNOWN_CODE if found is None else found.value
-    if found is not None:
-        text = text[len(code) + 1:].lstrip()
-    delay_id = key.decode() if key is not None and wire.is_delay_id(key) else None
-    version = _offset_number(version_text)
-    if version is None and source:
-        version = _offset_number(source.rpartition("/")[2].encode())
-    due = target = None
-    if found in wire.UNDELIVERABLE and value is not None and delay_id is not None:
-        try:
-            message = wire.parse_buffer_record(key, value, user_headers).envelope
-        except (wire.MalformedRecord, wire.NewerLevelRecord):
-            message = None
-        if message is not None:
-            due, target = message.deliver_at_ms, message.topic
-    return DeadLetter(partition, offset, ts_ms, code, text, delay_id, source, version, target, due, tuple(shown),
-                      replayable=target is not None)
-
-
-def _offset_number(raw: bytes | None) -> int | None:
-    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 18 else None
+    facts = wire.read_dead_letter(key, value, headers)
+    shown = tuple((name, "" if data is None else data[:MAX_HEADER_TEXT * 4].decode(errors="replace")[:MAX_HEADER_TEXT])
+                  for name, data in headers or ())
+    return DeadLetter(partition, offset, ts_ms, facts.code, facts.text, facts.delay_id, facts.source, facts.version,
+                      facts.topic, facts.due_ms, shown, replayable=facts.topic is not None)
 
 
 def dead_letter_event(letter: DeadLetter) -> EventTuple:
