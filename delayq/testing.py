@@ -239,7 +239,8 @@ class NodeProcess:
     """One ``delayq node`` child process with its own data folder and HTTP port.
 
     ``python``: the interpreter whose delayq runs the node; another environment's (a release's, see
-    delayq.release_env) runs that version on the same data folder and settings.
+    delayq.release_env) runs that version on the same data folder and settings. ``console``: the node also
+    serves the web console under /console on its HTTP port (DELAYQ_CONSOLE=true; :attr:`console_url`).
     """
 
     settings: Settings
@@ -248,11 +249,12 @@ class NodeProcess:
     http_port: int = field(default_factory=free_server_port)
     process: subprocess.Popen | None = None
     python: str = sys.executable
+    console: bool = False
 
     def start(self) -> NodeProcess:
         env = {**os.environ, **settings_env(self.settings), "DELAYQ_NODE_ID": self.node_id,
                "DELAYQ_DATA_DIR": str(self.data_dir), "DELAYQ_HTTP_PORT": str(self.http_port),
-               "DELAYQ_HTTP_HOST": "127.0.0.1"}
+               "DELAYQ_HTTP_HOST": "127.0.0.1", "DELAYQ_CONSOLE": "true" if self.console else "false"}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")  # noqa: SIM115 - the child's, kept open
         # Every run of the node appends to one log: this process's part starts here (own_log).
@@ -277,6 +279,11 @@ class NodeProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def console_url(self) -> str:
+        """Where the node serves the web console (when started with ``console``)."""
+        return f"{self.url}/console/"
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
@@ -377,11 +384,13 @@ class NodeProcess:
 class LocalCluster:
     """Nodes of one cluster on this machine; :meth:`close` kills whatever is still running."""
 
-    def __init__(self, settings: Settings, root: Path, *, create_topics: bool = True):
+    def __init__(self, settings: Settings, root: Path, *, create_topics: bool = True, console: bool = False):
         """``create_topics``: make the buffer and dead-letter topics first (False: someone else made them, as
-        the admin of a secured cluster does, where the nodes' principal may not)."""
+        the admin of a secured cluster does, where the nodes' principal may not). ``console``: every node
+        also serves the web console on its HTTP port (:attr:`NodeProcess.console_url`)."""
         self.settings = settings
         self.root = root
+        self.console = console
         self.nodes: dict[str, NodeProcess] = {}
         if create_topics:
             ensure_topics(settings)
@@ -395,7 +404,8 @@ class LocalCluster:
         previous = self.nodes.get(node_id)
         if python is None:
             python = previous.python if previous is not None else sys.executable
-        node = NodeProcess(self.settings, node_id, self.root / node_id / "data", python=python).start()
+        node = NodeProcess(self.settings, node_id, self.root / node_id / "data", python=python,
+                           console=self.console).start()
         self.nodes[node_id] = node
         if wait:
             node.wait_ready()

@@ -27,6 +27,8 @@ class DemoOptions:
     secure: bool = False
     # Keep the demo cluster's topics and ZooKeeper folder on the stack afterwards (deleted by default).
     keep: bool = False
+    # The nodes serve the web console on their HTTP ports (read-only: its actions stay off).
+    console: bool = True
 
     def __post_init__(self) -> None:
         if self.orders_per_second <= 0 or self.order_seconds <= 0:

@@ -44,7 +44,7 @@ from delayq.clock import now_ms
 from delayq.dev import DevStack, StackError
 from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 from delayq.settings import Settings
-from delayq.testing import LocalCluster, NodeError, drop_cluster
+from delayq.testing import LocalCluster, NodeError, NodeProcess, drop_cluster
 
 from .options import DemoOptions
 
@@ -316,7 +316,9 @@ class Story:
         users = DEMO_USERS
         for user in users.values():
             choice.stack.add_user(user)
-        lines = required_acls(self.settings, **{role: f"User:{user}" for role, user in users.items()})
+        # The nodes serve the console too (--no-console: not): their principal reads what the console reads.
+        console = {"console": f"User:{users['node']}"} if self.options.console else {}
+        lines = required_acls(self.settings, **{role: f"User:{user}" for role, user in users.items()}, **console)
         apply_acls(self.settings, lines)
         self.roles = {role: self._settings_as(choice, user, cluster) for role, user in users.items()}
         self.tally.event(f"secured: SCRAM users {', '.join(users.values())}, {len(lines)} ACLs (delayq acls), "
@@ -336,7 +338,8 @@ class Story:
 
     def _tell(self) -> int:
         o, tally = self.options, self.tally
-        self.cluster = LocalCluster(self.roles["node"], self.run_dir, create_topics=False)  # the admin made them
+        self.cluster = LocalCluster(self.roles["node"], self.run_dir, create_topics=False,  # the admin made them
+                                    console=o.console)
         with self.console.status(f"starting {o.nodes} delay-service nodes"):
             for i in range(o.nodes):
                 self.cluster.start(f"node-{chr(ord('a') + i)}", wait=False)
@@ -345,6 +348,8 @@ class Story:
             owners = self._wait_for_masters()
         tally.event(f"{o.nodes} nodes up, {DEMO_SHARDS} shards; masters: " +
                     ", ".join(f"shard {k} [bold]{owners[k]}[/]" for k in sorted(owners)))
+        if o.console:
+            self.console.print(f"console: {self._console_node(owners).console_url}", highlight=False, markup=False)
         app = self.roles["producer"]
         producer = Producer(app.kafka_conf(**{"delayq.cluster": app.cluster, "linger.ms": 5}))
         orders = Orders(producer, self.target, o, tally, self.rng)
@@ -394,6 +399,11 @@ class Story:
             if time.monotonic() > deadline:
                 raise NodeError(f"not every shard had a master {timeout_s:.0f}s after the nodes were ready: {owners}")
             time.sleep(0.2)
+
+    def _console_node(self, owners: dict[int, str]) -> NodeProcess:
+        """The node whose console the demo points to: one the story will not kill (shard 0's master is killed)."""
+        nodes = self.cluster.nodes
+        return next((node for node_id, node in nodes.items() if node_id != owners.get(0)), next(iter(nodes.values())))
 
     def _kill_master(self):
         master_id = self.status.get("master")  # shard 0's

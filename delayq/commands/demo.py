@@ -42,6 +42,9 @@ def register(subparsers) -> None:
     demo.add_argument("--seed", type=int, help="random seed, for a repeatable run")
     demo.add_argument("--keep", action="store_true",
                       help="keep the demo cluster's topics and ZooKeeper folder afterwards (deleted by default)")
+    demo.add_argument("--no-console", action="store_true",
+                      help="the nodes do not serve the web console (by default they do, read-only, and the demo "
+                           "prints its URL)")
     demo.set_defaults(func=run)
 
 
@@ -52,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
         orders_per_second=args.rate, order_seconds=args.seconds, min_delay_s=args.min_delay,
         max_delay_s=args.max_delay, pay_ratio=args.pay_ratio, nodes=args.nodes, kill_master=not args.no_kill,
         reconcile=not args.no_reconcile, out_dir=args.out, seed=args.seed, stack_dir=args.state_dir,
-        secure=args.secure, keep=args.keep,
+        secure=args.secure, keep=args.keep, console=not args.no_console,
     )
     return run_demo(options)
