@@ -383,6 +383,11 @@ class Settings(BaseSettings):
         return f"delayq-{self.cluster}-ingest-"
 
     @property
+    def console_group(self) -> str:
+        """The group id the console's index names (librdkafka wants one): it is assigned partitions, never joins."""
+        return f"delayq-{self.cluster}-console"
+
+    @property
     def reconcile_group_prefix(self) -> str:
         """The consumer groups of the reconciliation's Spark Kafka source start with this (its ``groupIdPrefix``)."""
         return f"delayq-{self.cluster}-reconcile"

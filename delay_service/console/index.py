@@ -165,12 +165,8 @@ def index_path(settings: Settings) -> Path:
 
 
 def consumer_group(settings: Settings) -> str:
-    """The group id the index's consumers name: librdkafka wants one; they never join it or commit.
-
-    Under the reconciliation's group prefix: the console reads what the reconciliation reads (the
-    buffer, the dead letters, the target topics), and ``delayq acls --reconcile`` grants that.
-    """
-    return f"{settings.reconcile_group_prefix}-console"
+    """The group id the index's consumers name: librdkafka wants one; they never join it or commit."""
+    return settings.console_group
 
 
 # -- the RocksDB side ----------------------------------------------------------
