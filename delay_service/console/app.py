@@ -209,6 +209,7 @@ class Pages:
     def blueprint(self) -> Blueprint:
         pages = Blueprint("console", __name__, url_prefix=PREFIX)
         for rule, view, methods in (
+                ("/healthz", self.healthz, ["GET"]),
                 ("/", self.overview, ["GET"]),
                 ("/upcoming", self.upcoming, ["GET"]),
                 ("/messages", self.find, ["GET"]),
@@ -236,6 +237,12 @@ class Pages:
                 "index_lag": self.index.lag(), "here": request.full_path.rstrip("?")}
 
     # -- pages ---------------------------------------------------------------------
+
+    def healthz(self) -> Response:
+        """200 while the console serves (probes: a pod's readiness and liveness); the body says how far its index is."""
+        lag = self.index.lag()
+        said = "starting" if lag is None else f"{lag:,} records behind"
+        return Response(f"ok (the index is {said})\n", 200, mimetype="text/plain")
 
     def overview(self) -> str:
         overview = self.cluster.overview()
@@ -441,7 +448,8 @@ def _chart_data(chart: PendingChart) -> dict[str, list]:
     labels, counts, kinds = ["overdue"], [chart.overdue], ["overdue"]
     for bucket in chart.buckets:
         minute = bucket.width_ms < 3_600_000
-        labels.append(_when(bucket.start_ms)[11:16] if minute else _when(bucket.start_ms)[5:13] + "h")
+        start = _when(bucket.start_ms)  # 2026-11-27T20:18:00.000Z
+        labels.append(start[11:16] if minute else f"{start[5:10]} {start[11:13]}:00")
         counts.append(bucket.count)
         kinds.append("minute" if minute else "hour")
     return {"labels": labels, "counts": counts, "kinds": kinds}

@@ -298,7 +298,7 @@ class ClusterView:
         """
         said = []
         for node in candidates(overview, shard):
-            url = f"http://{node.http}{path}"
+            url = node.http.rstrip("/") + path  # a registration names its URL: http://host:port
             try:
                 status, body = self._fetch(url, self.timeout_s)
             except OSError as err:

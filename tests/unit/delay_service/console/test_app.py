@@ -130,7 +130,7 @@ class Console:
         self.actions = mock.create_autospec(Actions, instance=True, spec_set=True)
         rows = (ShardRow(0, "node-a", 3, ("node-a", "node-b"), ("node-a", "node-b"), 5),
                 ShardRow(1, None, 1, ("node-b",), (), None))
-        self.cluster.overview.return_value = Overview("c", rows, (NodeRecord("node-a", Role.MASTER, http="a:1"),),
+        self.cluster.overview.return_value = Overview("c", rows, (NodeRecord("node-a", Role.MASTER, http="http://a:1"),),
                                                       4, T0)
         self.cluster.pending.return_value = PendingChart(
             T0, 12, 2, (Bucket(T0, 60_000, 4), Bucket(T0 + 60_000, 60_000, 1), Bucket(T0 + 3_600_000, 3_600_000, 5)),
@@ -194,6 +194,13 @@ def test_the_overview_has_the_shards_the_figures_the_chart_and_its_table(console
         (str(T0), "4"), (str(T0 + 60_000), "1"), (str(T0 + 3_600_000), "5")]
     assert "shard 1 unavailable" in html.words()
     assert html.one("script[src]").attrs["src"] == "/console/static/chart.umd.js"
+
+
+def test_healthz_answers_200_with_the_indexs_lag_for_probes(console):
+    console.index.lag.return_value = 1234
+    response = console.client.get("/console/healthz")
+    assert (response.status_code, response.get_data(as_text=True)) == (200, "ok (the index is 1,234 records behind)\n")
+    assert "Set-Cookie" not in response.headers
 
 
 def test_the_charting_library_is_served_with_its_licence_header(console):

@@ -38,7 +38,7 @@ def page(shard: int, items: list[UpcomingItem], more: str | None = None) -> Upco
 
 
 def node(node_id: str, shards: tuple[int, ...], ready: tuple[int, ...] = (), lag: int | None = 0) -> NodeRecord:
-    return NodeRecord(node_id, Role.STANDBY, http=f"{node_id}:80", shards=shards, ready=ready, lag=lag)
+    return NodeRecord(node_id, Role.STANDBY, http=f"http://{node_id}:80", shards=shards, ready=ready, lag=lag)
 
 
 def overview(shards: int, nodes: list[NodeRecord], masters: dict[int, str]) -> Overview:
@@ -179,8 +179,8 @@ def test_a_lookup_asks_the_nodes_of_the_ids_shard_and_says_pending_or_not():
 
 def test_the_overview_reads_the_layout_the_shards_masters_epochs_and_the_nodes_registrations():
     root = "/delayq/c"
-    records = [NodeRecord("a", Role.MASTER, http="a:1", lag=4, shards=(0, 1), ready=(0, 1), masters=(0, 1)),
-               NodeRecord("b", Role.STANDBY, http="b:1", lag=9, shards=(1,), ready=())]
+    records = [NodeRecord("a", Role.MASTER, http="http://a:1", lag=4, shards=(0, 1), ready=(0, 1), masters=(0, 1)),
+               NodeRecord("b", Role.STANDBY, http="http://b:1", lag=9, shards=(1,), ready=())]
     znodes = {f"{root}/layout": ShardLayout(2, 4).to_json(), f"{root}/shards/0/epoch": b"7",
               **{f"{root}/nodes/{r.node_id}": r.to_json() for r in records}}
     settings = Settings(cluster="c")
