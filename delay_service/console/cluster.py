@@ -298,7 +298,7 @@ class ClusterView:
         """
         said = []
         for node in candidates(overview, shard):
-            url = node.http.rstrip("/") + path  # a registration names its URL: http://host:port
+            url = (node.http or "").rstrip("/") + path  # a registration names its URL (candidates have one)
             try:
                 status, body = self._fetch(url, self.timeout_s)
             except OSError as err:
