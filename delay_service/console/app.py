@@ -46,6 +46,9 @@ PAGE_ROWS = 50
 # topic (a bounded read of Kafka: index.find_delivery); past that the page says it is being looked for, and
 # shows it on the next load (the answer is kept).
 FIND_WAIT_S = 2.0
+# After an action, how long the answer waits for the index to read what it wrote, so the page it returns to
+# shows it (the cancel in the history, the dead letter replayed).
+SETTLE_S = 3.0
 # How many answers of find_delivery are kept (per (target, id, version)).
 FIND_KEPT = 512
 # The largest request body the console reads (a form of a page of dead letters' coordinates is ~10 kB).
@@ -406,6 +409,8 @@ class Pages:
         except ActionFailed as err:
             return self._refused(who, action, 503, str(err))
         audit.info("%s %s: %s", who, action, result)
+        # The page it returns to reads the index: let it read what the action wrote first (bounded).
+        self.index.wait_caught_up(SETTLE_S)
         if g.by_header:
             return Response(result + "\n", 200, mimetype="text/plain")
         flash(result, "done")

@@ -395,6 +395,7 @@ def test_a_cancel_logged_in_is_done_flashed_on_the_page_it_returns_to_and_audite
     response = console.post("/console/actions/cancel", id=ID, back=f"/console/messages/{ID}")
     assert response.status_code == 302 and response.headers["Location"] == f"/console/messages/{ID}"
     console.actions.cancel.assert_called_once_with(ID)
+    console.index.wait_caught_up.assert_called_once()  # the page it returns to shows the cancel
     assert page(console.client.get(response.headers["Location"])).one("div#flash").words() == f"cancelled {ID}"
     assert f"alice cancel {ID}: cancelled {ID}" in [r.getMessage() for r in caplog.records]
 
