@@ -15,6 +15,7 @@ would shadow them in every test's arguments).
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,8 @@ from delayq.dev.chromium import ChromiumError, ensure_chromium
 
 SCREENSHOTS_VARIABLE = "DELAYQ_SCREENSHOTS"
 WINDOW = (1400, 1000)
+# A picture of a long page stops here: the top of a long list shows what it is.
+SCREENSHOT_MAX_HEIGHT = 1600
 
 
 def live(request: pytest.FixtureRequest) -> Callable[[str], None]:
@@ -90,13 +93,19 @@ def browser(chromium_session: WebDriver, request, tmp_path: Path) -> Iterator[We
 
 
 def save_screenshot(driver: WebDriver, name: str) -> Path | None:
-    """Save the page as ``<$DELAYQ_SCREENSHOTS>/<name>.png`` when that variable is set; the file, or None."""
+    """Save the page, below the window's edge too (up to :data:`SCREENSHOT_MAX_HEIGHT`), as
+    ``<$DELAYQ_SCREENSHOTS>/<name>.png`` when that variable is set; the file, or None."""
     folder = os.environ.get(SCREENSHOTS_VARIABLE)
     if not folder:
         return None
     path = Path(folder) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(path))
+    height = min(driver.execute_script("return document.documentElement.scrollHeight"), SCREENSHOT_MAX_HEIGHT)
+    # Chromium's DevTools call, not WebDriver's: WebDriver's screenshot stops at the window's bottom edge.
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": WINDOW[0], "height": height, "scale": 1}})
+    path.write_bytes(base64.b64decode(shot["data"]))
     return path
 
 
