@@ -120,7 +120,8 @@ class NodeHTTPServer:
 
 
 class NodeHandler(BaseHTTPRequestHandler):
-    """The endpoints; a node of member processes answers /v1/messages/ through its members (members.py)."""
+    """The endpoints; a node of member processes answers /v1/messages/, /v1/shards/ and /console through its members
+    (members.py's GroupHandler overrides :meth:`message`, :meth:`shard_page` and :meth:`console`)."""
 
     node: NodeView
     protocol_version = "HTTP/1.1"
