@@ -31,10 +31,11 @@ from delayq.wire import check_delay_id
 
 from ..http import iso_ms
 from . import auth
-from .actions import ActionFailed, ActionRefused, Actions, MessageState, message_state
+from .actions import ActionFailed, ActionRefused, Actions, message_state
 from .cluster import ClusterView, PendingChart
 from .index import ConsoleIndex
 from .records import MAX_PAGE, HistoryEvent, ShardNow
+from .wsgi import MAX_BODY
 
 audit = logging.getLogger("delayq.console.audit")
 log = logging.getLogger("delayq.console")
@@ -51,9 +52,6 @@ FIND_WAIT_S = 2.0
 SETTLE_S = 3.0
 # How many answers of find_delivery are kept (per (target, id, version)).
 FIND_KEPT = 512
-# The largest request body the console reads (a form of a page of dead letters' coordinates is ~10 kB).
-MAX_BODY = 1 << 20
-STATES: tuple[MessageState, ...] = ("pending", "delivered", "cancelled", "dead-lettered", "unknown")
 
 
 def create_app(settings: Settings, *, index: ConsoleIndex, cluster: ClusterView | None = None,
@@ -82,7 +80,7 @@ def create_app(settings: Settings, *, index: ConsoleIndex, cluster: ClusterView 
     app.context_processor(pages.layout)
     app.add_url_rule("/", "root", lambda: redirect(f"{PREFIX}/"))
     app.jinja_env.filters.update(when=_when, relative=_relative, count=_count, ms=_ms)
-    app.jinja_env.globals.update(csrf_token=auth.csrf_token, STATES=STATES)
+    app.jinja_env.globals.update(csrf_token=auth.csrf_token)
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> tuple[str, int]:
