@@ -15,6 +15,7 @@ BEGIN = "<!-- delayq bench: generated from bench/results.json; edit outside thes
 END = "<!-- delayq bench: end of generated part -->"
 PEER = "Redis peer"
 SCALE_SUITE = "scale"  # its figures get a table of their own too: configurations (nodes, R) by rows
+CONSOLE_SUITE = "console"  # and the console's: a row per page, median, p95 and max against the target
 VERSION_ORDER = ("delayq", "Kafka", "ZooKeeper", "confluent-kafka", "librdkafka", "rocksdict", "Python", "Redis",
                  "redis-py")
 
@@ -134,6 +135,7 @@ def render_markdown(results: dict, rows_only: bool = False):
     lines += [f"| {r['label']} | {r['ours']} | {r['spread']} | {r['runs']} | {r['peer']} | {r['ratio']} | "
               f"{r['better']} |" for r in rows]
     lines += scale_table(results["figures"])
+    lines += console_table(results["figures"])
     lines.append(END)
     return "\n".join(lines)
 
@@ -204,6 +206,54 @@ def scale_table(figures: dict) -> list[str]:
         *(f"| {r['nodes']} | {r['replicas']} | {r['delivery']} | {r['delivery_spread']} | {r['delivery_x1']} | "
           f"{r['ingest']} | {r['ingest_spread']} | {r['ingest_x1']} | {r['runs']} | {r['peer']} | "
           f"{r['peer_ratio']} |" for r in rows),
+    ]
+
+
+def console_rows(figures: dict) -> list[dict[str, str]]:
+    """The cells of the console table: one row per page the console suite timed, in the order it measured them.
+
+    Reads the ``console`` suite's page figures as results.json holds them: ``details`` name the page and
+    hold its p95, max, target and verdict (console_bench.figures).
+    """
+    rows = []
+    for figure in figures.values():
+        details = figure.get("details") or {}
+        if figure.get("suite") != CONSOLE_SUITE or "p95_ms" not in details:
+            continue
+        rows.append({"page": details["page"], "median": with_unit(figure["median"], "ms"),
+                     "p95": with_unit(details["p95_ms"], "ms"), "max": with_unit(details["max_ms"], "ms"),
+                     "target": with_unit(details["target_ms"], "ms"), "requests": str(details["requests"]),
+                     "verdict": "yes" if details["passed"] else "**no**"})
+    return rows
+
+
+def console_table(figures: dict) -> list[str]:
+    """The lines of the console table (after a blank line), or none when the console suite has no page figures."""
+    rows = console_rows(figures)
+    build = next((f for f in figures.values() if f.get("suite") == CONSOLE_SUITE and "records" in
+                  (f.get("details") or {})), None)
+    if not rows or build is None:
+        return []
+    details = build["details"]
+    load = details["load_average"]
+    topics = ", ".join(f"{name} {count:,}" for name, count in details["topics"].items())
+    quick = " Quick sizes: a smoke run, not a measurement." if build.get("quick") else ""
+    return [
+        "",
+        f"Console (`delayq bench --only console`; issue 34: every page under {number(details['target_ms'])} ms): one "
+        f"node holding {details['pending']:,.0f} pending (due over the next 7 days: {topics}; and "
+        f"{details['series']:,} repeating), {details['dead_letters']:,} dead letters. `delayq console` in its own "
+        f"process with a fresh index, which read {details['records']:,} buffer and dead-letter records in "
+        f"{number(details['seconds'])} s ({number(build['median'])} records/s). Each page asked "
+        f"{rows[0]['requests']} times after warm-ups, round-robin over the pages, one connection a request, from "
+        "the bench's process; it passes when its p95 is under the target. `node:` rows are the node's console "
+        f"endpoints alone. Load average {load['before'][0]:.1f} before the timing, {load['after'][0]:.1f} after "
+        f"(the machine is shared).{quick}",
+        "",
+        "| page | median | p95 | max | target | p95 under it |",
+        "|---|---:|---:|---:|---:|---|",
+        *(f"| {r['page']} | {r['median']} | {r['p95']} | {r['max']} | {r['target']} | {r['verdict']} |"
+          for r in rows),
     ]
 
 

@@ -66,11 +66,15 @@ class Sizes:
     # (more: the fastest configuration must take over a second, timed by polling the nodes every 50 ms).
     scale_delivery: int = 100_000
     scale_ingest: int = 400_000
+    # The console suite: pending messages on its node and dead letters (issue 34's figure).
+    console: int = 10_000_000
+    console_dead_letters: int = 100_000
 
 
 QUICK = Sizes(ingest=20_000, delivery=10_000, lateness_seconds=1, expiry=10_000, limit_rate=5_000,
               produce_calls=2_000, produce_runs=5, produce_quiet_wait_s=3.0, capacity=100_000, capacity_large=200_000,
-              rebuild=50_000, reconcile=20_000, scale_delivery=10_000, scale_ingest=20_000)
+              rebuild=50_000, reconcile=20_000, scale_delivery=10_000, scale_ingest=20_000,
+              console=100_000, console_dead_letters=10_000)
 
 
 @dataclass
@@ -472,6 +476,25 @@ def suite_follow(ctx: Context) -> list[Figure]:
     return [figure for trigger, results in runs.items() for figure in follow_bench.figures(trigger, results)]
 
 
+def suite_console(ctx: Context) -> list[Figure]:
+    """The web console's pages timed on one node holding Sizes.console pending and Sizes.console_dead_letters dead
+    letters (BENCH_CONSOLE_PENDING, BENCH_CONSOLE_DEAD_LETTERS say otherwise; BENCH_CONSOLE_NODE=1 adds the node's
+    /console): once, each page's 30 timed requests its sample (console_bench)."""
+    from . import console_bench
+
+    pending, dead_letters = console_bench.sizes_from(os.environ, ctx.sizes.console, ctx.sizes.console_dead_letters)
+    node_console = console_bench.node_console_from(os.environ)
+    result = ctx.step(f"console pages, {pending:,} pending and {dead_letters:,} dead letters",
+                      lambda: console_bench.measured_run(ctx.stack, pending, dead_letters, ctx.progress,
+                                                         node_console=node_console, say=ctx.progress.console.print))
+    for page in result["pages"]:
+        if not page["passed"]:
+            _say_invalid(f"console: {page['label']} fails the {console_bench.TARGET_MS:.0f} ms target: p95 "
+                         f"{page['p95_ms']:.0f} ms, answers {page['statuses']}, its table "
+                         f"{'found' if page['marked'] else 'missing'}")
+    return console_bench.figures(result)
+
+
 def _say_invalid(text: str) -> None:
     console.log(f"[bold red]{escape(text)}[/]")  # the reasons hold brackets: shard lists, masterships
 
@@ -625,6 +648,7 @@ _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
     "capacity-100m": suite_capacity_large,
     "follow": suite_follow,
+    "console": suite_console,
 }
 assert list(_SUITE_RUNS) == list(SUITE_TEXT), "bench/suites.py and the suites here disagree"
 SUITES: dict[str, tuple[Callable[[Context], list[Figure]], str]] = {

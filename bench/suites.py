@@ -25,10 +25,13 @@ SUITE_TEXT: dict[str, str] = {
     "follow": "`delayq reconcile --follow` under 20,000 msg/s of live healthy traffic (puts, deliveries, dones), "
               "triggers 10 s and 5 s: lag p50/p95/max and slope (keeps up or not), CPU per record, no finding "
               "(only with --only: ~10 min a run)",
+    "console": "the web console's pages with 10M pending and 100k dead letters: median, p95, max per page against "
+               "300 ms, and the console index's build in records/s (only with --only: ~40 min; "
+               "BENCH_CONSOLE_PENDING=200k for a smaller run)",
 }
 
 # Suites a plain `delayq bench` leaves out: they run only when --only names them.
-OPT_IN_SUITES = frozenset({"capacity-100m", "follow"})
+OPT_IN_SUITES = frozenset({"capacity-100m", "follow", "console"})
 
 # The chaos soak's fault kinds (bench/soak_faults.py), each at least once per run. On one broker (the default)
 # every kind but the replicated cluster's; with --brokers N (2 or more) those instead of the two that hit "the"
