@@ -75,7 +75,7 @@ KAFKA_LOGGER.addFilter(QuietRepeats())
 # Variables delayq's own tools read that are not settings: the config file, the dev stack's and the
 # jar cache's folders, a kcat to use, and the test suite's switch to keep the dev stack running.
 TOOL_VARIABLES = frozenset({"DELAYQ_CONFIG", "DELAYQ_DEV_DIR", "DELAYQ_CACHE_DIR", "DELAYQ_KCAT",
-                            "DELAYQ_TEST_KEEP_STACK"})
+                            "DELAYQ_TEST_KEEP_STACK", "DELAYQ_SCREENSHOTS"})
 # What Kubernetes injects for a Service named "delayq" (the chart turns service links off; others may not).
 _SERVICE_LINK = re.compile(r"DELAYQ_(SERVICE_(HOST|PORT)(_\w+)?|PORT(_\d+_(TCP|UDP)(_\w+)?)?)")
 
