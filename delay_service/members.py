@@ -111,10 +111,18 @@ def member_environment(settings: Settings, index: int, port: int, base: dict[str
         "DELAYQ_HTTP_PORT": str(port),
         "DELAYQ_DATA_DIR": str(settings.data_dir / MEMBERS_DIR / str(index)),
         "DELAYQ_LOG_LEVEL": settings.log_level,
-        # The first member runs the node's console (the node's port passes /console to it): one index each node.
-        "DELAYQ_CONSOLE": str(settings.console and index == 0).lower(),
     })
     return env
+
+
+def runs_console(settings: Settings) -> bool:
+    """Whether this process serves its node's console (``DELAYQ_CONSOLE``): a node of one process, or the first member
+    of a node of members (the node's port passes /console to it; one index of the buffer per node, not per member).
+
+    Every member keeps the setting all the same: its stores count their pending messages by due time from the start,
+    for the console's questions the first member passes on.
+    """
+    return settings.console and (settings.node_group is None or settings.node_id == member_id(settings.node_group, 0))
 
 
 def die_with_parent() -> None:

@@ -41,6 +41,7 @@ from .ingest import Ingest
 from .insync import InSyncWatch
 from .layout import ensure_layout
 from .loops import Loops
+from .members import runs_console
 from .metrics import NodeMetrics
 from .registration import Registration, node_record
 from .seats import Seats
@@ -110,7 +111,7 @@ class Node:
     def _start_serving(self) -> None:
         """The console, HTTP, ZooKeeper, ingest and the shards to hold, membership and the loops."""
         s = self.settings
-        if s.console:
+        if runs_console(s):
             # Imported only when asked: a node without the console does not load Flask. Made before anything of
             # the cluster is touched, so that a console that cannot start (no Flask, half a login) stops the node.
             from .console import node_app

@@ -27,10 +27,11 @@ from delayq.delay_service.console.records import (
     upcoming_from_json,
 )
 from delayq.delay_service.http import NodeHTTPServer
-from delayq.delay_service.members import GroupHandler, GroupView, Member
+from delayq.delay_service.members import GroupHandler, GroupView, Member, runs_console
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.shard_answers import ShardAnswers
 from delayq.schedule import Series
+from delayq.settings import Settings
 from delayq.store import Put, TimeIndex
 
 MINUTE = 60_000
@@ -304,3 +305,10 @@ def test_a_node_of_member_processes_passes_the_console_to_its_first_member(group
     assert status == 200 and headers["Set-Cookie"] == "s=1; Path=/console"
     assert json.loads(body) == {"method": "POST", "path": "/console/actions/replay", "query": "x=1",
                                 "body": "code=expired", "cookie": "s=1"}
+
+
+def test_of_a_node_of_members_only_the_first_runs_the_console():
+    assert runs_console(Settings(node_id="box", console=True))
+    assert not runs_console(Settings(node_id="box"))
+    assert runs_console(Settings(node_id="box-0", node_group="box", console=True))
+    assert not runs_console(Settings(node_id="box-1", node_group="box", console=True))
