@@ -187,27 +187,29 @@ class NodeHandler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"no such endpoint {SHARDS_PATH}{rest[:200]}: a shard answers "
                                       f"{SHARDS_PATH}<shard>/{PENDING}, /{UPCOMING} and /{NOW}"})
             return
-        try:
+        try:  # every argument checked before the store is asked anything
             shard = _shard_number(shard_text, self.node.shard_count())
             asked = _query(query, {PENDING: ("days",), UPCOMING: ("after", "limit", "topic"), NOW: ()}[page])
-            answers = self.node.console_shard(shard)
-            if answers is None:
-                self._json(421, {"shard": shard, "status": "not_held",
-                                 "error": f"this node does not hold shard {shard}: ask a node that does (delayq "
-                                          "status lists them)"})
-                return
-            if page == PENDING:
-                self._histogram(answers, _number(asked.get("days"), "days", DEFAULT_DAYS, MAX_DAYS))
-            elif page == UPCOMING:
-                topic = asked.get("topic")
-                page_of = answers.upcoming(_cursor(asked.get("after")),
-                                           _number(asked.get("limit"), "limit", DEFAULT_LIMIT, MAX_PAGE),
-                                           None if topic is None else check_topic(topic))
-                self._json(200, to_json(page_of))
-            else:
-                self._json(200, to_json(answers.now(now_ms())))
+            days = _number(asked.get("days"), "days", DEFAULT_DAYS, MAX_DAYS)
+            after = _cursor(asked.get("after"))
+            limit = _number(asked.get("limit"), "limit", DEFAULT_LIMIT, MAX_PAGE)
+            topic = asked.get("topic")
+            if topic is not None:
+                topic = check_topic(topic)
         except ValueError as err:
             self._json(400, {"error": str(err)})
+            return
+        answers = self.node.console_shard(shard)
+        if answers is None:
+            self._json(421, {"shard": shard, "status": "not_held",
+                             "error": f"this node does not hold shard {shard}: ask a node that does (delayq status "
+                                      "lists them)"})
+        elif page == PENDING:
+            self._histogram(answers, days)
+        elif page == UPCOMING:
+            self._json(200, to_json(answers.upcoming(after, limit, topic)))
+        else:
+            self._json(200, to_json(answers.now(now_ms())))
 
     def _histogram(self, answers: ShardAnswers, days: int) -> None:
         found = answers.histogram(now_ms(), days)
