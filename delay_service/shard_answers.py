@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from delayq.clock import HOUR_MS, MINUTE_MS
 from delayq.store import StoredEntry, TimeIndex
-from delayq.store.pending_by_due import HOUR_MS, MINUTE_MS
 from delayq.wire import Envelope, series_options
 
 from . import stored

@@ -15,7 +15,10 @@ from datetime import timedelta
 
 from delayq.errors import UsageError
 
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
+_UNIT_MS = {"ms": 1, "s": 1000, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS}
 _NUMBER = r"\d+(?:\.\d+)?"
 _PLAIN_SECONDS = re.compile(_NUMBER)
 _PARTS = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h|d|w))+")

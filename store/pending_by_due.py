@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from itertools import islice, repeat
 from operator import floordiv
 
-MINUTE_MS = 60_000
-HOUR_MS = 60 * MINUTE_MS
+from delayq.clock import MINUTE_MS
+
 # The next hour by minute, then hours for at most this many days; what is due after that is "later".
 MINUTE_BUCKETS = 60
 MAX_DAYS = 31

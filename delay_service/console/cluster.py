@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import logging
 import threading
@@ -94,7 +95,8 @@ class PendingChart:
     """Every shard's :class:`PendingHistogram` summed: the overview's chart and its table.
 
     ``buckets``: the minute buckets of the next hour, then the hour buckets after it, each summed over the
-    shards by start time. ``unavailable``: the shards left out (no node answered for them).
+    shards by start time. ``unavailable``: the shards left out (no node answered for them); ``counting``: the
+    shards left out because their node is still making its first count of the store (it answers 503 "counting").
     """
 
     now_ms: int
@@ -103,6 +105,7 @@ class PendingChart:
     buckets: tuple[Bucket, ...]
     later: int
     unavailable: tuple[int, ...]
+    counting: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,8 +222,12 @@ class ClusterView:
         """Every shard's pending histogram, summed (:func:`sum_histograms`)."""
         overview = self.overview()
         found = self._ask_every_shard(overview, [r.shard for r in overview.shards],
-                                      lambda shard: f"{SHARDS_PATH}{shard}/{PENDING}", histogram_from_json)
-        return sum_histograms(found, now_ms())
+                                      lambda shard: f"{SHARDS_PATH}{shard}/{PENDING}", histogram_or_counting,
+                                      accept=(200, 503))
+        counting = tuple(shard for shard, answer in found.items() if answer is COUNTING)
+        chart = sum_histograms({shard: answer if isinstance(answer, PendingHistogram) else None
+                                for shard, answer in found.items() if answer is not COUNTING}, now_ms())
+        return dataclasses.replace(chart, counting=counting)
 
     def now(self) -> dict[int, ShardNow | None]:
         """Shard -> its delivery figures now, asked of its master (None: no node answered for it)."""
@@ -273,12 +280,13 @@ class ClusterView:
                           occurrence=body.get("occurrence"), repeat=body.get("repeat"))
 
     def _ask_every_shard(self, overview: Overview, shards: Iterable[int], path: Callable[[int], str],
-                         parse: Callable[[dict[str, Any]], T]) -> dict[int, T | None]:
+                         parse: Callable[[dict[str, Any]], T], accept: tuple[int, ...] = (200,)
+                         ) -> dict[int, T | None]:
         """Shard -> ``parse`` of the answer to ``path(shard)``, asked of every shard at once; None: no answer."""
 
         def ask(shard: int) -> T | None:
             try:
-                return parse(self._ask(overview, shard, path(shard))[1])
+                return parse(self._ask(overview, shard, path(shard), accept)[1])
             except NodeUnanswered as err:
                 log.info("console: %s", err)
                 return None
@@ -346,6 +354,18 @@ def candidates(overview: Overview, shard: int) -> list[NodeRecord]:
         return (1 if shard in node.ready else 2), node.lag if node.lag is not None else 1 << 62
 
     return sorted(holding, key=rank)
+
+
+class _Counting:
+    """A node's answer that it is still making its first count of a shard's store (503 "counting")."""
+
+
+COUNTING = _Counting()
+
+
+def histogram_or_counting(body: dict[str, Any]) -> PendingHistogram | _Counting:
+    """A node's answer to /pending: the histogram, or :data:`COUNTING` while it makes its first count."""
+    return COUNTING if body.get("status") == "counting" else histogram_from_json(body)
 
 
 def sum_histograms(histograms: Mapping[int, PendingHistogram | None], read_at_ms: int) -> PendingChart:

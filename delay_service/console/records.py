@@ -28,8 +28,6 @@ MAX_PAGE = 500
 # what it found and a cursor to go on from (so a rare topic never turns one request into a scan of the store).
 UPCOMING_SCAN_LIMIT = 20_000
 
-MINUTE_MS = 60_000
-HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -45,8 +43,9 @@ class Bucket:
 class PendingHistogram:
     """A shard's pending messages by due time, from the node's store: the pending chart's data.
 
-    ``overdue``: due before ``now_ms`` (waiting for delivery now); ``minutes``: the next hour by minute
-    (60 buckets from the minute of ``now_ms``); ``hours``: the hours after that hour for ``days`` days;
+    ``overdue``: due before the minute of ``now_ms`` began (waiting for delivery now; ``minutes[0]`` holds
+    the part of this minute already due); ``minutes``: the next hour by minute (60 buckets from the minute of
+    ``now_ms``); ``hours``: the hours after those 60 minutes for ``days`` days (not aligned to clock hours);
     ``later``: due after the last hour bucket. ``count`` is every pending message of the shard.
     """
 

@@ -9,9 +9,10 @@ from collections import Counter
 
 import pytest
 
+from delayq.clock import HOUR_MS, MINUTE_MS
 from delayq.store import MAX_DAYS, PendingByDue, Put, Remove, StoreError, TimeIndex
 from delayq.store import pending_by_due as counting
-from delayq.store.pending_by_due import HOUR_MS, MINUTE_MS, MinuteTally, summarize
+from delayq.store.pending_by_due import MinuteTally, summarize
 
 T0 = 1_800_000_000_000  # a minute boundary (30,000,000 minutes)
 DAYS = 2

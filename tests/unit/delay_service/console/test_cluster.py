@@ -206,3 +206,18 @@ def test_json_of_a_node_of_another_shape_leaves_its_shard_unavailable_not_the_pa
     with mock.patch.object(view, "overview", return_value=overview(1, [node("a", (0,))], {0: "a"})):
         assert view.now() == {0: None}
     view.close()
+
+
+
+def test_a_shard_whose_node_is_still_counting_its_store_is_left_out_of_the_chart_as_counting_not_unavailable():
+    def fetch(url: str, timeout_s: float):
+        if url.startswith("http://a:80"):
+            return 503, {"shard": 0, "status": "counting", "counted": 10, "pending": 99, "error": "counting"}
+        return 200, to_json(PendingHistogram(1, T0, 3, 1, (Bucket(T0, MINUTE, 2),), (), 0))
+
+    view = ClusterView(Settings(cluster="c"), fetch=fetch)
+    with mock.patch.object(view, "overview", return_value=overview(2, [node("a", (0,)), node("b", (1,))],
+                                                                   {0: "a", 1: "b"})):
+        chart = view.pending()
+    view.close()
+    assert (chart.counting, chart.unavailable, chart.count) == ((0,), (), 3)
