@@ -31,10 +31,10 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .clock import DAY_MS
 from .errors import ConfigurationError
 from .schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
-DAY_MS = 24 * 3600 * 1000
 ENV_PREFIX = "DELAYQ_"
 
 
