@@ -17,10 +17,9 @@ from support.process_testing import wait_until
 from support.service_testing import Feeder, now_ms
 
 from delayq import Settings, wire
+from delayq.clock import HOUR_MS, MINUTE_MS
 from delayq.delay_service import ensure_shards, ensure_topics
 from delayq.delay_service.console.records import (
-    HOUR_MS,
-    MINUTE_MS,
     Bucket,
     PendingHistogram,
     histogram_from_json,
