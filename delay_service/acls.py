@@ -156,7 +156,7 @@ def console_acls(settings: Settings, principal: str, topics: list[tuple[str, str
         AclLine("console", principal, "READ", "TOPIC", settings.buffer_topic, "LITERAL",
                 "its index of every id's history and the live series; a reschedule reads its put back"),
         AclLine("console", principal, "WRITE", "TOPIC", settings.buffer_topic, "LITERAL",
-                "cancel, reschedule and replay (console actions), through delayq.Producer"),
+                "cancel, reschedule and replay (console actions), through its own idempotent producer"),
         AclLine("console", principal, "READ", "TOPIC", settings.dead_letter_topic, "LITERAL",
                 "its index of the dead letters; a replay reads its dead letter back"),
         AclLine("console", principal, "DESCRIBE", "GROUP", consumer_group(settings), "LITERAL",
