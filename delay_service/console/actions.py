@@ -385,7 +385,10 @@ class Actions:
         if self._consumer is None:
             self._consumer = self._new_consumer()
         consumer = self._consumer
-        consumer.assign([TopicPartition(topic, k, first[0]) for k, first in wanted.items()])
+        assigned = [TopicPartition(topic, k, first[0]) for k, first in wanted.items()]
+        consumer.assign(assigned)
+        # librdkafka keeps a partition paused across unassign and assign: the last read paused those it finished.
+        consumer.resume(assigned)
         deadline = time.monotonic() + timeout_s
         try:
             while following and time.monotonic() < deadline:
@@ -431,7 +434,7 @@ def _skip_reason(letter: DeadLetter) -> str | None:
         return f"dead letter {letter.coordinates} was replayed already, as {letter.replayed_as}"
     if not letter.replayable:
         return (f"dead letter {letter.coordinates} ({letter.code}) carries no message to replay: only an undeliverable "
-                "message's copy does")
+                "message's copy or a put on the wrong partition does")
     return None
 
 
@@ -446,7 +449,7 @@ def _user_headers(headers: wire.Headers | None) -> wire.Headers:
 
 
 def _envelope(key: bytes | None, value: bytes | None, headers: wire.Headers, ts_ms: int = 0) -> wire.Envelope:
-    """The message a put (or an undeliverable message's dead letter) carries.
+    """The message a put (or a replayable dead letter: an undeliverable message's copy, a misplaced put) carries.
 
     Raises:
         ActionRefused: the record is no put this delayq reads.

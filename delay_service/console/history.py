@@ -257,14 +257,33 @@ def read_dead_letter(partition: int, offset: int, ts_ms: int, key: bytes | None,
     The reason header gives the code (:data:`UNKNOWN_CODE` when it starts with none) and the
     text; the version is an undeliverable message's ``delayq-version``, else the offset its
     source header names; the due time and target come from the put frame an undeliverable
-    message's copy carries (none for a copy too large for Kafka, which has no value), and only
-    such a copy can be replayed.
+    message's copy carries (none for a copy too large for Kafka, which has no value), or from a
+    put that was only on the wrong partition; only those can be replayed.
     """
     facts = wire.read_dead_letter(key, value, headers)
     shown = tuple((name, "" if data is None else data[:MAX_HEADER_TEXT * 4].decode(errors="replace")[:MAX_HEADER_TEXT])
                   for name, data in headers or ())
+    due, target = facts.due_ms, facts.topic
+    if target is None and facts.code == wire.Reason.WRONG_PARTITION.value:
+        due, target = _misplaced_put(key, value, facts.user_headers)
     return DeadLetter(partition, offset, ts_ms, facts.code, facts.text, facts.delay_id, facts.source, facts.version,
-                      facts.topic, facts.due_ms, shown, replayable=facts.topic is not None)
+                      target, due, shown, replayable=target is not None)
+
+
+def _misplaced_put(key: bytes | None, value: bytes | None, user_headers: wire.Headers) -> tuple[int | None, str | None]:
+    """The due time and target of a put written to a buffer partition that is not its id's, if it is one.
+
+    Its frame is valid: only the partition was wrong (a client's own partitioner, say), so the
+    message can go through delayq again, onto the right partition. A wrong-partition cancel or done
+    carries nothing to replay, and neither does any other malformed record.
+    """
+    if value is None or key is None or not wire.is_delay_id(key):
+        return None, None
+    try:
+        message = wire.parse_buffer_record(key, value, user_headers).envelope
+    except (wire.MalformedRecord, wire.NewerLevelRecord):
+        return None, None
+    return (message.deliver_at_ms, message.topic) if message is not None else (None, None)
 
 
 def dead_letter_event(letter: DeadLetter) -> EventTuple:

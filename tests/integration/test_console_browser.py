@@ -169,7 +169,7 @@ def console(request, stage: Stage) -> Console:
 class DeadLetters:
     """Two dead letters planted for the module: a malformed record and an undeliverable message."""
 
-    misplaced: str  # a put on a buffer partition that is not its id's: wrong-partition, never replayable
+    misplaced: str  # a put on a buffer partition that is not its id's: wrong-partition, replayable (its frame is valid)
     lost: str  # a put for a topic that does not exist yet: missing-topic, replayable
     lost_topic: str
 
@@ -375,13 +375,12 @@ def test_a_cancel_from_the_message_page_wins_and_nothing_is_delivered(browser, c
     assert [dict(r.headers() or []).get(wire.ID) for r in delivered] == []
 
 
-def test_dead_letters_are_listed_by_code_and_only_an_undeliverable_one_offers_a_replay(browser, screenshot, console,
-                                                                                         stage, dead_letters):
+def test_dead_letters_are_listed_by_code_and_each_offers_a_replay(browser, screenshot, console, stage, dead_letters):
     listing = f"{console.url}/dead-letters"
 
     wrong = reload_until(browser, listing, "the misplaced put listed as wrong-partition",
                          lambda driver: dead_letter_row(driver, dead_letters.misplaced, WRONG_PARTITION))
-    assert not wrong.find_elements(By.CSS_SELECTOR, "form.replay"), "a malformed record offers a replay"
+    assert wrong.find_elements(By.CSS_SELECTOR, "form.replay"), "a put on the wrong partition offers no replay"
     undeliverable = reload_until(browser, listing, "the put for a missing topic listed as missing-topic",
                                  lambda driver: dead_letter_row(driver, dead_letters.lost, MISSING_TOPIC))
     assert undeliverable.find_elements(By.CSS_SELECTOR, "form.replay"), "an undeliverable message offers no replay"
@@ -416,6 +415,35 @@ def test_an_undeliverable_dead_letter_is_replayed_once_its_topic_exists(browser,
 
     # Every replayable dead letter of the code, again: this one was replayed already, so nothing goes.
     browser.get(f"{listing}?code={MISSING_TOPIC}")
+    submit(browser.find_element(By.CSS_SELECTOR, "form#replay-filtered"))
+    said = flash(browser)
+    assert not said.lower().startswith("replayed"), f"a second replay was taken: {said}"
+    time.sleep(3)  # a second replay, due now, would be delivered within this
+    assert len(replays()) == 1, "the dead letter was replayed twice"
+
+
+def test_a_planted_wrong_partition_put_is_replayed_once_onto_its_right_partition(browser, console_command, stage,
+                                                                                dead_letters):
+    settings = stage.settings
+    listing = f"{console_command}/dead-letters?code={WRONG_PARTITION}"
+    row = reload_until(browser, listing, "the misplaced put listed as wrong-partition",
+                       lambda driver: dead_letter_row(driver, dead_letters.misplaced, WRONG_PARTITION))
+    replayed_from = f"{settings.dead_letter_topic}/{row.get_attribute('data-coordinates')}".encode()
+    log_in(browser, console_command)
+    browser.get(listing)
+
+    submit(dead_letter_row(browser, dead_letters.misplaced, WRONG_PARTITION).find_element(By.CSS_SELECTOR,
+                                                                                          "form.replay"))
+    assert "replayed" in flash(browser).lower()
+
+    def replays() -> list:
+        return [r for r in read_topic(settings.bootstrap_servers, stage.target, idle_s=1, timeout_s=5)
+                if dict(r.headers() or []).get(REPLAYED_FROM) == replayed_from]
+    [replay] = poll("the misplaced put delivered through delayq with header dead-letter-replayed-from",
+                    lambda: replays() or None, timeout_s=30)
+    assert replay.value() == b"misplaced"
+
+    browser.get(listing)
     submit(browser.find_element(By.CSS_SELECTOR, "form#replay-filtered"))
     said = flash(browser)
     assert not said.lower().startswith("replayed"), f"a second replay was taken: {said}"

@@ -223,6 +223,20 @@ def test_a_malformed_records_dead_letter_takes_its_version_from_the_source_and_c
     assert (letter.code, letter.version, letter.replayable, letter.target) == ("wrong-partition", 99, False, None)
 
 
+def test_a_put_on_the_wrong_partition_is_replayable_with_its_target_and_due_time_but_a_bad_frame_is_not():
+    message = wire.Envelope(ID, "orders", T0, b"payload", b"key", headers=[("app", b"1")])
+    reason = (wire.DEAD_LETTER_REASON, b"wrong-partition: record of x is on partition 3")
+    source = (wire.DEAD_LETTER_SOURCE, b"delayq-c-buffer/3/40")
+    letter = read_dead_letter(0, 8, T0, ID.encode(), message.buffer_value(), [*message.buffer_headers(), reason, source])
+    assert (letter.code, letter.replayable, letter.target, letter.due_ms, letter.version) == (
+        "wrong-partition", True, "orders", T0, 40)
+    garbled = read_dead_letter(0, 9, T0, ID.encode(), b"put soon orders", [reason, source])
+    assert (garbled.replayable, garbled.target) == (False, None)
+    bad_frame = (wire.DEAD_LETTER_REASON, b"bad-frame: no newline")
+    not_misplaced = read_dead_letter(0, 10, T0, ID.encode(), message.buffer_value(), [bad_frame, source])
+    assert (not_misplaced.replayable, not_misplaced.target) == (False, None)
+
+
 def test_a_dead_letter_without_a_known_reason_code_is_unknown_and_long_header_values_are_cut():
     letter = read_dead_letter(0, 7, T0, b"not an id", b"x", [("big", b"y" * 5000), ("none", None)])
     assert (letter.code, letter.id, letter.version) == (UNKNOWN_CODE, None, None)
