@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from delayq import wire
-from delayq.delay_service.console import index as index_module
+from delayq.delay_service.console import index_store
 from delayq.delay_service.console.history import REPLAYED_FROM
 from delayq.delay_service.console.index import IndexStore
 from delayq.schedule import Series
@@ -109,9 +109,9 @@ def test_dead_letters_page_newest_first_by_cursor_and_by_code_with_counts(tmp_pa
 def test_a_page_asks_for_at_most_max_page_items(tmp_path):
     topics = Topics()
     store = open_store(tmp_path)
-    store.apply([topics.dead_letter(wire.Reason.REJECTED, T0 + i) for i in range(index_module.MAX_PAGE + 5)])
+    store.apply([topics.dead_letter(wire.Reason.REJECTED, T0 + i) for i in range(index_store.MAX_PAGE + 5)])
     page = store.dead_letters(limit=10_000)
-    assert len(page.items) == index_module.MAX_PAGE and page.next is not None
+    assert len(page.items) == index_store.MAX_PAGE and page.next is not None
     store.close()
 
 
@@ -161,8 +161,8 @@ def test_live_series_page_in_id_order_and_leave_when_they_end(tmp_path):
 
 
 def test_an_id_keeps_its_newest_events_only(tmp_path, monkeypatch):
-    monkeypatch.setattr(index_module, "MAX_HISTORY", 10)
-    monkeypatch.setattr(index_module, "TRIM_STEP", 3)
+    monkeypatch.setattr(index_store, "MAX_HISTORY", 10)
+    monkeypatch.setattr(index_store, "TRIM_STEP", 3)
     topics = Topics()
     store = open_store(tmp_path)
     for _ in range(5):
