@@ -17,11 +17,12 @@ the node's index is built while the buffer fills). Each page is asked over HTTP 
 them alike: 3 warm-up rounds, then 30 timed; median, p95 and max per page against the 300 ms target
 (a page passes when its p95 is under it). The node's console endpoints are timed alone too.
 
-    delayq bench --only console                                   # 10M pending: ~40 min on 2 cores
+    delayq bench --only console                                   # 10M pending: ~21 min on 2 shared cores
     BENCH_CONSOLE_PENDING=200k delayq bench --only console        # a smaller run
     BENCH_CONSOLE_DEAD_LETTERS=10k BENCH_CONSOLE_NODE=1 ...
+    BENCH_CONSOLE_HOLD_S=300 ...      # keep it all up after the timing, to profile a page (py-spy)
 
-Opt-in (a plain ``delayq bench`` leaves it out): a fill of its own takes 15-25 minutes at 10M, and the
+Opt-in (a plain ``delayq bench`` leaves it out): at 10M its fill takes ~13 minutes and the index ~6, and the
 capacity suite's 10M node cannot serve (its messages are all due in the same millisecond to one topic,
 and its RSS must be read before a console touches the node).
 """
@@ -32,6 +33,7 @@ import html
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +63,7 @@ from .service_bench import DAY_MS, bench_cluster, create_target, fill_buffer, no
 PENDING_ENV = "BENCH_CONSOLE_PENDING"
 DEAD_LETTERS_ENV = "BENCH_CONSOLE_DEAD_LETTERS"
 NODE_CONSOLE_ENV = "BENCH_CONSOLE_NODE"
+HOLD_ENV = "BENCH_CONSOLE_HOLD_S"  # keep the node and the console up this long after the timing: for a profiler
 TARGET_MS = 300.0
 WARMUP_ROUNDS = 3
 TIMED_ROUNDS = 30
@@ -438,6 +441,11 @@ class Walk:
     pages: int
     times_ms: list[float]
 
+    def summary(self) -> dict:
+        """What results.json keeps of it: the page reached, how many were followed, their median, p95 and max."""
+        return {"url": self.url, "pages": self.pages, "median_ms": round(statistics.median(self.times_ms), 2),
+                "p95_ms": round(percentile(self.times_ms, 0.95), 2), "max_ms": round(max(self.times_ms), 2)}
+
 
 def walk_pages(first_url: str, pages: int) -> Walk:
     """Follow ``a#next-page`` from ``first_url`` ``pages`` times (fewer if the list ends): the page reached.
@@ -575,12 +583,18 @@ def measured_run(stack: DevStack, pending: int, dead_letters: int, progress: Pro
             for key, who, base in servers:
                 found, walk = server_asks(settings, key, who, base, filled, targets[RARE_TOPIC], dead_letters)
                 asks += found
-                walks[key] = asdict(walk)
+                walks[key] = walk.summary()
             asks += node_asks(node.url, 0, deep_due_ms=filled.start_ms + SPAN_MS // 2, rare_topic=targets[RARE_TOPIC])
             say(f"console bench: timing {len(asks)} pages (console pid {console.pid}, node pid {node.running.pid})")
             timed = time_with_load(asks, {"console": [console.pid], "node": [node.running.pid, *node.readers()]},
                                    progress)
             node_pending = node_metric(node, "delayq_pending")
+            hold_s = float(os.environ.get(HOLD_ENV) or 0)
+            if hold_s > 0:
+                say(f"console bench: holding for {hold_s:.0f} s ({HOLD_ENV}): console pid {console.pid} at "
+                    f"{console.url}/, node pid {node.running.pid} at {node.url}; "
+                    + " ".join(f"{ask.key}={ask.url}" for ask in asks))
+                time.sleep(hold_s)
         finally:
             console.stop()
             cluster.close()
@@ -620,7 +634,7 @@ def figures(result: dict) -> list:
                        f"and dead-letter records; {sizes}), `delayq console` start to caught up", "records/s",
                        "higher", [index["records_per_s"]],
                        details={**common, "records": index["records"], "seconds": index["seconds"],
-                                **{k: result[k] for k in ("topics", "series", "fill_s", "dead_letter_s",
+                                **{k: result[k] for k in ("machine", "topics", "series", "fill_s", "dead_letter_s",
                                                           "histogram_first_count_s", "timing_s", "cpu_s_while_timed",
                                                           "node_console", "dead_letter_walks")}}))
     return made

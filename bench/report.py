@@ -235,14 +235,15 @@ def console_table(figures: dict) -> list[str]:
     if not rows or build is None:
         return []
     details = build["details"]
-    load = details["load_average"]
+    load, machine = details["load_average"], details["machine"]
     topics = ", ".join(f"{name} {count:,}" for name, count in details["topics"].items())
     quick = " Quick sizes: a smoke run, not a measurement." if build.get("quick") else ""
     return [
         "",
-        f"Console (`delayq bench --only console`; issue 34: every page under {number(details['target_ms'])} ms): one "
-        f"node holding {details['pending']:,.0f} pending (due over the next 7 days: {topics}; and "
-        f"{details['series']:,} repeating), {details['dead_letters']:,} dead letters. `delayq console` in its own "
+        f"Console (`delayq bench --only console`; issue 34: every page under {number(details['target_ms'])} ms), "
+        f"measured {build['measured_at'][:10]} on {machine['cores']} cores ({machine['cpu']}): one node holding "
+        f"{details['pending']:,.0f} pending (due over the next 7 days: {topics}; and {details['series']:,} "
+        f"repeating), {details['dead_letters']:,} dead letters. `delayq console` in its own "
         f"process with a fresh index, which read {details['records']:,} buffer and dead-letter records in "
         f"{number(details['seconds'])} s ({number(build['median'])} records/s). Each page asked "
         f"{rows[0]['requests']} times after warm-ups, round-robin over the pages, one connection a request, from "

@@ -26,7 +26,7 @@ SUITE_TEXT: dict[str, str] = {
               "triggers 10 s and 5 s: lag p50/p95/max and slope (keeps up or not), CPU per record, no finding "
               "(only with --only: ~10 min a run)",
     "console": "the web console's pages with 10M pending and 100k dead letters: median, p95, max per page against "
-               "300 ms, and the console index's build in records/s (only with --only: ~40 min; "
+               "300 ms, and the console index's build in records/s (only with --only: ~21 min; "
                "BENCH_CONSOLE_PENDING=200k for a smaller run)",
 }
 

@@ -82,6 +82,12 @@ def test_a_page_gives_its_next_link_and_its_rows_ids():
     assert row_ids(page) == [ID_A, ID_B]
 
 
+def test_a_walk_keeps_where_it_ended_and_its_times_summed_up():
+    walk = console_bench.Walk("http://x/console/dead-letters?after=ab", 3, [5.0, 7.0, 100.0, 6.0])
+    assert walk.summary() == {"url": "http://x/console/dead-letters?after=ab", "pages": 3, "median_ms": 6.5,
+                              "p95_ms": 100.0, "max_ms": 100.0}
+
+
 def test_a_deep_cursor_starts_every_shard_at_the_first_message_due_at_that_time():
     assert decode_cursor(deep_cursor(2, 1_700_000_000_000)) == {
         0: f"1700000000000:{console_bench.NIL_ID}", 1: f"1700000000000:{console_bench.NIL_ID}"}
@@ -118,7 +124,7 @@ def run_result(passed: bool = True) -> dict:
             "rows": 5, "marked": True, "p95_ms": 400.0, "passed": passed}
     return {"pending_planned": 200_000, "pending": 199_990.0, "dead_letters": 1_000, "series": 500,
             "topics": {"orders": 120_000, "audit": 2}, "fill_s": 30.0, "histogram_first_count_s": 0.5,
-            "dead_letter_s": 20.0, "timing_s": 5.0, "cpu_s_while_timed": {"console": 2.0, "node": 1.0},
+            "machine": {"cores": 2, "cpu": "Test CPU"}, "dead_letter_s": 20.0, "timing_s": 5.0, "cpu_s_while_timed": {"console": 2.0, "node": 1.0},
             "index": {"records": 300_000, "seconds": 10.0, "records_per_s": 30_000},
             "load_average": {"before": [2.5, 2.0, 1.0], "after": [3.0, 2.0, 1.0]}, "node_console": False,
             "dead_letter_walks": {}, "pages": [page]}
@@ -137,7 +143,7 @@ def test_figures_are_one_a_page_and_the_index_build_and_the_table_reads_them(tmp
     assert console_rows(figures) == [{"page": "`delayq console`: overview", "median": "20 ms", "p95": "400 ms",
                                       "max": "400 ms", "target": "300 ms", "requests": "3", "verdict": "**no**"}]
     table = console_table(figures)
-    assert "199,990 pending" in table[1] and "30,000 records/s" in table[1] and "Load average 2.5" in table[1]
+    assert "on 2 cores (Test CPU)" in table[1] and "199,990 pending" in table[1] and "30,000 records/s" in table[1] and "Load average 2.5" in table[1]
     assert table[-1] == "| `delayq console`: overview | 20 ms | 400 ms | 400 ms | 300 ms | **no** |"
     results = {"machine": {"cores": 2, "memory_gib": 8.0, "cpu": "c", "os": "o", "kernel": "k",
                            "load_average_at_start": 1.0}, "versions": {"delayq": "0"}, "figures": figures}
