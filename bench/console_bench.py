@@ -74,8 +74,7 @@ SERIES_EVERY_S = 86_400
 DELIVERED = 20  # messages due at once: delivered before the pages are timed
 RARE_CODE_EVERY = 100  # one planted dead letter in this many has the rare reason code
 REQUEST_TIMEOUT_S = 30.0
-# The console's footer while its index is behind (delay_service/console/templates/base.html): no lag shown
-# means caught up. The console has no health route saying it yet.
+# What GET /console/healthz says of the console's index: "ok (the index is starting)" or "... N records behind".
 _STARTING = "the index is starting"
 _BEHIND = re.compile(r"the index is ([\d,]+) records behind")
 _NEXT_PAGE = re.compile(r"<a\b[^>]*\bid=\"next-page\"[^>]*>")
@@ -199,13 +198,19 @@ def node_console_from(environ: Mapping[str, str]) -> bool:
 # -- reading pages -----------------------------------------------------------------------------------------------
 
 
-def index_lag_in(page: str) -> int | None:
-    """How many records the console's index is behind, as a page's footer says: None while it starts, 0 when it
-    says nothing (caught up)."""
-    if _STARTING in page:
+def index_lag_in(health: str) -> int | None:
+    """How many records the console's index is behind, as its ``/console/healthz`` says; None while it starts.
+
+    Raises:
+        ValueError: the text says neither (a console this bench does not know how to read).
+    """
+    if _STARTING in health:
         return None
-    behind = _BEHIND.search(page)
-    return int(behind.group(1).replace(",", "")) if behind else 0
+    behind = _BEHIND.search(health)
+    if behind is None:
+        raise ValueError(f"GET /console/healthz said {health[:200]!r}: neither 'the index is starting' nor 'the index "
+                         "is N records behind'")
+    return int(behind.group(1).replace(",", ""))
 
 
 def next_page_href(page: str) -> str | None:
@@ -333,10 +338,11 @@ class ConsoleProcess:
         return self
 
     def wait_index(self, timeout_s: float, interval_s: float = 1.0) -> float:
-        """Seconds from the process's start until its pages say its index caught up with both topics.
+        """Seconds from the process's start until its ``/console/healthz`` says its index caught up with both topics.
 
         Raises:
             RuntimeError: the process ended, or the index did not catch up within ``timeout_s``.
+            ValueError: healthz answered what this bench cannot read.
         """
         assert self.process is not None
         deadline = time.monotonic() + timeout_s
@@ -345,7 +351,7 @@ class ConsoleProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"delayq console exited with {self.process.returncode}: "
                                    f"{(self.folder / 'console.log').read_text()[-2000:]}")
-            answer = timed_get(f"{self.url}/series")  # status 0 while it does not listen yet
+            answer = timed_get(f"{self.url}/healthz")  # status 0 while it does not listen yet
             lag = index_lag_in(answer.body.decode("utf-8", "replace")) if answer.status == 200 else None
             if lag == 0:
                 return time.monotonic() - self.started

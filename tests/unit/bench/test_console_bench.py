@@ -67,10 +67,12 @@ def test_sizes_come_from_the_environment_as_counts_or_default():
     assert not node_console_from({}) and not node_console_from({"BENCH_CONSOLE_NODE": "0"})
 
 
-def test_the_footer_says_whether_the_index_starts_is_behind_or_caught_up():
-    assert index_lag_in("<footer>actions off · the index is starting</footer>") is None
-    assert index_lag_in("<footer> · the index is 1,234,567 records behind the buffer</footer>") == 1_234_567
-    assert index_lag_in("<footer>delayq console · cluster c · actions off</footer>") == 0
+def test_healthz_says_whether_the_index_starts_is_behind_or_caught_up():
+    assert index_lag_in("ok (the index is starting)\n") is None
+    assert index_lag_in("ok (the index is 1,234,567 records behind)\n") == 1_234_567
+    assert index_lag_in("ok (the index is 0 records behind)\n") == 0
+    with pytest.raises(ValueError, match="neither 'the index is starting'"):
+        index_lag_in("ok\n")
 
 
 def test_a_page_gives_its_next_link_and_its_rows_ids():
