@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,15 @@ def test_running_nodes_works_when_pasted_and_the_nodes_stop_as_it_says(settings,
         assert (nodes / "node-2.log").is_file()
         assert wait_until(lambda: all(s["master"] for s in status().get("shards", [{}])), timeout_s=30)
         assert len(status()["shards"]) == 3, "the README's init --shards 3"
+
+        def console_answers() -> bool:  # the README's nodes serve the web console on their own port
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{first}/console/", timeout=10) as page:
+                    return page.status == 200 and b'id="shards"' in page.read()
+            except OSError:
+                return False
+
+        assert wait_until(console_answers, timeout_s=30), "node-1 serves no console at /console/"
     finally:
         pids = [int(p.read_text()) for p in nodes.glob("node-*.pid")]
         for pid in pids:  # the README's way to stop them: SIGTERM
