@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from confluent_kafka import Message
 from confluent_kafka import Producer as KafkaProducer
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
@@ -391,61 +392,48 @@ def test_dead_letters_are_listed_by_code_and_each_offers_a_replay(browser, scree
         screenshot("dead-letters")
 
 
-def test_an_undeliverable_dead_letter_is_replayed_once_its_topic_exists(browser, console_command, stage,
-                                                                       dead_letters):
+def replay_once_from_the_page(browser, console_url: str, stage: Stage, delay_id: str, code: str,
+                              target: str) -> Message:
+    """Replay the dead letter of ``delay_id`` (reason ``code``) from its page, logged in: the record it puts on
+    ``target`` (with the header naming the dead letter, exactly once: a second replay of every dead letter of the
+    code sends nothing more)."""
     settings = stage.settings
-    listing = f"{console_command}/dead-letters"
-    row = reload_until(browser, listing, "the put for a missing topic listed as missing-topic",
-                       lambda driver: dead_letter_row(driver, dead_letters.lost, MISSING_TOPIC))
+    listing = f"{console_url}/dead-letters?code={code}"
+    row = reload_until(browser, listing, f"{delay_id}'s dead letter listed as {code}",
+                       lambda driver: dead_letter_row(driver, delay_id, code))
     replayed_from = f"{settings.dead_letter_topic}/{row.get_attribute('data-coordinates')}".encode()
-    create_topics(settings.bootstrap_servers, [dead_letters.lost_topic])
-    log_in(browser, console_command)
+    log_in(browser, console_url)
     browser.get(listing)
 
-    submit(dead_letter_row(browser, dead_letters.lost, MISSING_TOPIC).find_element(By.CSS_SELECTOR, "form.replay"))
-
+    submit(dead_letter_row(browser, delay_id, code).find_element(By.CSS_SELECTOR, "form.replay"))
     assert "replayed" in flash(browser).lower()
 
     def replays() -> list:
-        return [r for r in read_topic(settings.bootstrap_servers, dead_letters.lost_topic, idle_s=1, timeout_s=5)
+        return [r for r in read_topic(settings.bootstrap_servers, target, idle_s=1, timeout_s=5)
                 if dict(r.headers() or []).get(REPLAYED_FROM) == replayed_from]
     [replay] = poll("the replay delivered to its topic with header dead-letter-replayed-from",
                     lambda: replays() or None, timeout_s=30)
-    assert (replay.key(), replay.value()) == (b"k-1", b"lost and found")
 
     # Every replayable dead letter of the code, again: this one was replayed already, so nothing goes.
-    browser.get(f"{listing}?code={MISSING_TOPIC}")
+    browser.get(listing)
     submit(browser.find_element(By.CSS_SELECTOR, "form#replay-filtered"))
     said = flash(browser)
     assert not said.lower().startswith("replayed"), f"a second replay was taken: {said}"
     time.sleep(3)  # a second replay, due now, would be delivered within this
     assert len(replays()) == 1, "the dead letter was replayed twice"
+    return replay
+
+
+def test_an_undeliverable_dead_letter_is_replayed_once_its_topic_exists(browser, console_command, stage,
+                                                                       dead_letters):
+    create_topics(stage.settings.bootstrap_servers, [dead_letters.lost_topic])
+    replay = replay_once_from_the_page(browser, console_command, stage, dead_letters.lost, MISSING_TOPIC,
+                                       dead_letters.lost_topic)
+    assert (replay.key(), replay.value()) == (b"k-1", b"lost and found")
 
 
 def test_a_planted_wrong_partition_put_is_replayed_once_onto_its_right_partition(browser, console_command, stage,
                                                                                 dead_letters):
-    settings = stage.settings
-    listing = f"{console_command}/dead-letters?code={WRONG_PARTITION}"
-    row = reload_until(browser, listing, "the misplaced put listed as wrong-partition",
-                       lambda driver: dead_letter_row(driver, dead_letters.misplaced, WRONG_PARTITION))
-    replayed_from = f"{settings.dead_letter_topic}/{row.get_attribute('data-coordinates')}".encode()
-    log_in(browser, console_command)
-    browser.get(listing)
-
-    submit(dead_letter_row(browser, dead_letters.misplaced, WRONG_PARTITION).find_element(By.CSS_SELECTOR,
-                                                                                          "form.replay"))
-    assert "replayed" in flash(browser).lower()
-
-    def replays() -> list:
-        return [r for r in read_topic(settings.bootstrap_servers, stage.target, idle_s=1, timeout_s=5)
-                if dict(r.headers() or []).get(REPLAYED_FROM) == replayed_from]
-    [replay] = poll("the misplaced put delivered through delayq with header dead-letter-replayed-from",
-                    lambda: replays() or None, timeout_s=30)
+    replay = replay_once_from_the_page(browser, console_command, stage, dead_letters.misplaced, WRONG_PARTITION,
+                                       stage.target)
     assert replay.value() == b"misplaced"
-
-    browser.get(listing)
-    submit(browser.find_element(By.CSS_SELECTOR, "form#replay-filtered"))
-    said = flash(browser)
-    assert not said.lower().startswith("replayed"), f"a second replay was taken: {said}"
-    time.sleep(3)  # a second replay, due now, would be delivered within this
-    assert len(replays()) == 1, "the dead letter was replayed twice"
