@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     from delayq.settings import Settings
 
     from .app import ConsoleApp, create_app, open_console
+    from .auth import check_login_settings
     from .wsgi import ConsoleServer, serve
 
 _HOMES = {"create_app": ".app", "open_console": ".app", "ConsoleApp": ".app", "serve": ".wsgi",
-          "ConsoleServer": ".wsgi"}
-__all__ = ["ConsoleApp", "ConsoleServer", "create_app", "node_app", "open_console", "serve"]
+          "ConsoleServer": ".wsgi", "check_login_settings": ".auth"}
+__all__ = ["ConsoleApp", "ConsoleServer", "check_login_settings", "create_app", "node_app", "open_console", "serve"]
 
 
 def node_app(settings: Settings) -> ConsoleApp:

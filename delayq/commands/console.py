@@ -30,10 +30,12 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {"console_host": args.host, "console_port": args.port, "console_data_dir": args.data_dir}
     settings = Settings(**{name: value for name, value in overrides.items() if value is not None})
+    from delayq.delay_service.console import ConsoleServer, check_login_settings, open_console
+
+    check_login_settings(settings)  # a refusal is one line, before logging is set up or anything is opened
     logging.basicConfig(level=settings.log_level, force=True,
                         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    from delayq.delay_service.console import ConsoleServer, open_console
 
     console = open_console(settings)
     try:
