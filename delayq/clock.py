@@ -65,3 +65,17 @@ def parse_duration_ms(text: str, argument: str = "duration") -> int:
     if compact and _PARTS.fullmatch(compact):
         return round(sum(float(number) * _UNIT_MS[unit] for number, unit in _PART.findall(compact)))
     raise UsageError(f"{argument} {text!r} is not a duration: use {DURATION_FORMS}")
+
+
+def format_span(span: timedelta) -> str:
+    """A short span for people: ``2d3h``, ``3h12m``, ``5m7s``, ``42s``, ``350ms``."""
+    ms = max(0, round(span / timedelta(milliseconds=1)))
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    first = next(i for i, (n, _) in enumerate(parts) if n)
+    return "".join(f"{n}{unit}" for n, unit in parts[first:first + 2] if n)

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from flask import Blueprint, Flask, Response, flash, g, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
-from delayq.clock import now_ms
+from delayq.clock import format_span, now_ms
 from delayq.errors import UnavailableError
 from delayq.settings import Settings
 from delayq.wire import check_delay_id
@@ -475,20 +476,8 @@ def _relative(epoch_ms: int | None) -> str:
 
 
 def _ms(span_ms: float | None) -> str:
-    """A span for people: ``350ms``, ``42s``, ``5m7s``, ``3h12m``, ``2d3h``."""
-    if span_ms is None:
-        return "-"
-    if span_ms < 1000:
-        return f"{span_ms:.0f}ms"
-    seconds = int(span_ms // 1000)
-    days, rest = divmod(seconds, 86_400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    for big, big_unit, small, small_unit in ((days, "d", hours, "h"), (hours, "h", minutes, "m"),
-                                             (minutes, "m", seconds, "s")):
-        if big:
-            return f"{big}{big_unit}{small}{small_unit}" if small else f"{big}{big_unit}"
-    return f"{seconds}s"
+    """A span for people (:func:`delayq.clock.format_span`): ``350ms``, ``42s``, ``5m7s``, ``3h12m``, ``2d3h``."""
+    return "-" if span_ms is None else format_span(timedelta(milliseconds=span_ms))
 
 
 def _count(number: int | None) -> str:

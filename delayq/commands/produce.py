@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from delayq.cli import CommandError
-from delayq.clock import DURATION_FORMS, parse_duration_ms
+from delayq.clock import DURATION_FORMS, format_span, parse_duration_ms
 from delayq.errors import UsageError
 from delayq.schedule import MIN_DUE_MS
 
@@ -57,20 +57,6 @@ def parse_at(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"{text!r} is before 2000-01-01T00:00:00Z: delayq refuses due times "
                                          "before 2000")
     return when
-
-
-def format_span(span: timedelta) -> str:
-    """A short span for people: ``2d3h``, ``3h12m``, ``5m7s``, ``42s``, ``350ms``."""
-    ms = max(0, round(span / timedelta(milliseconds=1)))
-    if ms < 1000:
-        return f"{ms}ms"
-    seconds = ms // 1000
-    days, rest = divmod(seconds, 86_400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
-    first = next(i for i, (n, _) in enumerate(parts) if n)
-    return "".join(f"{n}{unit}" for n, unit in parts[first:first + 2] if n)
 
 
 def iso(when: datetime) -> str:
