@@ -60,6 +60,11 @@ KAFKA_RETRY_S = 0.5
 # test_replicated_kafka); a slow but live coordinator gets longer and longer calls.
 INIT_CALL_S = 3.0
 INIT_CALL_MAX_S = 30.0
+# What an init_transactions call that timed out says when the coordinator did answer: it was still ending the
+# previous master's transaction (whose partitions wait for new leaders after a broker was lost) or loading its
+# log after it moved. librdkafka goes on in the background and the same producer's next call resumes there;
+# a new producer would start over (find the coordinator, ask again), a second lost after the broker's loss.
+COORDINATOR_BUSY = frozenset({KafkaError.CONCURRENT_TRANSACTIONS, KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 
 
 class ShardLog(logging.LoggerAdapter):
@@ -168,13 +173,14 @@ class Delivery:
         Errors that can pass (Kafka restarting) are retried while the term lasts; False if it ended first.
         """
         init_call_s = INIT_CALL_S
-        fenced = False
+        fenced = resuming = False
         while term.active:
             try:
                 if not fenced:
-                    self._start_times = StartTimes(began=time.monotonic())
-                    self.transactions.take_producer()
-                    self._start_times.connected = time.monotonic()
+                    if not resuming:
+                        self._start_times = StartTimes(began=time.monotonic())
+                        self.transactions.take_producer()
+                        self._start_times.connected = time.monotonic()
                     self.transactions.fence(init_call_s)
                     self._start_times.fenced = time.monotonic()
                     fenced = True
@@ -196,7 +202,11 @@ class Delivery:
                 error: KafkaError = err.args[0]
                 if error.fatal():
                     raise
-                # A timed-out init_transactions leaves the producer unusable for another call.
+                resuming = not fenced and error.code() in COORDINATOR_BUSY
+                if resuming:
+                    self._note_failing(term, err)  # the call itself waited: call again at once
+                    continue
+                # The coordinator did not answer: a new producer finds where Kafka moved it (INIT_CALL_S).
                 self.transactions.close()
                 fenced = False
                 init_call_s = min(INIT_CALL_MAX_S, init_call_s * 2)
@@ -237,12 +247,16 @@ class Delivery:
         error: KafkaError = err.args[0]
         if error.fatal():
             raise LeadershipLost(f"the master's producer failed: {error.str()}") from err
-        reason = f"Kafka error, retrying: {error.str()}"
+        self._note_failing(term, err)
+        self.wakeup.sleep_until(now_ms() + int(KAFKA_RETRY_S * 1000), term)
+
+    def _note_failing(self, term: Term, err: KafkaException) -> None:
+        """Say once that Kafka errors keep delivery from going (`/readyz` says it while they last)."""
+        reason = f"Kafka error, retrying: {err.args[0].str()}"
         if self.failing is None:
             self.failing_since = time.monotonic()
             self.log.warning("epoch %d: %s", term.epoch, reason)
         self.failing = reason
-        self.wakeup.sleep_until(now_ms() + int(KAFKA_RETRY_S * 1000), term)
 
     def _recovered(self) -> None:
         if self.failing is not None:

@@ -403,12 +403,20 @@ def _offsets(futures: dict[TopicPartition, Future]) -> dict[int, int]:
     return {tp.partition: future.result().offset for tp, future in futures.items()}
 
 
+# How long one read of the end offsets may wait once a read failed, until one succeeds. A read sent to a broker just
+# lost (the metadata names it leader until the controllers fence it) waits for its whole timeout, and the next one,
+# through a new client with the new leaders, only starts then: reads this short find the new leaders within half a
+# second of the move, where the callers' own timeouts (2 and 5 s) kept covers and ingest behind Kafka for that long.
+FAILING_CALL_S = 0.5
+
+
 class EndOffsets:
     """Reads the buffer's end offsets (last stable or high watermark), replacing its AdminClient after any failure.
 
     After a broker restart, librdkafka's admin client can keep a partition's old leader
     epoch and be answered FENCED_LEADER_EPOCH on every ListOffsets from then on; a new
-    client asks for fresh metadata. Thread-safe: ingest and delivery both read.
+    client asks for fresh metadata. After a failure, reads wait at most FAILING_CALL_S until
+    one succeeds. Thread-safe: ingest and delivery both read.
     """
 
     def __init__(self, settings: Settings, partitions: list[int], admin: AdminClient | None = None):
@@ -416,6 +424,7 @@ class EndOffsets:
         self.partitions = partitions
         self._admin = admin or admin_client(settings)
         self._lock = threading.Lock()
+        self.failing = False
 
     def read(self, timeout_s: float = 15.0, *, committed: bool = True,
              partitions: list[int] | None = None) -> dict[int, int]:
@@ -437,6 +446,8 @@ class EndOffsets:
         """
         with self._lock:
             admin = self._admin
+            if self.failing:
+                timeout_s = min(timeout_s, FAILING_CALL_S)
         asked = self.partitions if partitions is None else partitions
         try:
             futures = _ask_end_offsets(admin, self.settings.buffer_topic, asked, timeout_s, committed) if asked else {}
@@ -447,8 +458,13 @@ class EndOffsets:
 
     def _replace(self, failed: AdminClient) -> None:
         with self._lock:
+            self.failing = True
             if self._admin is failed:
                 self._admin = admin_client(self.settings)
+
+    def _answered(self) -> None:
+        with self._lock:
+            self.failing = False
 
 
 class AskedEnds:
@@ -475,6 +491,7 @@ class AskedEnds:
                 # rather than as an error: that is no end offset to cover anything with.
                 raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
                                                 f"no end offset for buffer partitions {unknown}"))
+            self._owner._answered()
             return ends
         except KafkaException:
             self._owner._replace(self._admin)

@@ -212,6 +212,29 @@ def test_an_init_that_times_out_is_tried_again_with_a_new_producer_and_twice_as_
         closed.flush.assert_called()  # closed before the next was taken
 
 
+@pytest.mark.parametrize("code", [KafkaError.CONCURRENT_TRANSACTIONS, KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
+def test_an_init_the_coordinator_answered_busy_is_resumed_on_the_same_producer_at_once(monkeypatch, code):
+    # The coordinator still ends the previous master's transaction (its partitions wait for new leaders after
+    # a broker was lost): librdkafka goes on in the background, and calling again resumes it there.
+    busy = KafkaException(KafkaError(code, "Failed to initialize Producer ID: busy", retriable=True))
+    producer = mock.Mock(spec_set=Producer)
+    producer.init_transactions.side_effect = [busy, busy, None]
+    delivery = master(producer)
+    monkeypatch.setattr(delivery.transactions.spare, "take",
+                        lambda: pytest.fail("a new producer was taken for a busy coordinator"))
+    monkeypatch.setattr(delivery.cover, "cover", lambda _term: True)
+    slept: list[int] = []
+    monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda due, _term: slept.append(due))
+
+    assert delivery.start(Term(4)) is True
+
+    assert [c.args[0] for c in producer.init_transactions.call_args_list] == [INIT_CALL_S] * 3
+    assert not slept, "a resumed init waited before calling again"
+    producer.flush.assert_not_called()
+    assert delivery.transactions.producer is producer
+    assert delivery.failing is None, "still failing after the init went through"
+
+
 def unreadable_ends() -> KafkaException:
     return KafkaException(KafkaError(KafkaError._TIMED_OUT, "no end offset for buffer partitions [0]", retriable=True))
 

@@ -323,3 +323,37 @@ def test_end_offsets_asked_for_are_not_waited_for_and_a_failed_answer_replaces_t
     end_offsets.ask(5.0, partitions=[0, 1])
     first.list_offsets.assert_called_once()
     replacement.list_offsets.assert_called_once()  # the next request starts from a new client, with new metadata
+
+
+def test_after_a_failed_read_the_end_offsets_are_asked_with_short_calls_until_one_answers(monkeypatch):
+    # A read sent to a broker just lost waits for its whole timeout; the next, through a new client that knows the
+    # new leaders, starts only then: short calls while failing keep covers and ingest within half a second of Kafka.
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from delayq.delay_service import topics
+
+    settings = Settings()
+    tp = TopicPartition(settings.buffer_topic, 0)
+    admin = mock.Mock(spec_set=AdminClient)
+    monkeypatch.setattr(topics, "admin_client", lambda _settings: admin)
+    end_offsets = EndOffsets(settings, [0], admin)
+
+    def answer(offset: int | None) -> dict[TopicPartition, Future]:
+        future: Future = Future()
+        if offset is None:
+            future.set_exception(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
+        else:
+            future.set_result(mock.Mock(offset=offset))
+        return {tp: future}
+
+    admin.list_offsets.side_effect = [answer(None), answer(None), answer(3), answer(4)]
+    timeouts = []
+    for expected in (None, None, 3, 4):
+        try:
+            assert end_offsets.read(5.0) == {0: expected}
+        except KafkaException:
+            assert expected is None
+        timeouts.append(admin.list_offsets.call_args.kwargs["request_timeout"])
+    assert timeouts == [5.0, topics.FAILING_CALL_S, topics.FAILING_CALL_S, 5.0]
