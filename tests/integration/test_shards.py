@@ -158,7 +158,10 @@ def handovers(nodes: list[NodeProcess]) -> list[tuple[int, str, float]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("replicas", [0, 2])
+# R = 2: the return and the join move shards, not only masterships, and a node builds what it newly holds. R = 0
+# (every node holds every shard, the chart's default) meets the same kill, return and join with masterships alone,
+# a subset of these paths; it ran here too until the suite grew past its time (80 s each).
+@pytest.mark.parametrize("replicas", [2])
 def test_six_shards_deliver_exactly_once_through_a_kill_a_return_and_a_join(settings, names, tmp_path, replicas):
     with three_nodes(settings, names, tmp_path / "nodes", replicas) as (settings, target, cluster):
         since = now_ms()
