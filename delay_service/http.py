@@ -12,6 +12,9 @@ For the console (console/records.py), per shard this node holds:
   :class:`UpcomingPage`, the next messages due after the cursor (a page's ``next``).
 - ``GET /v1/shards/<shard>/now``: :class:`ShardNow`.
 
+And for a node that builds its store of a shard from this one's: ``GET /v1/shards/<shard>/store``,
+the store's files as a tar stream (store_copies.py).
+
 421 ``not_held`` when this node does not hold the shard; 400 with a one-line error for a bad argument.
 """
 
@@ -21,10 +24,12 @@ import errno
 import json
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Protocol
 from wsgiref.types import WSGIApplication
 
@@ -32,12 +37,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from delayq.clock import now_ms
 from delayq.errors import ConfigurationError
-from delayq.store import MAX_DAYS, StoredEntry
+from delayq.store import MAX_DAYS, StoredEntry, StoreError
 from delayq.wire import check_delay_id, check_topic
 
 from . import stored
 from .console.records import MAX_PAGE, NOW, PENDING, SHARDS_PATH, UPCOMING, to_json
 from .shard_answers import Counting, ShardAnswers, schedule_of
+from .store_copies import BYTES_HEADER, FILES_HEADER, STORE, TAR_TYPE, copy_facts, send_copy
 
 log = logging.getLogger("delayq.http")
 
@@ -70,6 +76,15 @@ class NodeView(Protocol):
 
     def console_shard(self, shard: int) -> ShardAnswers | None:
         """The console's answers about ``shard``, or None when this node does not hold it."""
+        ...
+
+    def store_copy(self, shard: int) -> Path | None:
+        """A consistent copy of ``shard``'s store in a folder of its own (the caller sends it, then removes it), or
+        None when this node does not hold the shard (store_copies.py).
+
+        Raises:
+            StoreError: the copy could not be made.
+        """
         ...
 
     @property
@@ -183,9 +198,12 @@ class NodeHandler(BaseHTTPRequestHandler):
     def shard_page(self, rest: str, query: str) -> None:
         """``/v1/shards/<shard>/<page>?<query>``: one of the console's questions about a shard this node holds."""
         shard_text, _, page = rest.partition("/")
-        if page not in (PENDING, UPCOMING, NOW):
+        if page not in (PENDING, UPCOMING, NOW, STORE):
             self._json(404, {"error": f"no such endpoint {SHARDS_PATH}{rest[:200]}: a shard answers "
-                                      f"{SHARDS_PATH}<shard>/{PENDING}, /{UPCOMING} and /{NOW}"})
+                                      f"{SHARDS_PATH}<shard>/{PENDING}, /{UPCOMING}, /{NOW} and /{STORE}"})
+            return
+        if page == STORE:
+            self._store(shard_text)
             return
         try:  # every argument checked before the store is asked anything
             shard = _shard_number(shard_text, self.node.shard_count())
@@ -210,6 +228,39 @@ class NodeHandler(BaseHTTPRequestHandler):
             self._json(200, to_json(answers.upcoming(after, limit, topic)))
         else:
             self._json(200, to_json(answers.now(now_ms())))
+
+    def _store(self, shard_text: str) -> None:
+        """The shard's store as a tar stream (store_copies.py), for a node that builds its own from it."""
+        try:
+            shard = _shard_number(shard_text, self.node.shard_count())
+        except ValueError as err:
+            self._json(400, {"error": str(err)})
+            return
+        try:
+            folder = self.node.store_copy(shard)
+        except StoreError as err:
+            self._json(503, {"shard": shard, "error": f"no copy of shard {shard}'s store now: {err}"})
+            return
+        if folder is None:
+            self._json(421, {"shard": shard, "status": "not_held",
+                             "error": f"this node does not hold shard {shard}: ask a node that does"})
+            return
+        files, size = copy_facts(folder)
+        self.close_connection = True  # the body ends with the connection: its length is known only once sent
+        self.send_response(200)
+        self.send_header("Content-Type", TAR_TYPE)
+        self.send_header(FILES_HEADER, str(files))
+        self.send_header(BYTES_HEADER, str(size))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        started = time.monotonic()
+        try:
+            send_copy(self.wfile, folder)
+        except OSError as err:  # the receiver went away: it asks another node or reads the buffer
+            log.warning("shard %d: the store's copy was not sent whole: %s", shard, err)
+            return
+        log.info("shard %d: sent a copy of the store (%d files, %.1f MB) in %.1fs", shard, files, size / 1e6,
+                 time.monotonic() - started)
 
     def _histogram(self, answers: ShardAnswers, days: int) -> None:
         found = answers.histogram(now_ms(), days)

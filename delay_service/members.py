@@ -39,6 +39,7 @@ import http.client
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,6 +67,7 @@ from delayq.store import StoredEntry
 from .console.wsgi import MAX_BODY
 from .http import NodeHandler, NodeHTTPServer
 from .shard_answers import ShardAnswers
+from .store_copies import CHUNK, READ_TIMEOUT_S, STORE
 from .stores import MEMBERS_DIR, forget_stores
 
 log = logging.getLogger("delayq.node")
@@ -391,6 +393,9 @@ class GroupView:
     def console_shard(self, shard: int) -> ShardAnswers | None:  # GroupHandler asks the members instead
         raise NotImplementedError
 
+    def store_copy(self, shard: int) -> Path | None:  # GroupHandler passes the copy of the member holding it
+        raise NotImplementedError
+
     @property
     def console_app(self) -> None:  # GroupHandler passes /console to the first member
         return None
@@ -410,7 +415,36 @@ class GroupHandler(NodeHandler):
         self._from_holder()
 
     def shard_page(self, rest: str, query: str) -> None:
-        self._from_holder()
+        if rest.partition("/")[2] == STORE:
+            self._store_from_holder()
+        else:
+            self._from_holder()
+
+    def _store_from_holder(self) -> None:
+        """The copy of a shard's store the member holding it sends, passed on as it comes (it can be gigabytes)."""
+        for member in self._members:
+            connection = http.client.HTTPConnection("127.0.0.1", member.port, timeout=READ_TIMEOUT_S)
+            try:
+                connection.request("GET", self.path)
+                answer = connection.getresponse()
+                if answer.status == 421:
+                    continue
+                self.close_connection = True
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in _HOP_BY_HOP:
+                        self.send_header(name, value)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                shutil.copyfileobj(answer, self.wfile, CHUNK)
+                return
+            except OSError as err:
+                log.warning("member %s: no copy of the store passed on: %s", member.node_id, err)
+                if self.close_connection:
+                    return  # the answer had begun: the receiver sees it broken off
+            finally:
+                connection.close()
+        self._json(421, {"error": "no member of this node holds the shard: ask a node that does"})
 
     def _from_holder(self) -> None:
         """The answer to this GET of the first member that does not say 421 (the shard is not its)."""

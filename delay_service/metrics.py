@@ -181,6 +181,8 @@ class ShardMetrics:
     rebuilds: _Labelled  # still wants .labels(reason)
     migrations: Counter
     store_format: Gauge
+    store_copies: Counter
+    store_copy_seconds: Gauge
     recent: RecentDeliveries  # not a series: the last minute's deliveries, which the console asks for
 
 
@@ -224,6 +226,11 @@ class NodeMetrics:
                                   "store format), instead of being rebuilt from the buffer", ["shard"], registry=r)
         self.store_format = Gauge("delayq_store_format", "the store format of the shard's store (4: delayq 0.1.0's; "
                                   "5: feature level 2's)", ["shard"], registry=r)
+        self.store_copies = Counter("delayq_store_copies", "times this node made a shard's store from a copy of "
+                                    "another node's (store_copies.py) instead of reading the buffer from its start",
+                                    ["shard"], registry=r)
+        self.store_copy_seconds = Gauge("delayq_store_copy_seconds", "how long the last copy of a shard's store "
+                                        "took to arrive", ["shard"], registry=r)
         self.awaiting_upgrade = Gauge("delayq_partitions_awaiting_upgrade", "buffer partitions this node stopped "
                                       "reading at a record of a feature level above its own (delayq.features): "
                                       "what follows there waits until the node is upgraded", registry=r)
@@ -240,6 +247,7 @@ class NodeMetrics:
             self.lateness, self.is_master.labels(label), self.epoch.labels(label), self.elections.labels(label),
             self.held_partitions.labels(label), self.partition_marks.labels(label), self.write_copies.labels(label),
             _Labelled(self.rebuilds, label), self.migrations.labels(label), self.store_format.labels(label),
+            self.store_copies.labels(label), self.store_copy_seconds.labels(label),
             self._recent.setdefault(shard, RecentDeliveries()))
 
     def forget_shard(self, shard: int) -> None:
@@ -248,7 +256,7 @@ class NodeMetrics:
         self._recent.pop(shard, None)
         for metric in (self.delivered, self.malformed_waiting, self.pending, self.buffer_lag, self.is_master,
                        self.epoch, self.elections, self.held_partitions, self.partition_marks, self.write_copies,
-                       self.store_format):
+                       self.store_format, self.store_copy_seconds):
             try:
                 metric.remove(label)
             except KeyError:

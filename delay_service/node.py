@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from delayq import __version__, wire
 from delayq.election import (
     Features,
+    Membership,
     NodeRecord,
     Role,
     ShardLayout,
@@ -46,6 +48,7 @@ from .metrics import NodeMetrics
 from .registration import Registration, node_record
 from .seats import Seats
 from .shard_answers import ShardAnswers
+from .store_copies import make_copy
 from .stores import MEMBERS_DIR, ShardStores, forget_stores
 from .topics import EndOffsets, admin_client, buffer_info
 
@@ -134,6 +137,8 @@ class Node:
         self.ingest = ingest = Ingest(s, layout.shards, self.metrics, EndOffsets(s, self.info.partitions, self.admin),
                                             compaction_lag_ms=self.info.min_compaction_lag_ms)
         stores.end_offsets = ingest.end_offsets
+        if s.store_copies:
+            stores.peers = self._store_peers
         if s.node_group is None:
             # Stores of members this node ran with DELAYQ_PROCESSES > 1 are no one's now.
             for folder in sorted((s.data_dir / MEMBERS_DIR).glob("*")):
@@ -220,6 +225,19 @@ class Node:
         if seat is None:
             return None
         return ShardAnswers(shard, seat.store, seat.metrics.recent, lambda: seat.mastering)
+
+    def store_copy(self, shard: int) -> Path | None:
+        seat = self.seats.get(shard) if self.seats is not None else None
+        if seat is None:
+            return None
+        return make_copy(seat.store, Path(self.settings.data_dir))
+
+    def _store_peers(self, shard: int) -> list[tuple[str, str]]:
+        """The other nodes holding ``shard`` (node id, HTTP address), those whose copy of it is ready first."""
+        records = [r for r in Membership.members(self.zk, self.settings.zk_root)
+                   if r.node_id != self.settings.node_id and r.http and shard in r.shards]
+        records.sort(key=lambda r: shard not in r.ready)
+        return [(r.node_id, r.http) for r in records if r.http]
 
     @property
     def console_app(self) -> ConsoleApp | None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
 from delayq import wire
 from delayq.clock import now_ms
@@ -25,6 +26,7 @@ from delayq.settings import Settings
 from delayq.store import StoreError, StoreFormatError, StoreOptions, TimeIndex
 
 from .metrics import NodeMetrics
+from .store_copies import copy_from_peers
 from .topics import BufferInfo, EndOffsets, committed_end_offsets
 
 log = logging.getLogger("delayq.node")
@@ -79,6 +81,9 @@ class ShardStores:
         self.admin = admin
         self.layout: ShardLayout | None = None
         self.end_offsets: EndOffsets | None = None
+        # The other nodes holding a shard (node id, HTTP address), asked for a copy of a store this node lacks
+        # (store_copies.py); None: none are asked (DELAYQ_STORE_COPIES=false, or before ZooKeeper is known).
+        self.peers: Callable[[int], list[tuple[str, str]]] | None = None
         # The store format of the cluster's finalized level (delayq.features): new stores are made in it, older
         # ones migrated to it in place. Until the cluster is finalized above level 1 it is 0.1.0's, so that a node
         # can go back to 0.1.0 on its data directory.
@@ -109,6 +114,7 @@ class ShardStores:
         shard_metrics = self.metrics.shard(shard)
         rebuilds = shard_metrics.rebuilds
         started = time.monotonic()
+        copied = not TimeIndex.exists(path) and self._copy(shard, path)
         try:
             store = TimeIndex(path, options, store_format=self.store_format)
         except StoreFormatError as err:
@@ -130,12 +136,38 @@ class ShardStores:
                 rebuilds.labels(code.value).inc()
                 store.close()
                 TimeIndex.destroy(path)
-                store = TimeIndex(path, options, store_format=self.store_format)
+                if not copied and self._copy(shard, path):  # one copy: a second would be from the same nodes
+                    copied = True
+                    store = TimeIndex(path, options, store_format=self.store_format)
+                    found = self._rebuild_reason(store, shard)
+                    if found is not None:
+                        log.warning("the copy of store %s is not used: %s: %s", path, found[0].value, found[1])
+                        store.close()
+                        TimeIndex.destroy(path)
+                        store = TimeIndex(path, options, store_format=self.store_format)
+                else:
+                    store = TimeIndex(path, options, store_format=self.store_format)
             store.set_meta(META_TOPIC_ID, info.topic_id.encode())
         except BaseException:
             store.close()
             raise
         return store
+
+    def _copy(self, shard: int, path: Path) -> bool:
+        """Put a copy of another node's store of ``shard`` at ``path`` (no store there); whether one came."""
+        if self.peers is None:
+            return False
+        try:
+            peers = self.peers(shard)
+        except KazooException as err:
+            log.warning("shard %d: no copy of the store: the nodes holding it could not be read: %s", shard, err)
+            return False
+        copied = copy_from_peers(peers, shard, path)
+        if copied is None:
+            return False
+        self.metrics.shard(shard).store_copies.inc()
+        self.metrics.shard(shard).store_copy_seconds.set(copied.seconds)
+        return True
 
     def level_due(self) -> bool:
         """Whether :meth:`follow_level` is due again."""

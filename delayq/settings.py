@@ -206,6 +206,11 @@ class Settings(BaseSettings):
     store_sync_writes: bool = Field(
         default=False, description="fsync every batch; off by default: the buffer topic re-supplies a lost tail"
     )
+    store_copies: bool = Field(
+        default=True,
+        description="a node with no store of a shard (wiped, new, or one it must rebuild) first asks the nodes "
+                    "holding the shard for a copy of theirs (GET /v1/shards/<k>/store on their HTTP port) and reads "
+                    "the buffer on from the copy's offsets; false: always read the buffer from its start")
 
     # Delivery.
     delivery_batch_size: int = Field(default=2000, ge=1)

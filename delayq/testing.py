@@ -250,6 +250,7 @@ class NodeProcess:
     process: subprocess.Popen | None = None
     python: str = sys.executable
     console: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # more of the node's settings (DELAYQ_...), this run only
 
     def start(self) -> NodeProcess:
         env = {**os.environ, **settings_env(self.settings), "DELAYQ_NODE_ID": self.node_id,
@@ -259,6 +260,7 @@ class NodeProcess:
         env.pop("DELAYQ_CONSOLE", None)
         if self.console:
             env["DELAYQ_CONSOLE"] = "true"
+        env.update(self.env)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.data_dir.parent / f"{self.node_id}.log", "ab")  # noqa: SIM115 - the child's, kept open
         # Every run of the node appends to one log: this process's part starts here (own_log).
@@ -399,17 +401,18 @@ class LocalCluster:
         if create_topics:
             ensure_topics(settings)
 
-    def start(self, node_id: str, *, wait: bool = True, python: str | None = None) -> NodeProcess:
+    def start(self, node_id: str, *, wait: bool = True, python: str | None = None,
+              env: dict[str, str] | None = None) -> NodeProcess:
         """Start ``node_id`` on its data folder (the one it had if it ran before), run by ``python``'s delayq.
 
         ``python`` defaults to the interpreter the node last ran with (a restart keeps a node's version), and
-        to this one for a node never started.
+        to this one for a node never started. ``env``: more of its settings (``DELAYQ_...``), this run only.
         """
         previous = self.nodes.get(node_id)
         if python is None:
             python = previous.python if previous is not None else sys.executable
         node = NodeProcess(self.settings, node_id, self.root / node_id / "data", python=python,
-                           console=self.console).start()
+                           console=self.console, env=dict(env or {})).start()
         self.nodes[node_id] = node
         if wait:
             node.wait_ready()

@@ -253,7 +253,8 @@ def test_a_wiped_node_rebuilds_only_the_shards_it_holds(settings, names, tmp_pat
         assert node.stop() == 0
         shutil.rmtree(node.data_dir)
 
-        rebuilt = cluster.start("node-b")
+        # From the buffer, not from a copy of another node's store (test_store_copies.py): what it reads is the test.
+        rebuilt = cluster.start("node-b", env={"DELAYQ_STORE_COPIES": "false"})
         wait_settled(settings, cluster, "the rebuild")
         assert wait_until(lambda: sorted(s["shard"] for s in cluster_status(settings)["shards"]
                                          if "node-b" in s["replicas"]) == held, timeout_s=30)

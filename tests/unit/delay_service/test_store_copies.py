@@ -1,0 +1,139 @@
+"""A store's copy from one node to another over the node HTTP endpoint: whole and usable, or not at all."""
+
+from __future__ import annotations
+
+import io
+import socket
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from delayq.delay_service import store_copies
+from delayq.delay_service.http import NodeHTTPServer
+from delayq.delay_service.metrics import NodeMetrics
+from delayq.delay_service.store_copies import copy_from_peers, make_copy
+from delayq.store import Put, StoredEntry, TimeIndex
+
+T0 = 1_800_000_000_000
+
+
+class HoldingNode:
+    """A node view holding shard 1 of 2 in a real store."""
+
+    def __init__(self, store: TimeIndex, data_dir: Path):
+        self.registry = NodeMetrics().registry
+        self.store, self.data_dir = store, data_dir
+
+    def alive(self) -> bool:
+        return True
+
+    def ready(self) -> tuple[bool, str]:
+        return True, "caught up (standby)"
+
+    def shard_count(self) -> int:
+        return 2
+
+    def store_copy(self, shard: int) -> Path | None:
+        return make_copy(self.store, self.data_dir) if shard == 1 else None
+
+
+@pytest.fixture
+def holder(tmp_path):
+    with TimeIndex(tmp_path / "holder" / "store") as store:
+        store.apply([Put(f"id{i}", T0 + i, b"p%d" % i) for i in range(2000)], {0: 2000, 3: 7}, ingested_at_ms=T0)
+        http = NodeHTTPServer(HoldingNode(store, tmp_path / "holder"), "127.0.0.1", 0)
+        http.start()
+        yield f"http://127.0.0.1:{http.port}", store, tmp_path / "holder"
+        http.stop()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_copy_is_the_holders_store_with_its_offsets_and_the_holder_keeps_nothing_of_it(holder, tmp_path):
+    url, _, holder_dir = holder
+    path = tmp_path / "node-b" / "shards" / "1"
+    path.parent.mkdir(parents=True)
+
+    copied = copy_from_peers([("node-a", url)], 1, path)
+
+    assert copied is not None and copied.source == "node-a" and copied.files > 0 and copied.size > 0
+    with TimeIndex(path) as copy:
+        assert copy.due(T0 + 10**6, 3000) == [StoredEntry(f"id{i}", T0 + i, b"p%d" % i)
+                                                 for i in sorted(range(2000), key=lambda i: (T0 + i, f"id{i}"))]
+        assert (copy.pending_count(), copy.offsets(), copy.last_ingest_ms()) == (2000, {0: 2000, 3: 7}, T0)
+    assert list(path.parent.iterdir()) == [path]  # nothing of the receiving half left beside it
+    assert not any((holder_dir / store_copies.COPIES_DIR).iterdir())  # the checkpoint sent is gone
+
+
+def test_holders_that_refuse_or_are_gone_are_passed_over_and_none_leaves_a_file(holder, tmp_path):
+    url, _, _ = holder
+    path = tmp_path / "node-b" / "shards" / "0"
+    path.parent.mkdir(parents=True)
+
+    # Gone (connection refused); holding another shard only (421); then a node that answers: the copy is its.
+    assert copy_from_peers([("gone", f"http://127.0.0.1:{closed_port()}"), ("other", url)], 0, path) is None
+    assert list(path.parent.iterdir()) == []
+    path1 = path.parent / "1"
+    copied = copy_from_peers([("gone", f"http://127.0.0.1:{closed_port()}"), ("node-a", url)], 1, path1)
+    assert copied is not None and copied.source == "node-a"
+
+
+class Serving(BaseHTTPRequestHandler):
+    """A node answering a copy the way a broken or hostile one could."""
+
+    body = b""
+    headers_sent: ClassVar[dict[str, str]] = {}
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        for name, value in self.headers_sent.items():
+            self.send_header(name, value)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format, *args):
+        pass
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("files", "announced", "cut", "said"), [
+    ({"../CURRENT": b"x"}, (1, 1), 0, "unexpected entry"),
+    ({"sub/CURRENT": b"x"}, (1, 1), 0, "unexpected entry"),
+    ({"CURRENT": b"x" * 5000}, (1, 5000), 7000, "broke off"),  # cut inside the file
+    ({"CURRENT": b"x"}, (2, 1), 0, "announced 2"),
+    ({"000001.sst": b"x"}, (1, 1), 0, "not a delayq store"),
+])
+def test_a_copy_not_whole_or_not_a_store_is_refused_and_deleted(tmp_path, files, announced, cut, said, caplog):
+    body = tar_of(files)
+    handler = type("Handler", (Serving,), {"body": body[:-cut] if cut else body, "headers_sent": {
+        store_copies.FILES_HEADER: str(announced[0]), store_copies.BYTES_HEADER: str(announced[1])}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        path = tmp_path / "shards" / "0"
+        path.parent.mkdir(parents=True)
+        assert copy_from_peers([("odd", f"http://127.0.0.1:{server.server_address[1]}")], 0, path) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert list(path.parent.iterdir()) == []
+    assert not (tmp_path / "CURRENT").exists()
+    assert said in caplog.text
