@@ -408,9 +408,12 @@ def suite_capacity_large(ctx: Context) -> list[Figure]:
 
 def suite_rebuild(ctx: Context) -> list[Figure]:
     n = ctx.sizes.rebuild
-    values = ctx.step(f"rebuild of a wiped node with {n:,} pending ({ctx.runs} runs)",
-                      lambda: service.bench_rebuild(ctx.stack, n, ctx.runs, ctx.progress))
-    return [Figure("rebuild", f"rebuild of a wiped node with {n:,} pending, start to ready", "s", "lower", values)]
+    values = ctx.step(f"rebuild of a wiped node with {n:,} pending, from the buffer and from a copy ({ctx.runs} "
+                      "runs each)", lambda: service.bench_rebuild(ctx.stack, n, ctx.runs, ctx.progress))
+    return [Figure("rebuild", f"rebuild of a wiped node with {n:,} pending, start to ready", "s", "lower",
+                   values["buffer"]),
+            Figure("rebuild_copy", f"a wiped node with {n:,} pending beside a node holding them (it copies that "
+                   "node's store), start to ready", "s", "lower", values["copy"])]
 
 
 def suite_reconcile(ctx: Context) -> list[Figure]:

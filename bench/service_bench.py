@@ -9,7 +9,7 @@
 
 ``delayq bench`` also uses: bench_mass_expiry (many messages due in one millisecond),
 bench_failover with SIGTERM, bench_capacity (disk and RSS of one node holding N pending)
-and bench_rebuild (a wiped node reading N pending back from the buffer).
+and bench_rebuild (a wiped node reading N pending back from the buffer, and one copying a holding node's store).
 
 Figures are medians of --runs runs with min/max beside them; the machine is shared and noisy.
 """
@@ -438,13 +438,16 @@ def bench_capacity(stack: DevStack, count: int, progress: Progress, settle_s: fl
             "reader_rss_bytes": reader_rss, "peak_rss_bytes": memory["peak_rss"] + sum(r["peak_rss"] for r in readers)}
 
 
-def bench_rebuild(stack: DevStack, count: int, runs: int, progress: Progress) -> list[float]:
-    """Seconds until a wiped node is ready again with ``count`` pending, once per run.
+def bench_rebuild(stack: DevStack, count: int, runs: int, progress: Progress) -> dict[str, list[float]]:
+    """Seconds until a wiped node is ready again with ``count`` pending, once per run and way.
 
-    The buffer is filled once; each run stops the node, deletes its data folder and starts it,
-    timing from the start of the process (interpreter start-up included) to /readyz = 200.
+    The buffer is filled once. ``buffer``: the only node stops, its data folder is deleted and it
+    starts again, reading the buffer from its start. ``copy``: a second node, wiped before each
+    run, starts beside the first (which holds the shard) and copies its store
+    (delay_service/store_copies.py). Each timed from the start of the process (interpreter
+    start-up included) to /readyz = 200, and each checks the node then holds ``count``.
     """
-    times = []
+    times: dict[str, list[float]] = {"buffer": [], "copy": []}
     with bench_cluster(stack) as settings, tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(settings, Path(tmp))
         try:
@@ -452,15 +455,29 @@ def bench_rebuild(stack: DevStack, count: int, runs: int, progress: Progress) ->
             for _ in range(runs):
                 node.stop()
                 shutil.rmtree(node.data_dir)
-                started = time.perf_counter()
-                node = cluster.start("rebuild", wait=False)
-                node.wait_ready(timeout_s=600 + count / 1000)
-                times.append(time.perf_counter() - started)
-                if node_pending(node) != count:
-                    raise RuntimeError(f"the rebuilt node holds {node_pending(node):,.0f} messages, not {count:,}")
+                node = timed_ready(cluster, "rebuild", count, times["buffer"])
+            copier = None
+            for _ in range(runs):
+                if copier is not None:
+                    copier.stop()
+                    shutil.rmtree(copier.data_dir)
+                copier = timed_ready(cluster, "copier", count, times["copy"])
+            if copier is not None and copier.metric("delayq_store_copies_total") != 1:
+                raise RuntimeError("the second node read the buffer instead of copying the first node's store")
         finally:
             cluster.close()
     return times
+
+
+def timed_ready(cluster: LocalCluster, node_id: str, count: int, times: list[float]) -> NodeProcess:
+    """Start ``node_id`` (no data of its own) and add to ``times`` how long it took to be ready holding ``count``."""
+    started = time.perf_counter()
+    node = cluster.start(node_id, wait=False)
+    node.wait_ready(timeout_s=600 + count / 1000)
+    times.append(time.perf_counter() - started)
+    if node_pending(node) != count:
+        raise RuntimeError(f"the wiped node {node_id} holds {node_pending(node):,.0f} messages, not {count:,}")
+    return node
 
 
 def summary(values: list[float]) -> dict:

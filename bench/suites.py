@@ -19,7 +19,8 @@ SUITE_TEXT: dict[str, str] = {
     "produce": "delayed produce() cost against plain confluent-kafka produce(), and the asyncio producer's against "
                "confluent-kafka's AIOProducer",
     "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",
-    "rebuild": "a wiped node with 10M pending: time until ready",
+    "rebuild": "a wiped node with 10M pending: time until ready, reading the buffer alone and copying the store of a "
+               "node that holds them",
     "reconcile": "the Spark reconciliation of 1M delayed messages",
     "capacity-100m": "100M pending in one node: RSS and disk per message (only with --only: ~40 min, ~60 GB disk)",
     "follow": "`delayq reconcile --follow` under 20,000 msg/s of live healthy traffic (puts, deliveries, dones), "
