@@ -226,8 +226,9 @@ class NodeMetrics:
                                   "store format), instead of being rebuilt from the buffer", ["shard"], registry=r)
         self.store_format = Gauge("delayq_store_format", "the store format of the shard's store (4: delayq 0.1.0's; "
                                   "5: feature level 2's)", ["shard"], registry=r)
-        self.store_copies = Counter("delayq_store_copies", "times this node made a shard's store from a copy of "
-                                    "another node's (store_copies.py) instead of reading the buffer from its start",
+        self.store_copies = Counter("delayq_store_copies", "copies of a shard's store this node received from a node "
+                                    "holding it (store_copies.py) instead of reading the buffer from its start; one "
+                                    "it then cannot trust is rebuilt, counted in delayq_store_rebuilds_total too",
                                     ["shard"], registry=r)
         self.store_copy_seconds = Gauge("delayq_store_copy_seconds", "how long the last copy of a shard's store "
                                         "took to arrive", ["shard"], registry=r)

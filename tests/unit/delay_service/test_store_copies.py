@@ -9,13 +9,19 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
+from unittest import mock
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
+from delayq.clock import now_ms
 from delayq.delay_service import store_copies
 from delayq.delay_service.http import NodeHTTPServer
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.store_copies import copy_from_peers, make_copy
+from delayq.delay_service.stores import META_TOPIC_ID, ShardStores
+from delayq.delay_service.topics import BufferInfo, EndOffsets
+from delayq.settings import Settings
 from delayq.store import Put, StoredEntry, TimeIndex
 
 T0 = 1_800_000_000_000
@@ -44,7 +50,8 @@ class HoldingNode:
 @pytest.fixture
 def holder(tmp_path):
     with TimeIndex(tmp_path / "holder" / "store") as store:
-        store.apply([Put(f"id{i}", T0 + i, b"p%d" % i) for i in range(2000)], {0: 2000, 3: 7}, ingested_at_ms=T0)
+        store.apply([Put(f"id{i}", T0 + i, b"p%d" % i) for i in range(2000)], {0: 2000, 3: 7}, ingested_at_ms=now_ms())
+        store.set_meta(META_TOPIC_ID, b"topic-1")
         http = NodeHTTPServer(HoldingNode(store, tmp_path / "holder"), "127.0.0.1", 0)
         http.start()
         yield f"http://127.0.0.1:{http.port}", store, tmp_path / "holder"
@@ -68,7 +75,7 @@ def test_a_copy_is_the_holders_store_with_its_offsets_and_the_holder_keeps_nothi
     with TimeIndex(path) as copy:
         assert copy.due(T0 + 10**6, 3000) == [StoredEntry(f"id{i}", T0 + i, b"p%d" % i)
                                                  for i in sorted(range(2000), key=lambda i: (T0 + i, f"id{i}"))]
-        assert (copy.pending_count(), copy.offsets(), copy.last_ingest_ms()) == (2000, {0: 2000, 3: 7}, T0)
+        assert (copy.pending_count(), copy.offsets()) == (2000, {0: 2000, 3: 7})
     assert list(path.parent.iterdir()) == [path]  # nothing of the receiving half left beside it
     assert not any((holder_dir / store_copies.COPIES_DIR).iterdir())  # the checkpoint sent is gone
 
@@ -137,3 +144,50 @@ def test_a_copy_not_whole_or_not_a_store_is_refused_and_deleted(tmp_path, files,
     assert list(path.parent.iterdir()) == []
     assert not (tmp_path / "CURRENT").exists()
     assert said in caplog.text
+
+
+def shard_stores(tmp_path: Path, peers: list[tuple[str, str]], topic_id: str = "topic-1") -> ShardStores:
+    """A node's stores (4 buffer partitions, 2 shards: shard 1 reads partitions 1 and 3) whose holders are ``peers``."""
+    stores = ShardStores(Settings(data_dir=tmp_path / "node-b", shards=2, buffer_partitions=4),
+                         BufferInfo(topic_id, [0, 1, 2, 3], 86_400_000, 0), NodeMetrics(),
+                         mock.Mock(spec_set=AdminClient))
+    stores.end_offsets = mock.Mock(spec_set=EndOffsets)
+    stores.end_offsets.read.return_value = {0: 2000, 1: 0, 2: 0, 3: 7}
+    stores.peers = lambda shard: peers
+    return stores
+
+
+def metric(stores: ShardStores, name: str, **labels: str) -> float:
+    return stores.metrics.registry.get_sample_value(name, {"shard": "1", **labels}) or 0.0
+
+
+def test_a_node_without_the_store_opens_a_holders_copy_and_counts_it(holder, tmp_path):
+    url, _, _ = holder
+    stores = shard_stores(tmp_path, [("node-a", url)])
+
+    with stores.open(1) as store:
+        assert (store.pending_count(), store.offsets()) == (2000, {0: 2000, 3: 7})
+    assert metric(stores, "delayq_store_copies_total") == 1
+    assert metric(stores, "delayq_store_copy_seconds") > 0
+
+
+def test_a_stale_store_is_replaced_by_a_holders_copy(holder, tmp_path):
+    url, _, _ = holder
+    stale = shard_stores(tmp_path, [])
+    with stale.open(1) as store:
+        store.apply([Put("old", T0, b"x")], {1: 3}, ingested_at_ms=now_ms() - 2 * 86_400_000)
+    stores = shard_stores(tmp_path, [("node-a", url)])
+
+    with stores.open(1) as store:
+        assert (store.pending_count(), store.get("old")) == (2000, None)
+    assert metric(stores, "delayq_store_rebuilds_total", reason="stale") == 1
+    assert metric(stores, "delayq_store_copies_total") == 1
+
+
+def test_a_copy_of_another_buffer_topic_is_not_used_and_the_buffer_is_read_from_its_start(holder, tmp_path):
+    url, _, _ = holder
+    stores = shard_stores(tmp_path, [("node-a", url)], topic_id="topic-2")  # the buffer was recreated since
+
+    with stores.open(1) as store:
+        assert (store.pending_count(), store.offsets()) == (0, {})
+    assert metric(stores, "delayq_store_rebuilds_total", reason="topic-recreated") == 1
