@@ -6,6 +6,7 @@ import io
 import socket
 import tarfile
 import threading
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -17,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from delayq.clock import now_ms
 from delayq.delay_service import store_copies
 from delayq.delay_service.http import NodeHTTPServer
+from delayq.delay_service.members import GroupHandler, GroupView, Member
 from delayq.delay_service.metrics import NodeMetrics
 from delayq.delay_service.store_copies import copy_from_peers, make_copy
 from delayq.delay_service.stores import META_TOPIC_ID, ShardStores
@@ -191,3 +193,27 @@ def test_a_copy_of_another_buffer_topic_is_not_used_and_the_buffer_is_read_from_
     with stores.open(1) as store:
         assert (store.pending_count(), store.offsets()) == (0, {})
     assert metric(stores, "delayq_store_rebuilds_total", reason="topic-recreated") == 1
+
+
+def test_a_node_of_member_processes_passes_on_the_copy_of_the_member_holding_the_shard(holder, tmp_path):
+    url, _, _ = holder
+    holding_none = HoldingNode(mock.Mock(spec_set=TimeIndex), tmp_path / "other")
+    holding_none.store_copy = lambda shard: None  # type: ignore[method-assign]  # member 0 holds no shard
+    other = NodeHTTPServer(holding_none, "127.0.0.1", 0)
+    other.start()
+    members = [Member(0, "box-0", other.port), Member(1, "box-1", int(url.rsplit(":", 1)[1]))]
+    front = NodeHTTPServer(GroupView(types.SimpleNamespace(members=members, stopping=threading.Event())),
+                           "127.0.0.1", 0, GroupHandler)
+    front.start()
+    try:
+        path = tmp_path / "node-b" / "shards" / "1"
+        path.parent.mkdir(parents=True)
+        copied = copy_from_peers([("box", f"http://127.0.0.1:{front.port}")], 1, path)
+        assert copied is not None
+        with TimeIndex(path) as copy:
+            assert copy.pending_count() == 2000
+        assert copy_from_peers([("box", f"http://127.0.0.1:{front.port}")], 0, tmp_path / "node-b" / "shards" / "0") \
+            is None  # no member holds shard 0: 421
+    finally:
+        front.stop()
+        other.stop()
