@@ -9,7 +9,8 @@ default), eight kinds:
 * ``master_pause``: SIGSTOP to a shard's master for longer than the ZooKeeper session timeout, then SIGCONT
   (the master's member process, on nodes of member processes).
 * ``standby_term``: SIGTERM to a standby (a clean stop), then a restart.
-* ``standby_wipe``: a standby stopped, its data folder deleted, restarted (it rebuilds from the buffer).
+* ``standby_wipe``: a standby stopped, its data folder deleted, restarted (it copies the store of a node holding its
+  shards, or rebuilds from the buffer when none answers).
 * ``kafka_kill``: SIGKILL to the Kafka broker, a few seconds down, restarted.
 * ``zookeeper_kill``: SIGKILL to ZooKeeper, a few seconds down, restarted.
 * ``kafka_pause``: SIGSTOP to the Kafka broker (a long GC pause: 6-10 s, 3-8 s in runs of 5 minutes or
