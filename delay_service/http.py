@@ -78,6 +78,11 @@ class NodeView(Protocol):
         """The console's answers about ``shard``, or None when this node does not hold it."""
         ...
 
+    def store_copy_allowed(self, shard: int, authorization: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header may have a copy of ``shard``'s store
+        (store_copies.authorized)."""
+        ...
+
     def store_copy(self, shard: int) -> Path | None:
         """A consistent copy of ``shard``'s store in a folder of its own (the caller sends it, then removes it), or
         None when this node does not hold the shard (store_copies.py).
@@ -235,6 +240,12 @@ class NodeHandler(BaseHTTPRequestHandler):
             shard = _shard_number(shard_text, self.node.shard_count())
         except ValueError as err:
             self._json(400, {"error": str(err)})
+            return
+        if not self.node.store_copy_allowed(shard, self.headers.get("Authorization")):
+            self._json(401, {"shard": shard, "error": "a copy of a store is given to the nodes of this cluster only: "
+                                                      "ask with the Authorization its ZooKeeper credentials give "
+                                                      "(delay_service/store_copies.authorization)"},
+                       {"WWW-Authenticate": 'Bearer realm="delayq"'})
             return
         try:
             folder = self.node.store_copy(shard)

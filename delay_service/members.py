@@ -393,6 +393,9 @@ class GroupView:
     def console_shard(self, shard: int) -> ShardAnswers | None:  # GroupHandler asks the members instead
         raise NotImplementedError
 
+    def store_copy_allowed(self, shard: int, authorization: str | None) -> bool:  # the member holding it checks
+        raise NotImplementedError
+
     def store_copy(self, shard: int) -> Path | None:  # GroupHandler passes the copy of the member holding it
         raise NotImplementedError
 
@@ -425,7 +428,8 @@ class GroupHandler(NodeHandler):
         for member in self._members:
             connection = http.client.HTTPConnection("127.0.0.1", member.port, timeout=READ_TIMEOUT_S)
             try:
-                connection.request("GET", self.path)
+                proof = self.headers.get("Authorization")
+                connection.request("GET", self.path, headers={"Authorization": proof} if proof else {})
                 answer = connection.getresponse()
                 if answer.status == 421:
                     continue

@@ -48,7 +48,7 @@ from .metrics import NodeMetrics
 from .registration import Registration, node_record
 from .seats import Seats
 from .shard_answers import ShardAnswers
-from .store_copies import make_copy
+from .store_copies import authorized, make_copy
 from .stores import MEMBERS_DIR, ShardStores, forget_stores
 from .topics import EndOffsets, admin_client, buffer_info
 
@@ -225,6 +225,9 @@ class Node:
         if seat is None:
             return None
         return ShardAnswers(shard, seat.store, seat.metrics.recent, lambda: seat.mastering)
+
+    def store_copy_allowed(self, shard: int, authorization: str | None) -> bool:
+        return authorized(self.settings, shard, authorization)
 
     def store_copy(self, shard: int) -> Path | None:
         seat = self.seats.get(shard) if self.seats is not None else None

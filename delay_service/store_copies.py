@@ -19,12 +19,18 @@ The contract, one home for both sides:
   then opens the copy as any store (its format, its buffer topic id, its offsets checked), and
   reads the buffer from the copy's offsets. With no copy, the buffer is read from its start.
 
-A copy holds every pending message of the shard: the node HTTP port that serves it is the
-one that already answers lookups (``/v1/messages/<id>``), inside the cluster's network.
+A copy holds every pending message of the shard, payloads included, which no other node
+endpoint gives. On a cluster with ZooKeeper credentials (``DELAYQ_ZK_AUTH``, the secured
+mode, where Kafka's ACLs keep the buffer from strangers) a node answers a copy only to a
+request carrying :func:`authorization`: an HMAC of the cluster and shard keyed by those
+credentials, which every node of the cluster has and no one else needs. Without them the
+buffer itself is open to whoever reaches Kafka, and so is a copy.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.client
 import io
 import logging
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from delayq.settings import Settings
 from delayq.store import StoreError, TimeIndex
 
 log = logging.getLogger("delayq.node")
@@ -61,6 +68,22 @@ class Copied:
     files: int
     size: int
     seconds: float
+
+
+def authorization(settings: Settings, shard: int) -> str | None:
+    """The ``Authorization`` value a copy of ``shard``'s store is asked and answered with; None without ZooKeeper
+    credentials (nothing is asked then)."""
+    secret = settings.zk_credentials
+    if secret is None:
+        return None
+    proof = hmac.new(secret.encode(), f"delayq-store-copy/{settings.cluster}/{shard}".encode(), hashlib.sha256)
+    return f"Bearer {proof.hexdigest()}"
+
+
+def authorized(settings: Settings, shard: int, given: str | None) -> bool:
+    """Whether a request for a copy of ``shard``'s store carries what :func:`authorization` gives (constant time)."""
+    wanted = authorization(settings, shard)
+    return wanted is None or hmac.compare_digest((given or "").encode(), wanted.encode())
 
 
 def make_copy(store: TimeIndex, data_dir: Path) -> Path:
@@ -93,7 +116,7 @@ def send_copy(out: IO[bytes] | io.BufferedIOBase, folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def receive_copy(url: str, shard: int, into: Path) -> tuple[int, int]:
+def receive_copy(url: str, shard: int, into: Path, proof: str | None = None) -> tuple[int, int]:
     """Fetch shard ``shard``'s store from the node at ``url`` into the new folder ``into``; its files and bytes.
 
     Raises:
@@ -105,7 +128,7 @@ def receive_copy(url: str, shard: int, into: Path) -> tuple[int, int]:
         raise CopyRefused(f"{url} is not an http:// address")
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=READ_TIMEOUT_S)
     try:
-        connection.request("GET", f"/v1/shards/{shard}/{STORE}")
+        connection.request("GET", f"/v1/shards/{shard}/{STORE}", headers={"Authorization": proof} if proof else {})
         answer = connection.getresponse()
         if answer.status != 200:
             raise CopyRefused(f"answered {answer.status}: {answer.read(500).decode(errors='replace')}")
@@ -140,14 +163,16 @@ class CopyRefused(Exception):
     """A node did not send a whole copy of a store."""
 
 
-def copy_from_peers(peers: Iterable[tuple[str, str]], shard: int, path: Path) -> Copied | None:
+def copy_from_peers(peers: Iterable[tuple[str, str]], shard: int, path: Path,
+                    proof: str | None = None) -> Copied | None:
     """Shard ``shard``'s store at ``path`` (not there yet), copied from the first of ``peers`` (node id, HTTP
-    address) that sends a whole one; None if none did (the node reads the buffer from its start)."""
+    address) that sends a whole one, asked with ``proof`` (:func:`authorization`); None if none did (the node
+    reads the buffer from its start)."""
     for node_id, url in peers:
         into = path.parent / f"{path.name}.copy-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         try:
-            files, size = receive_copy(url, shard, into)
+            files, size = receive_copy(url, shard, into, proof)
             if not TimeIndex.exists(into):
                 raise CopyRefused("the files received are not a delayq store")
             into.rename(path)

@@ -26,7 +26,7 @@ from delayq.settings import Settings
 from delayq.store import StoreError, StoreFormatError, StoreOptions, TimeIndex
 
 from .metrics import NodeMetrics
-from .store_copies import copy_from_peers
+from .store_copies import authorization, copy_from_peers
 from .topics import BufferInfo, EndOffsets, committed_end_offsets
 
 log = logging.getLogger("delayq.node")
@@ -162,7 +162,7 @@ class ShardStores:
         except KazooException as err:
             log.warning("shard %d: no copy of the store: the nodes holding it could not be read: %s", shard, err)
             return False
-        copied = copy_from_peers(peers, shard, path)
+        copied = copy_from_peers(peers, shard, path, authorization(self.settings, shard))
         if copied is None:
             return False
         self.metrics.shard(shard).store_copies.inc()

@@ -32,9 +32,9 @@ T0 = 1_800_000_000_000
 class HoldingNode:
     """A node view holding shard 1 of 2 in a real store."""
 
-    def __init__(self, store: TimeIndex, data_dir: Path):
+    def __init__(self, store: TimeIndex, data_dir: Path, settings: Settings | None = None):
         self.registry = NodeMetrics().registry
-        self.store, self.data_dir = store, data_dir
+        self.store, self.data_dir, self.settings = store, data_dir, settings or Settings()
 
     def alive(self) -> bool:
         return True
@@ -44,6 +44,9 @@ class HoldingNode:
 
     def shard_count(self) -> int:
         return 2
+
+    def store_copy_allowed(self, shard: int, authorization: str | None) -> bool:
+        return store_copies.authorized(self.settings, shard, authorization)
 
     def store_copy(self, shard: int) -> Path | None:
         return make_copy(self.store, self.data_dir) if shard == 1 else None
@@ -217,3 +220,27 @@ def test_a_node_of_member_processes_passes_on_the_copy_of_the_member_holding_the
     finally:
         front.stop()
         other.stop()
+
+
+def test_on_a_cluster_with_zookeeper_credentials_only_its_nodes_get_a_copy(tmp_path, caplog):
+    secured = Settings(cluster="orders", zk_auth="delayq:s3cret")
+    with TimeIndex(tmp_path / "holder" / "store") as store:
+        store.apply([Put("id", T0, b"payload")], {1: 1})
+        http = NodeHTTPServer(HoldingNode(store, tmp_path / "holder", secured), "127.0.0.1", 0)
+        http.start()
+        try:
+            peers = [("node-a", f"http://127.0.0.1:{http.port}")]
+            shards = tmp_path / "node-b" / "shards"
+            shards.mkdir(parents=True)
+            assert copy_from_peers(peers, 1, shards / "1") is None  # asked without the proof
+            assert "answered 401" in caplog.text
+            other = Settings(cluster="orders", zk_auth="delayq:guess")
+            assert copy_from_peers(peers, 1, shards / "1", store_copies.authorization(other, 1)) is None
+            elsewhere = Settings(cluster="payments", zk_auth="delayq:s3cret")  # another cluster's proof
+            assert copy_from_peers(peers, 1, shards / "1", store_copies.authorization(elsewhere, 1)) is None
+            assert list(shards.iterdir()) == []
+            copied = copy_from_peers(peers, 1, shards / "1", store_copies.authorization(secured, 1))
+            assert copied is not None
+        finally:
+            http.stop()
+    assert store_copies.authorization(Settings(), 1) is None  # no credentials: nothing to prove
