@@ -327,6 +327,11 @@ def test_a_thousand_delayed_messages_with_cancels_deliver_exactly_once_through_a
     master = next(node for node in secured.nodes if node.process.poll() is None and node.mastered())
     master.signal(signal.SIGKILL)
     master.process.wait(10)
+    # A node that joins with no store copies a holder's, asking with the proof of the cluster's ZooKeeper
+    # credentials: a copy holds every payload, so only the cluster's nodes are given one (store_copies.py).
+    joined = secured.start_node("n3")
+    joined.wait_ready()
+    assert joined.metric("delayq_store_copies_total") >= 1, joined.log_tail()
 
     wanted = set(ids) - cancelled
     deliveries: list = []
