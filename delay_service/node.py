@@ -48,8 +48,8 @@ from .metrics import NodeMetrics
 from .registration import Registration, node_record
 from .seats import Seats
 from .shard_answers import ShardAnswers
-from .store_copies import authorized, make_copy
-from .stores import MEMBERS_DIR, ShardStores, forget_stores
+from .store_copies import authorized, make_copy, remove_leftovers
+from .stores import MEMBERS_DIR, SHARDS_DIR, ShardStores, forget_stores
 from .topics import EndOffsets, admin_client, buffer_info
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class Node:
         self.admin = admin_client(s)
         self.info = buffer_info(s, self.admin)
         self.stores = ShardStores(s, self.info, self.metrics, self.admin)
+        remove_leftovers(s.data_dir, s.data_dir / SHARDS_DIR)
         try:
             self._start_serving()
         except BaseException:

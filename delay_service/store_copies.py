@@ -86,6 +86,14 @@ def authorized(settings: Settings, shard: int, given: str | None) -> bool:
     return wanted is None or hmac.compare_digest((given or "").encode(), wanted.encode())
 
 
+def remove_leftovers(data_dir: Path, shards: Path) -> None:
+    """At a node's start: the copies a process of it was sending (in ``data_dir``) or receiving (beside the stores
+    in ``shards``) when it died; none is under way then."""
+    shutil.rmtree(Path(data_dir) / COPIES_DIR, ignore_errors=True)
+    for partial in Path(shards).glob("*.copy-*"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def make_copy(store: TimeIndex, data_dir: Path) -> Path:
     """A checkpoint of ``store`` in a new folder under ``data_dir``/copies (the caller sends it, then removes it).
 

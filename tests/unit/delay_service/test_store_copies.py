@@ -244,3 +244,19 @@ def test_on_a_cluster_with_zookeeper_credentials_only_its_nodes_get_a_copy(tmp_p
         finally:
             http.stop()
     assert store_copies.authorization(Settings(), 1) is None  # no credentials: nothing to prove
+
+
+def test_what_a_dead_process_was_sending_or_receiving_is_removed_at_the_next_start_and_stores_stay(holder, tmp_path):
+    _, store, holder_dir = holder
+    sending = make_copy(store, holder_dir)
+    shards = tmp_path / "shards"
+    (shards / "3.copy-1a2b3c4d").mkdir(parents=True)
+    (shards / "3.copy-1a2b3c4d" / "000012.sst").write_bytes(b"half")
+    with TimeIndex(shards / "3") as kept:
+        kept.apply([Put("id", T0, b"x")], {3: 1})
+
+    store_copies.remove_leftovers(holder_dir, shards)
+
+    assert not sending.exists() and sorted(p.name for p in shards.iterdir()) == ["3"]
+    with TimeIndex(shards / "3") as kept:
+        assert kept.pending_count() == 1
