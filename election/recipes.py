@@ -519,6 +519,11 @@ class Leadership:
                     continue
                 term = Term(self.epoch.bump())
                 self._term = term
+                # stop() may have come since the check above, while the epoch was bumped: it saw no term to end,
+                # and this one would lead until the process is killed (a node stopped right after it started
+                # ignored SIGTERM). It sets _stopping before it reads _term: one of the two sees the other.
+                if self._stopping.is_set():
+                    continue
                 log.info("%s is master of shard %d, epoch %d", self.identifier, self.shard, term.epoch)
                 lead(term)
             except KazooException as err:

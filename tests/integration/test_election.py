@@ -207,3 +207,24 @@ def test_a_newer_epoch_ends_the_current_term(zk, names):
     assert wait_until(lambda: not term.active, timeout_s=5)
     assert "newer master" in term.ended_because
     a.stop()
+
+
+def test_a_stop_that_comes_while_the_lock_is_won_still_ends_the_term_that_lock_begins(zk, names):
+    # stop() while the winner bumps the epoch (a node stopped right after it started): it sees no term yet, and
+    # the term about to begin must not lead for good (that node ignored SIGTERM).
+    leadership = Leadership(zk(), names.zk_root, "node-a")
+    bump = leadership.epoch.bump
+
+    def bump_while_stopped() -> int:
+        epoch = bump()
+        leadership.stop()
+        return epoch
+
+    leadership.epoch.bump = bump_while_stopped  # type: ignore[method-assign]
+    led: list[int] = []
+    thread = threading.Thread(target=leadership.run, args=(lambda term: led.append(term.epoch),), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the leadership went on after stop()"
+    assert led == [], "a term began after stop()"
+    assert Leadership.master(zk(), names.zk_root) is None  # the lock given up
