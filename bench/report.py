@@ -111,6 +111,18 @@ def table_row(figure: dict) -> dict[str, str]:
     }
 
 
+def _cpus(results: dict) -> str:
+    """The CPU of the last run, or, when the figures were measured on more than one, each with its suites."""
+    suites: dict[str, list[str]] = {}
+    for figure in results["figures"].values():
+        cpu = figure.get("cpu")
+        if cpu is not None and figure["suite"] not in suites.setdefault(cpu, []):
+            suites[cpu].append(figure["suite"])
+    if len(suites) <= 1:
+        return str(results["machine"]["cpu"])
+    return "; ".join(f"{cpu}: {', '.join(names)}" for cpu, names in suites.items())
+
+
 def render_markdown(results: dict, rows_only: bool = False):
     """The generated part of BENCHMARKS.md (between the markers), or just its rows as cell dicts."""
     rows = [table_row(figure) for figure in results["figures"].values()]
@@ -121,7 +133,7 @@ def render_markdown(results: dict, rows_only: bool = False):
     lines = [
         BEGIN,
         f"Measured {' to '.join(dict.fromkeys([dates[0], dates[-1]])) if dates else '-'} on {m['cores']} cores "
-        f"({m['cpu']}), {m['memory_gib']} GiB RAM, {m['os']} (Linux {m['kernel']}); load average "
+        f"({_cpus(results)}), {m['memory_gib']} GiB RAM, {m['os']} (Linux {m['kernel']}); load average "
         f"{m['load_average_at_start']} when the last run started (the machine is shared).",
         "",
         "Versions: " + ", ".join(f"{name} {v[name]}" for name in sorted(v, key=_version_rank)) + ".",

@@ -705,10 +705,12 @@ def merge_results(old: dict, figures: list[Figure], env: dict, options: BenchOpt
         for key in [k for k, v in merged.items() if v.get("suite") == suite]:
             del merged[key]
         for figure in suite_figures:
-            merged[figure.key] = figure.to_json(date=date, quick=options.quick)
+            # Each figure says on which CPU it was measured: a run of some suites on another host keeps the rest.
+            merged[figure.key] = {**figure.to_json(date=date, quick=options.quick), "cpu": env["machine"]["cpu"]}
     order = {name: i for i, name in enumerate(SUITES)}
     merged = dict(sorted(merged.items(), key=lambda item: order.get(item[1].get("suite"), len(order))))
-    return {"date": date, **env, "figures": merged}
+    # The versions of the figures kept stay named (a run without the peer leaves Redis's figures in the table).
+    return {"date": date, **env, "versions": {**old.get("versions", {}), **env["versions"]}, "figures": merged}
 
 
 def _by_suite(figures: list[Figure]) -> dict[str, list[Figure]]:

@@ -116,3 +116,21 @@ def test_a_delivery_run_whose_records_do_not_add_up_is_refused(appended, count, 
 
     with pytest.raises(BenchRunInvalid, match=why):
         delivery_rate(appended, count, started_ms=started)
+
+
+def test_a_run_of_some_suites_on_another_host_keeps_the_peers_versions_and_the_header_names_each_cpu(tmp_path):
+    with_peer = {**ENV, "versions": {**ENV["versions"], "Redis": "7.0.15"}}
+    old = merge_results({}, [figure("expiry", "expiry", [1], peer=[2]), figure("rebuild", "rebuild", [3])],
+                        with_peer, BenchOptions(), "2026-01-01")
+    elsewhere = {**ENV, "machine": {**ENV["machine"], "cpu": "Other CPU"}}
+    new = merge_results(old, [figure("rebuild", "rebuild", [4])], elsewhere, BenchOptions(), "2026-01-02")
+
+    assert new["versions"]["Redis"] == "7.0.15"  # the expiry figure's peer still stands in the table
+    assert (new["figures"]["expiry"]["cpu"], new["figures"]["rebuild"]["cpu"]) == ("Test CPU", "Other CPU")
+    path = tmp_path / "BENCHMARKS.md"
+    write_markdown(path, new)
+    text = path.read_text()
+    assert "(Test CPU: expiry; Other CPU: rebuild)" in text and "Redis 7.0.15" in text
+    write_markdown(path, merge_results(new, [figure("expiry", "expiry", [1], peer=[2])], elsewhere, BenchOptions(),
+                                       "2026-01-03"))
+    assert "cores (Other CPU)," in path.read_text()  # every figure of one CPU again: named once
