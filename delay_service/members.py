@@ -434,10 +434,7 @@ class GroupHandler(NodeHandler):
                 if answer.status == 421:
                     continue
                 self.close_connection = True
-                self.send_response(answer.status)
-                for name, value in answer.getheaders():
-                    if name.lower() not in _HOP_BY_HOP:
-                        self.send_header(name, value)
+                self._pass_head(answer.status, answer.getheaders())
                 self.send_header("Connection", "close")
                 self.end_headers()
                 shutil.copyfileobj(answer, self.wfile, CHUNK)
@@ -483,10 +480,14 @@ class GroupHandler(NodeHandler):
             return
         finally:
             connection.close()
-        self.send_response(status)
-        for name, value in answered:
-            if name.lower() not in _HOP_BY_HOP:
-                self.send_header(name, value)
+        self._pass_head(status, answered)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _pass_head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """A member's status and headers passed on, but those of its own connection (the caller ends the head)."""
+        self.send_response(status)
+        for name, value in headers:
+            if name.lower() not in _HOP_BY_HOP:
+                self.send_header(name, value)

@@ -46,7 +46,7 @@ from .loops import Loops
 from .members import runs_console
 from .metrics import NodeMetrics
 from .registration import Registration, node_record
-from .seats import Seats
+from .seats import Seat, Seats
 from .shard_answers import ShardAnswers
 from .store_copies import authorized, make_copy, remove_leftovers
 from .stores import MEMBERS_DIR, SHARDS_DIR, ShardStores, forget_stores
@@ -213,16 +213,20 @@ class Node:
         shard = wire.shard_of(wire.buffer_partition(delay_id, len(self.info.partitions)), self.shard_count())
         return shard, self.seats is not None and self.seats.get(shard) is not None
 
+    def _seat(self, shard: int) -> Seat | None:
+        """The seat of ``shard`` if this node holds it."""
+        return self.seats.get(shard) if self.seats is not None else None
+
     def entry(self, delay_id: str) -> StoredEntry | None:
         shard, _ = self.shard_of(delay_id)
-        seat = self.seats.get(shard) if self.seats is not None else None
+        seat = self._seat(shard)
         return seat.store.get(delay_id) if seat is not None else None
 
     def shard_count(self) -> int:
         return self.layout.shards if self.layout is not None else 1
 
     def console_shard(self, shard: int) -> ShardAnswers | None:
-        seat = self.seats.get(shard) if self.seats is not None else None
+        seat = self._seat(shard)
         if seat is None:
             return None
         return ShardAnswers(shard, seat.store, seat.metrics.recent, lambda: seat.mastering)
@@ -231,7 +235,7 @@ class Node:
         return authorized(self.settings, shard, authorization)
 
     def store_copy(self, shard: int) -> Path | None:
-        seat = self.seats.get(shard) if self.seats is not None else None
+        seat = self._seat(shard)
         if seat is None:
             return None
         return make_copy(seat.store, Path(self.settings.data_dir))
@@ -239,7 +243,7 @@ class Node:
     def _store_peers(self, shard: int) -> list[tuple[str, str]]:
         """The other nodes holding ``shard`` (node id, HTTP address), those whose copy of it is ready first."""
         records = [r for r in Membership.members(self.zk, self.settings.zk_root)
-                   if r.node_id != self.settings.node_id and r.http and shard in r.shards]
+                   if r.node_id != self.settings.node_id and shard in r.shards]
         records.sort(key=lambda r: shard not in r.ready)
         return [(r.node_id, r.http) for r in records if r.http]
 

@@ -136,22 +136,35 @@ class ShardStores:
                 rebuilds.labels(code.value).inc()
                 store.close()
                 TimeIndex.destroy(path)
-                if not copied and self._copy(shard, path):  # one copy: a second would be from the same nodes
-                    copied = True
-                    store = TimeIndex(path, options, store_format=self.store_format)
-                    found = self._rebuild_reason(store, shard)
-                    if found is not None:
-                        log.warning("the copy of store %s is not used: %s: %s", path, found[0].value, found[1])
-                        store.close()
-                        TimeIndex.destroy(path)
-                        store = TimeIndex(path, options, store_format=self.store_format)
-                else:
-                    store = TimeIndex(path, options, store_format=self.store_format)
+                # One copy at the most: a second would come from the same nodes.
+                store = self._rebuilt(shard, path, options, copy=not copied)
             store.set_meta(META_TOPIC_ID, info.topic_id.encode())
         except BaseException:
             store.close()
             raise
         return store
+
+    def _rebuilt(self, shard: int, path: Path, options: StoreOptions, *, copy: bool) -> TimeIndex:
+        """The store of ``shard`` at ``path`` (none there now): a holder's copy if ``copy`` and one comes that can be
+        trusted, else an empty one that ingest fills from the buffer's start.
+
+        Raises:
+            StoreError: a store cannot be opened or deleted now.
+            KafkaException: Kafka did not answer (the store is closed again).
+        """
+        if copy and self._copy(shard, path):
+            store = TimeIndex(path, options, store_format=self.store_format)
+            try:
+                found = self._rebuild_reason(store, shard)
+            except BaseException:
+                store.close()
+                raise
+            if found is None:
+                return store
+            log.warning("the copy of store %s is not used: %s: %s", path, found[0].value, found[1])
+            store.close()
+            TimeIndex.destroy(path)
+        return TimeIndex(path, options, store_format=self.store_format)
 
     def _copy(self, shard: int, path: Path) -> bool:
         """Put a copy of another node's store of ``shard`` at ``path`` (no store there); whether one came."""
@@ -165,8 +178,9 @@ class ShardStores:
         copied = copy_from_peers(peers, shard, path, authorization(self.settings, shard))
         if copied is None:
             return False
-        self.metrics.shard(shard).store_copies.inc()
-        self.metrics.shard(shard).store_copy_seconds.set(copied.seconds)
+        shard_metrics = self.metrics.shard(shard)
+        shard_metrics.store_copies.inc()
+        shard_metrics.store_copy_seconds.set(copied.seconds)
         return True
 
     def level_due(self) -> bool:
