@@ -252,6 +252,8 @@ class Seats:
         mine = {k for k, nodes in targets.items() if self._settings.node_id in nodes}
         # A shard still closing is taken again once it has closed (its store's lock is held until then).
         gained = sorted(mine - self._seats.keys() - self._closing.keys())
+        # A shard with no store here is taken once the copy of a holder's store, made beside this loop, has ended.
+        gained = [k for k in gained if not self._stores.copying(k, self.place_soon.set)]
         dropped = sorted(k for k in self._seats.keys() - mine
                          if not self._seats[k].mastering and not self._seats[k].leadership.waiting
                          and all(n in records and k in records[n].ready for n in targets[k]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -89,6 +90,10 @@ class ShardStores:
         # can go back to 0.1.0 on its data directory.
         self.store_format = feature_level(UNRECORDED_LEVEL).store_format
         self._level_read_at = 0.0  # monotonic s
+        # Copies of stores this node lacks, taken beside the placement loop (copying()), and the shards whose
+        # store such a copy brought or failed to bring: open() asks for none again (it would come from the same nodes).
+        self._copies: dict[int, threading.Thread] = {}
+        self._copy_tried: set[int] = set()
 
     def path(self, shard: int) -> Path:
         return Path(self.settings.data_dir) / SHARDS_DIR / str(shard)
@@ -97,6 +102,42 @@ class ShardStores:
         """Delete shard ``shard``'s store (closed) and forget its metric series."""
         TimeIndex.destroy(self.path(shard))
         self.metrics.forget_shard(shard)
+
+    def copying(self, shard: int, done: Callable[[], None]) -> bool:
+        """Whether a copy of shard ``shard``'s store from a node holding it is under way; one is started now if this
+        node has no store of the shard and holders may give one.
+
+        The copy runs in a thread of its own (a store of millions of messages takes seconds to copy, more on a slow
+        network): the placement loop that asks goes on deciding meanwhile, so a shard left without a master is
+        not kept waiting by another shard's copy. ``done()`` is called when the copy ends; the shard is then taken
+        (:meth:`open`) with the copy or, none having come, an empty store that ingest fills from the buffer.
+        """
+        running = self._copies.get(shard)
+        if running is not None:
+            if running.is_alive():
+                return True
+            del self._copies[shard]
+            return False
+        path = self.path(shard)
+        if self.peers is None or shard in self._copy_tried or TimeIndex.exists(path):
+            return False
+
+        def copy() -> None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._copy(shard, path)
+            except Exception as err:  # never a crash: the shard is taken all the same, from the buffer
+                log.warning("shard %d: no copy of the store: %s", shard, err)
+            finally:
+                done()
+
+        log.info("shard %d: no store here: copying one from a node holding it; the shard is taken once it came",
+                 shard)
+        self._copy_tried.add(shard)
+        thread = threading.Thread(target=copy, name=f"store-copy-{shard}", daemon=True)
+        self._copies[shard] = thread
+        thread.start()
+        return True
 
     def open(self, shard: int) -> TimeIndex:
         """Shard ``shard``'s store, rebuilt from the buffer if it cannot be trusted (see RebuildReason).
@@ -114,7 +155,9 @@ class ShardStores:
         shard_metrics = self.metrics.shard(shard)
         rebuilds = shard_metrics.rebuilds
         started = time.monotonic()
-        copied = not TimeIndex.exists(path) and self._copy(shard, path)
+        tried = shard in self._copy_tried  # by copying(): its copy, if one came, is the store at ``path``
+        self._copy_tried.discard(shard)
+        copied = tried or (not TimeIndex.exists(path) and self._copy(shard, path))
         try:
             store = TimeIndex(path, options, store_format=self.store_format)
         except StoreFormatError as err:

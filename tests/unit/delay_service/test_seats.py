@@ -39,6 +39,7 @@ class Cluster:
         self.stores = mock.create_autospec(ShardStores, spec_set=True, instance=True)
         self.stores.open.side_effect = self._open
         self.stores.level_due.return_value = False
+        self.stores.copying.return_value = False  # every shard has its store here unless a test says otherwise
         self.opened: dict[int, mock.Mock] = {}
         self.ingest = mock.create_autospec(Ingest, spec_set=True, instance=True)
         self.ingest.feed.side_effect = self._feed
@@ -261,3 +262,27 @@ def test_a_seat_contends_only_while_wanted_caught_up_and_not_stopping():
     assert seat.may_contend()
     seat.leadership.stop()
     assert not seat.may_contend()
+
+
+def test_a_shard_gained_without_a_store_is_taken_once_its_copy_ended_and_placement_goes_on_meanwhile():
+    cluster = Cluster(shards=2, replicas=1)
+    cluster.register("node-b")
+    cluster.seats.take_planned()
+    (kept,) = cluster.seats.shards()
+    leadership = cluster.leadership(kept)
+    cluster.register("node-a", ready=(kept,))
+    del cluster.records["node-b"]  # node-b is gone: node-a should hold both shards and master both
+    gained = 1 - kept
+    under_way = {gained: True}
+    cluster.stores.copying.side_effect = lambda shard, _done: under_way.get(shard, False)
+
+    cluster.seats.place()
+
+    assert cluster.seats.shards() == [kept] and gained not in cluster.opened, "not taken while its copy is under way"
+    cluster.stores.copying.assert_called_with(gained, cluster.seats.place_soon.set)
+    leadership.recheck.assert_called_once_with()  # the placement decided for the shard it holds all the same
+
+    under_way[gained] = False
+    cluster.seats.place()
+
+    assert cluster.seats.shards() == [0, 1] and gained in cluster.opened

@@ -260,3 +260,50 @@ def test_what_a_dead_process_was_sending_or_receiving_is_removed_at_the_next_sta
     assert not sending.exists() and sorted(p.name for p in shards.iterdir()) == ["3"]
     with TimeIndex(shards / "3") as kept:
         assert kept.pending_count() == 1
+
+
+def asked_peers(stores: ShardStores, peers: list[tuple[str, str]]) -> list[int]:
+    """Give ``stores`` these holders; the list of the shards they were asked for."""
+    asked: list[int] = []
+
+    def holders(shard: int) -> list[tuple[str, str]]:
+        asked.append(shard)
+        return peers
+
+    stores.peers = holders
+    return asked
+
+
+def test_a_copy_is_made_beside_the_placement_loop_and_the_shard_opened_after_it_is_not_copied_again(holder, tmp_path):
+    url, _, _ = holder
+    stores = shard_stores(tmp_path, [])
+    asked = asked_peers(stores, [("node-a", url)])
+    ended = threading.Event()
+
+    assert stores.copying(1, ended.set), "no store here: a copy starts"
+    assert ended.wait(30), "the copy ended and said so"
+    assert not stores.copying(1, ended.set), "ended: the shard is taken now"
+    with stores.open(1) as store:
+        assert (store.pending_count(), store.offsets()) == (2000, {0: 2000, 3: 7})
+    assert asked == [1] and metric(stores, "delayq_store_copies_total") == 1
+    assert not stores.copying(1, ended.set), "a store is here"
+
+
+def test_a_copy_that_did_not_come_leaves_the_shard_to_the_buffer_and_is_asked_for_once(tmp_path):
+    stores = shard_stores(tmp_path, [])
+    asked = asked_peers(stores, [("node-a", f"http://127.0.0.1:{closed_port()}")])
+    ended = threading.Event()
+
+    assert stores.copying(1, ended.set) and ended.wait(30)
+    assert not stores.copying(1, ended.set)
+    with stores.open(1) as store:
+        assert (store.pending_count(), store.offsets()) == (0, {}), "an empty store: ingest reads the buffer"
+    assert asked == [1], "open() did not ask the same holders again"
+    assert metric(stores, "delayq_store_copies_total") == 0
+
+
+def test_no_copy_is_started_without_holders_to_ask(tmp_path):
+    stores = shard_stores(tmp_path, [])
+    stores.peers = None  # DELAYQ_STORE_COPIES=false
+
+    assert not stores.copying(1, lambda: None)
