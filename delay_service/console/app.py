@@ -12,6 +12,7 @@ the page it returns to. Any error a user can meet is one line on the page (400 b
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -201,6 +202,7 @@ class Pages:
         self.cluster = cluster
         self.actions = actions
         self.logins = auth.Logins(settings)
+        self.throttle = auth.LoginThrottle()
         self.deliveries = Deliveries(index)
 
     def close(self) -> None:
@@ -228,11 +230,42 @@ class Pages:
 
     # -- every page ---------------------------------------------------------------
 
-    def who(self) -> None:
-        """Who is asking: a session's login, or an Authorization header's (then no CSRF token is needed)."""
+    def who(self) -> ResponseReturnValue | None:
+        """Who is asking: a session's login, or an Authorization header's (then no CSRF token is needed); a
+        request whose address failed too many logins lately is answered 429 and its header not checked."""
         header = request.headers.get("Authorization")
         g.by_header = header is not None
-        g.who = self.logins.header_login(header) if header is not None else auth.logged_in()
+        g.who = None
+        if header is None:
+            g.who = auth.logged_in()
+            return None
+        throttled = self._throttled()
+        if throttled is not None:
+            return throttled
+        g.who = self.logins.header_login(header)
+        self._count_login(g.who, "Authorization header")
+        return None
+
+    def _throttled(self) -> ResponseReturnValue | None:
+        """429 with Retry-After if the request's address failed too many logins lately; else None."""
+        address = request.remote_addr or "unknown"
+        wait_s = self.throttle.wait_s(address)
+        if not wait_s:
+            return None
+        retry_after = str(math.ceil(wait_s))
+        audit.warning("login not tried: %d failed logins from %s in %.0fs", auth.LOGIN_FAILURES_ALLOWED, address,
+                      auth.LOGIN_WINDOW_S)
+        text, status = _one_line_page(429, f"{auth.LOGIN_FAILURES_ALLOWED} failed logins from {address} within "
+                                           f"{auth.LOGIN_WINDOW_S / 60:.0f} minutes: try again in {retry_after} s")
+        return text, status, {"Retry-After": retry_after}
+
+    def _count_login(self, who: str | None, how: str) -> None:
+        address = request.remote_addr or "unknown"
+        if who is None:
+            self.throttle.failed(address)
+            audit.warning("login refused (%s) from %s", how, address)
+        else:
+            self.throttle.succeeded(address)
 
     def layout(self) -> dict[str, Any]:
         return {"who": g.get("who"), "actions_on": self.settings.console_actions, "cluster_name": self.settings.cluster,
@@ -338,12 +371,15 @@ class Pages:
             return render_template("login.html", logins=self.logins, back=_back(None))
         if not auth.csrf_ok(request.form.get(auth.CSRF_FIELD)):
             return _one_line_page(403, _STALE_FORM)
+        throttled = self._throttled()
+        if throttled is not None:
+            return throttled
         token = request.form.get("token", "")
         user = request.form.get("user", "")
         who = (self.logins.token_login(token) if token else
                self.logins.password_login(user, request.form.get("password", "")))
+        self._count_login(who, "token" if token else f"user {user[:60]!r}")
         if who is None:
-            audit.warning("login refused (%s)", "token" if token else f"user {user[:60]!r}")
             return render_template("login.html", logins=self.logins, back=_back(None),
                                    refused="wrong token" if token else "wrong user or password"), 401
         auth.log_in(who)

@@ -7,6 +7,9 @@ login checks both whatever the first says. A client that is no browser may send
 ``Authorization: Bearer <token>`` or ``Basic`` (user and password) with each request instead of a
 session; a browser never sends either on its own (the console never asks for Basic), so such a
 request needs no CSRF token.
+
+Failed logins are throttled per client address (:class:`LoginThrottle`): a password guessed online
+gets ten tries in five minutes, not thousands a second.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import binascii
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from flask import session
 
@@ -28,6 +35,61 @@ WHO, CSRF = "who", "csrf"
 TOKEN_USER = "token"
 # The form field of the CSRF token.
 CSRF_FIELD = "csrf"
+
+
+# Failed logins (a form, or a request's Authorization header) one client address may make within
+# LOGIN_WINDOW_S; more are refused (429) without being checked until the oldest of them is that old.
+LOGIN_FAILURES_ALLOWED = 10
+LOGIN_WINDOW_S = 300.0
+# Client addresses remembered at most, the least recent forgotten first: a flood of addresses cannot grow the
+# memory without bound (one address behind a proxy stands for all its clients: they share its tries).
+LOGIN_ADDRESSES_KEPT = 10_000
+
+
+class LoginThrottle:
+    """Counts failed logins per client address and says how long one must wait before it may try again."""
+
+    def __init__(self, allowed: int = LOGIN_FAILURES_ALLOWED, window_s: float = LOGIN_WINDOW_S,
+                 kept: int = LOGIN_ADDRESSES_KEPT, clock: Callable[[], float] = time.monotonic):
+        self._allowed, self._window_s, self._kept, self._clock = allowed, window_s, kept, clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()  # the console serves requests from several threads
+
+    def wait_s(self, address: str) -> float:
+        """Seconds until ``address`` may try a login again (0: now)."""
+        with self._lock:
+            failures = self._recent(address)
+            if failures is None or len(failures) < self._allowed:
+                return 0.0
+            return max(0.0, failures[0] + self._window_s - self._clock())
+
+    def failed(self, address: str) -> None:
+        """Count a failed login from ``address``."""
+        with self._lock:
+            failures = self._recent(address)
+            if failures is None:
+                failures = self._failures[address] = deque(maxlen=self._allowed)
+                while len(self._failures) > self._kept:
+                    self._failures.popitem(last=False)
+            self._failures.move_to_end(address)
+            failures.append(self._clock())
+
+    def succeeded(self, address: str) -> None:
+        """A login from ``address`` succeeded: its failures are forgotten."""
+        with self._lock:
+            self._failures.pop(address, None)
+
+    def _recent(self, address: str) -> deque[float] | None:
+        """``address``'s failures within the window (older ones dropped), or None."""
+        failures = self._failures.get(address)
+        if failures is not None:
+            horizon = self._clock() - self._window_s
+            while failures and failures[0] <= horizon:
+                failures.popleft()
+            if not failures:
+                del self._failures[address]
+                return None
+        return failures
 
 
 def check_login_settings(settings: Settings) -> None:

@@ -12,6 +12,7 @@ from unittest import mock
 
 import pytest
 
+from delayq.delay_service.console import auth
 from delayq.delay_service.console.actions import ActionFailed, ActionRefused, Actions
 from delayq.delay_service.console.app import create_app
 from delayq.delay_service.console.cluster import (
@@ -340,6 +341,33 @@ def test_a_wrong_login_is_refused_with_401_and_logged(console, caplog):
     assert response.status_code == 401
     assert page(response).one("div#flash").words() == "wrong user or password"
     assert "login refused (user 'alice')" in caplog.text
+
+
+def test_after_ten_failed_logins_an_address_is_refused_429_even_with_the_right_password(console, caplog):
+    for _ in range(auth.LOGIN_FAILURES_ALLOWED):
+        response = console.client.post("/console/login", data={"user": "alice", "password": "guess",
+                                                               "csrf": console.csrf()})
+        assert response.status_code == 401
+    response = console.client.post("/console/login", data={"user": "alice", "password": "pw", "csrf": console.csrf()})
+    assert response.status_code == 429 and 0 < int(response.headers["Retry-After"]) <= auth.LOGIN_WINDOW_S
+    assert page(response).one("div#flash").words().startswith("10 failed logins from 127.0.0.1 within 5 minutes")
+    assert "signed in" not in page(console.client.get("/console/")).words()
+    assert "login not tried: 10 failed logins from 127.0.0.1" in caplog.text
+    header = console.client.get("/console/", headers={"Authorization": "Bearer tok"})
+    assert header.status_code == 429, "the right token in a header is not tried either"
+    elsewhere = console.app.test_client().post("/console/actions/cancel", headers={"Authorization": "Bearer tok"}, data={"id": ID},
+                           environ_base={"REMOTE_ADDR": "10.1.2.3"})
+    assert elsewhere.status_code != 429, "another address is not throttled"
+
+
+def test_wrong_authorization_headers_count_as_failed_logins(console):
+    for _ in range(auth.LOGIN_FAILURES_ALLOWED):
+        assert console.client.post("/console/actions/cancel", headers={"Authorization": "Bearer nope"},
+                                   data={"id": ID}).status_code == 401
+    response = console.client.post("/console/actions/cancel", headers={"Authorization": "Bearer tok"},
+                                   data={"id": ID})
+    assert response.status_code == 429 and response.text.startswith("10 failed logins from 127.0.0.1")
+    console.actions.cancel.assert_not_called()
 
 
 def test_a_login_form_without_the_sessions_csrf_token_is_refused(console):

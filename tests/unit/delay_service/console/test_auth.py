@@ -101,3 +101,27 @@ def test_the_csrf_token_is_the_sessions_and_a_login_makes_a_new_one():
         assert not auth.csrf_ok(token) and auth.csrf_ok(auth.csrf_token())
         auth.log_out()
         assert auth.logged_in() is None and not auth.csrf_ok(token)
+
+
+def test_the_throttle_refuses_an_address_after_its_failures_until_the_oldest_is_out_of_the_window():
+    now = [1000.0]
+    throttle = auth.LoginThrottle(allowed=3, window_s=60, clock=lambda: now[0])
+    for _ in range(2):
+        throttle.failed("10.0.0.1")
+        now[0] += 10
+    assert throttle.wait_s("10.0.0.1") == 0, "two failures of three allowed"
+    throttle.failed("10.0.0.1")  # at 1020: the first was at 1000
+    assert throttle.wait_s("10.0.0.1") == pytest.approx(40.0) and throttle.wait_s("10.0.0.2") == 0
+    now[0] = 1060.0
+    assert throttle.wait_s("10.0.0.1") == 0, "the first failure left the window"
+    throttle.failed("10.0.0.1")
+    assert throttle.wait_s("10.0.0.1") == pytest.approx(10.0)
+    throttle.succeeded("10.0.0.1")
+    assert throttle.wait_s("10.0.0.1") == 0, "a login that succeeded forgets the failures"
+
+
+def test_the_throttle_remembers_a_bounded_number_of_addresses_the_least_recent_forgotten_first():
+    throttle = auth.LoginThrottle(allowed=1, window_s=60, kept=2, clock=lambda: 5.0)
+    for address in ("a", "b", "a", "c"):
+        throttle.failed(address)
+    assert (throttle.wait_s("a"), throttle.wait_s("b"), throttle.wait_s("c")) == (60.0, 0.0, 60.0)
