@@ -161,11 +161,12 @@ class ShardStores:
         try:
             store = TimeIndex(path, options, store_format=self.store_format)
         except StoreFormatError as err:
-            # Two or more formats old (or newer): the store is a view of the buffer, rebuilt from it.
+            # Two or more formats old (or newer): the store is a view of the buffer, rebuilt from it (or copied).
             log.warning("store %s will be rebuilt from the buffer: %s", path, err)
             rebuilds.labels(RebuildReason.FORMAT.value).inc()
             TimeIndex.destroy(path)
-            store = TimeIndex(path, options, store_format=self.store_format)
+            store = self._rebuilt(shard, path, options, copy=not copied)
+            copied = True  # one copy at the most (below)
         if store.found_format != store.store_format:
             self._migrated(shard, store, store.found_format, time.monotonic() - started)
         shard_metrics.store_format.set(store.store_format)
@@ -196,7 +197,12 @@ class ShardStores:
             KafkaException: Kafka did not answer (the store is closed again).
         """
         if copy and self._copy(shard, path):
-            store = TimeIndex(path, options, store_format=self.store_format)
+            try:
+                store = TimeIndex(path, options, store_format=self.store_format)
+            except StoreFormatError as err:  # a holder's store this code cannot read or migrate
+                log.warning("the copy of store %s is not used: %s", path, err)
+                TimeIndex.destroy(path)
+                return TimeIndex(path, options, store_format=self.store_format)
             try:
                 found = self._rebuild_reason(store, shard)
             except BaseException:

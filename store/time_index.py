@@ -331,7 +331,7 @@ class TimeIndex:
         try:
             self._load_meta(store_format)
         except BaseException:
-            self._db.close()
+            self._release()  # refused (a format it cannot open): the directory is unlocked, it may be deleted
             raise
         # Pending entries per minute of due time, counted once asked (pending_by_due), then kept by apply().
         self._due = DueCounts(self._view_lock, empty=self._pending == 0)
@@ -1283,12 +1283,15 @@ class TimeIndex:
             if self._closed:
                 return
             self._closed = True
-            # Every reference to the database goes: RocksDB releases the directory lock only with
-            # the last one, and a column family holds one.
-            self._cfs.clear()
-            self._handles.clear()
-            del self._time, self._ids, self._meta, self._offsets_cf
-            self._db.close()
+            self._release()
+
+    def _release(self) -> None:
+        """Close the database after dropping every reference to it: RocksDB releases the directory lock only with
+        the last one, and a column family holds one."""
+        self._cfs.clear()
+        self._handles.clear()
+        del self._time, self._ids, self._meta, self._offsets_cf
+        self._db.close()
 
     def __enter__(self) -> TimeIndex:
         return self

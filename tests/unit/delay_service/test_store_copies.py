@@ -13,6 +13,7 @@ from typing import ClassVar
 from unittest import mock
 
 import pytest
+import rocksdict
 from confluent_kafka.admin import AdminClient
 
 from delayq.clock import now_ms
@@ -307,3 +308,53 @@ def test_no_copy_is_started_without_holders_to_ask(tmp_path):
     stores.peers = None  # DELAYQ_STORE_COPIES=false
 
     assert not stores.copying(1, lambda: None)
+
+
+def format_marker(path: Path, marker: bytes) -> None:
+    """Write a store format marker into the closed store at ``path`` (as a delayq of another format would)."""
+    names = rocksdict.Rdict.list_cf(str(path), rocksdict.Options(raw_mode=True))
+    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True),
+                         column_families={name: rocksdict.Options(raw_mode=True) for name in names})
+    db.get_column_family("meta")[b"sys/format"] = marker
+    db.close()
+
+
+def test_a_store_of_a_format_this_code_cannot_read_is_replaced_by_a_holders_copy(holder, tmp_path):
+    url, _, _ = holder
+    with shard_stores(tmp_path, []).open(1) as store:
+        store.apply([Put("old", T0, b"x")], {1: 3}, ingested_at_ms=now_ms())
+    format_marker(tmp_path / "node-b" / "shards" / "1", b"delayq-time-index-3")
+    stores = shard_stores(tmp_path, [("node-a", url)])
+
+    with stores.open(1) as store:
+        assert (store.pending_count(), store.get("old"), store.offsets()) == (2000, None, {0: 2000, 3: 7})
+    assert metric(stores, "delayq_store_rebuilds_total", reason="format") == 1
+    assert metric(stores, "delayq_store_copies_total") == 1
+
+
+class NewerHolder(HoldingNode):
+    """A holder whose copies say a store format newer than this code's (as a newer delayq's would)."""
+
+    def store_copy(self, shard: int) -> Path | None:
+        copy = super().store_copy(shard)
+        if copy is not None:
+            format_marker(copy, b"delayq-time-index-9")
+        return copy
+
+
+def test_a_holders_copy_of_a_format_this_code_cannot_read_is_not_used(tmp_path):
+    with TimeIndex(tmp_path / "holder" / "store") as holding:
+        holding.apply([Put("n", T0, b"x")], {1: 1}, ingested_at_ms=now_ms())
+        http = NodeHTTPServer(NewerHolder(holding, tmp_path / "holder"), "127.0.0.1", 0)
+        http.start()
+        try:
+            stores = shard_stores(tmp_path, [("node-a", f"http://127.0.0.1:{http.port}")])
+            with shard_stores(tmp_path, []).open(1):
+                pass
+            format_marker(tmp_path / "node-b" / "shards" / "1", b"delayq-time-index-3")
+            with stores.open(1) as store:
+                assert (store.pending_count(), store.offsets()) == (0, {}), "an empty store: the buffer is read"
+        finally:
+            http.stop()
+    assert metric(stores, "delayq_store_copies_total") == 1
+    assert not list((tmp_path / "node-b" / "shards").glob("1.copy-*")), "nothing of the copy is left"

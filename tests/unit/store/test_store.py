@@ -460,6 +460,8 @@ def test_a_store_of_a_format_this_code_cannot_migrate_is_refused_saying_why(tmp_
     with pytest.raises(StoreFormatError) as refused:
         TimeIndex(tmp_path / "s")
     assert says in str(refused.value) and "\n" not in str(refused.value)
+    TimeIndex.destroy(tmp_path / "s")  # refused, it holds no lock: it can be deleted (and rebuilt) at once
+    assert not (tmp_path / "s").exists()
 
 
 def test_a_new_store_is_of_the_format_asked_for_and_a_newer_store_keeps_its_own(tmp_path):
