@@ -181,7 +181,7 @@ class Delivery:
                         self._start_times = StartTimes(began=time.monotonic())
                         self.transactions.take_producer()
                         self._start_times.connected = time.monotonic()
-                    self.transactions.fence(init_call_s)
+                    self.transactions.fence(init_call_s, term)
                     self._start_times.fenced = time.monotonic()
                     fenced = True
                 # Nothing is covered until read again now: a transaction of this term whose

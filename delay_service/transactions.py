@@ -50,6 +50,10 @@ COMMIT_GIVE_UP_S = 6.0
 ABORT_TIMEOUT_S = 5.0
 # How long closing the master's producer waits for what it still has to send (nothing, after a stuck transaction).
 CLOSE_FLUSH_S = 5.0
+# init_transactions is called in slices this long and resumed after each (librdkafka goes on in the background
+# and a call after a timed-out one resumes it there), so a term that ends meanwhile (the node stopping) stops
+# waiting within this, not after the whole call (up to 30 s while a coordinator is lost).
+FENCE_SLICE_S = 0.5
 
 # Errors produce() raises for the record itself: retrying the same record cannot help.
 _RECORD_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._INVALID_ARG, KafkaError._UNKNOWN_PARTITION,
@@ -118,13 +122,25 @@ class ShardTransactions:
         if self.producer is None:
             self.producer = self.spare.take()
 
-    def fence(self, timeout_s: float) -> None:
+    def fence(self, timeout_s: float, term: Term) -> None:
         """``init_transactions``: fences the shard's previous master and ends its open transaction.
 
+        Waits at most ``timeout_s``, in calls of :data:`FENCE_SLICE_S` resumed while ``term`` lasts.
+
         Raises:
-            KafkaException: it failed or timed out (a timed-out producer cannot init again: close it).
+            KafkaException: it failed, or timed out (after ``timeout_s``, or a slice once the term ended).
         """
-        self.open_producer().init_transactions(timeout_s)
+        producer = self.open_producer()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                producer.init_transactions(max(0.0, min(FENCE_SLICE_S, deadline - time.monotonic())))
+                return
+            except KafkaException as err:
+                error: KafkaError = err.args[0]
+                if (error.code() != KafkaError._TIMED_OUT or not error.retriable() or not term.active
+                        or time.monotonic() >= deadline):
+                    raise
 
     def open_producer(self) -> Producer:
         """The transactional producer of this term.

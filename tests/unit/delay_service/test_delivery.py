@@ -17,7 +17,7 @@ from delayq.delay_service import stored, transactions
 from delayq.delay_service.delivery import INIT_CALL_S, Delivery
 from delayq.delay_service.handoff import InFlight, Wakeup
 from delayq.delay_service.routing import Outgoing
-from delayq.delay_service.transactions import ABORT_TIMEOUT_S, LeadershipLost, TransactionStuck
+from delayq.delay_service.transactions import ABORT_TIMEOUT_S, FENCE_SLICE_S, LeadershipLost, TransactionStuck
 from delayq.election import Cursor, Term
 from delayq.store import StoredEntry
 
@@ -190,13 +190,30 @@ def test_a_fenced_master_whose_abort_fails_still_ends_its_term_quietly(monkeypat
     assert delivery.transactions.producer is None
 
 
+class SlowCoordinator:
+    """init_transactions calls that each time out after their whole timeout, on a clock of the test's."""
+
+    def __init__(self, monkeypatch):
+        self.now = 1000.0
+        monkeypatch.setattr(transactions.time, "monotonic", lambda: self.now)
+
+    def times_out(self, timeout_s: float) -> None:
+        self.now += timeout_s
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "init timed out", retriable=True))
+
+
+def waited(producer: mock.Mock) -> float:
+    """How long ``producer``'s init_transactions calls were given, together."""
+    return sum(call.args[0] for call in producer.init_transactions.call_args_list)
+
+
 def test_an_init_that_times_out_is_tried_again_with_a_new_producer_and_twice_as_long(monkeypatch):
     # A transaction coordinator whose broker was killed: librdkafka asks that broker until it is back;
     # a new producer finds the coordinator Kafka moved, and a live but slow one gets longer calls.
-    timed_out = KafkaException(KafkaError(KafkaError._TIMED_OUT, "init timed out", retriable=True))
+    coordinator = SlowCoordinator(monkeypatch)
     producers = [mock.Mock(spec_set=Producer) for _ in range(3)]
-    producers[0].init_transactions.side_effect = timed_out
-    producers[1].init_transactions.side_effect = timed_out
+    producers[0].init_transactions.side_effect = coordinator.times_out
+    producers[1].init_transactions.side_effect = coordinator.times_out
     delivery = master(producers[0])
     spare = iter(producers[1:])
     monkeypatch.setattr(delivery.transactions.spare, "take", lambda: next(spare))
@@ -205,11 +222,33 @@ def test_an_init_that_times_out_is_tried_again_with_a_new_producer_and_twice_as_
 
     assert delivery.start(Term(4)) is True
 
-    calls = [p.init_transactions.call_args.args[0] for p in producers]
-    assert calls == [INIT_CALL_S, 2 * INIT_CALL_S, 4 * INIT_CALL_S]
+    assert [waited(p) for p in producers[:2]] == [INIT_CALL_S, 2 * INIT_CALL_S]
+    assert {c.args[0] for p in producers for c in p.init_transactions.call_args_list} == {FENCE_SLICE_S}, \
+        "each call a slice, resumed"
+    assert producers[2].init_transactions.call_count == 1
     assert delivery.transactions.producer is producers[2]
     for closed in producers[:2]:
         closed.flush.assert_called()  # closed before the next was taken
+
+
+def test_a_term_that_ends_during_a_long_init_stops_waiting_within_a_slice(monkeypatch):
+    # The node stops (SIGTERM) while its new master waits for a lost coordinator: it must not wait out the call.
+    coordinator = SlowCoordinator(monkeypatch)
+    term = Term(4)
+    producer = mock.Mock(spec_set=Producer)
+
+    def times_out_then_the_node_stops(timeout_s: float) -> None:
+        if producer.init_transactions.call_count == 2:
+            term.end("the node is stopping", routine=True)
+        coordinator.times_out(timeout_s)
+
+    producer.init_transactions.side_effect = times_out_then_the_node_stops
+    delivery = master(producer)
+    monkeypatch.setattr(delivery.wakeup, "sleep_until", lambda _due, _term: None)
+
+    assert delivery.start(term) is False
+
+    assert waited(producer) == 2 * FENCE_SLICE_S < INIT_CALL_S
 
 
 @pytest.mark.parametrize("code", [KafkaError.CONCURRENT_TRANSACTIONS, KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
@@ -228,7 +267,7 @@ def test_an_init_the_coordinator_answered_busy_is_resumed_on_the_same_producer_a
 
     assert delivery.start(Term(4)) is True
 
-    assert [c.args[0] for c in producer.init_transactions.call_args_list] == [INIT_CALL_S] * 3
+    assert [c.args[0] for c in producer.init_transactions.call_args_list] == [FENCE_SLICE_S] * 3
     assert not slept, "a resumed init waited before calling again"
     producer.flush.assert_not_called()
     assert delivery.transactions.producer is producer
