@@ -143,12 +143,21 @@ class Probe:
             candidate += 1
         return f"probe-{self.settings.cluster}-{shard}-{candidate}"
 
-    def _commit(self, shard: int) -> None:
-        config = {"bootstrap.servers": self.settings.bootstrap_servers, "linger.ms": 0,
-                  "transactional.id": self._coordinated_like(shard)}
-        producer = Producer(config)
-        producer.init_transactions(60)
+    def _transactional(self, shard: int) -> Producer | None:
+        """A transactional producer with shard ``shard``'s coordinator, initialized; None once the probe stops."""
         while not self._stop.is_set():
+            try:  # Kafka may be slow to answer (the probe starting, a fault): it waits, as a master would
+                producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "linger.ms": 0,
+                                     "transactional.id": self._coordinated_like(shard)})
+                producer.init_transactions(60)
+                return producer
+            except KafkaException:
+                self._stop.wait(1)
+        return None
+
+    def _commit(self, shard: int) -> None:
+        producer = self._transactional(shard)
+        while producer is not None and not self._stop.is_set():
             call = self._call(f"commit shard {shard}")
             try:
                 producer.begin_transaction()
@@ -163,11 +172,15 @@ class Probe:
                             raise
                 call.done_ms = now_ms()
             except KafkaException as err:
+                if err.args[0].fatal():
+                    producer = self._transactional(shard)
+                    continue
                 if err.args[0].txn_requires_abort():
-                    producer.abort_transaction(60)
-                elif err.args[0].fatal():
-                    producer = Producer(config)
-                    producer.init_transactions(60)
+                    try:
+                        producer.abort_transaction(60)
+                    except KafkaException:
+                        producer = self._transactional(shard)  # its init aborts what this one left open
+                        continue
             self._stop.wait(self.every_s)
 
     def _read_ends(self) -> None:
