@@ -199,11 +199,21 @@ class Probe:
             self._stop.wait(self.every_s)
 
     def served_after(self, moment_ms: int) -> int | None:
-        """When each of the probe's channels had served a call it started at or after ``moment_ms`` (epoch ms): the
-        latest of those moments; None if the probe stopped before one of them did."""
+        """When each of the probe's channels had served the call it began next after ``moment_ms`` (epoch ms), or,
+        if a call of it was under way then, after that one was served: the latest of those moments; None if the
+        probe stopped before one of them was served.
+
+        That is a master's position: a message falling due while its transaction is under way goes out in the
+        next one, and Kafka is only sometimes slow (a restarted broker catching up on its way back into the
+        in-sync replicas holds every write for seconds), so the call under way is what tells.
+        """
         served = []
         for calls in list(self.calls.values()):
-            first = bisect.bisect_left(calls, moment_ms, key=lambda call: call.started_ms)
+            after = moment_ms
+            under_way = bisect.bisect_right(calls, moment_ms, key=lambda call: call.started_ms) - 1
+            if under_way >= 0 and (calls[under_way].done_ms or 0) > moment_ms:
+                after = calls[under_way].done_ms or moment_ms
+            first = bisect.bisect_left(calls, after, key=lambda call: call.started_ms)
             done = next((c.done_ms for c in calls[first:] if c.done_ms is not None), None)
             if done is None:
                 return None
@@ -215,6 +225,19 @@ class Probe:
         back = self.served_after(began_ms)
         assert back is not None, f"the probe was not served again after the fault: {self.pending_after(began_ms)}"
         return back
+
+    def slowest_between(self, start_ms: int, end_ms: int) -> dict[str, int | None]:
+        """Per kind of call (each shard's commits, the writes, the end-offset reads), the longest of those started
+        between ``start_ms`` and ``end_ms`` (ms; None: one never served): what Kafka made delivery wait then."""
+        slowest: dict[str, int | None] = {}
+        for channel, calls in list(self.calls.items()):
+            kind = "writes" if channel.startswith("write ") else channel
+            for call in calls:
+                if start_ms <= call.started_ms <= end_ms:
+                    took = None if call.done_ms is None else call.done_ms - call.started_ms
+                    known = slowest.get(kind, 0)
+                    slowest[kind] = None if took is None or known is None else max(known, took)
+        return slowest
 
     def pending_after(self, moment_ms: int) -> list[str]:
         """The probe's channels with no call started at or after ``moment_ms`` served."""
