@@ -137,6 +137,11 @@ def open_console(settings: Settings) -> ConsoleApp:
     return ConsoleApp(app, index)
 
 
+def _client_address() -> str:
+    """The address the request came from: what failed logins are counted by."""
+    return request.remote_addr or "unknown"
+
+
 def _one_line_page(status: int, line: str) -> tuple[str, int]:
     """A page that says one line (an error), with the layout; text for a client that sent credentials itself."""
     if request.headers.get("Authorization"):
@@ -248,7 +253,7 @@ class Pages:
 
     def _throttled(self) -> ResponseReturnValue | None:
         """429 with Retry-After if the request's address failed too many logins lately; else None."""
-        address = request.remote_addr or "unknown"
+        address = _client_address()
         wait_s = self.throttle.wait_s(address)
         if not wait_s:
             return None
@@ -260,7 +265,7 @@ class Pages:
         return text, status, {"Retry-After": retry_after}
 
     def _count_login(self, who: str | None, how: str) -> None:
-        address = request.remote_addr or "unknown"
+        address = _client_address()
         if who is None:
             self.throttle.failed(address)
             audit.warning("login refused (%s) from %s", how, address)
