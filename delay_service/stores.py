@@ -158,6 +158,7 @@ class ShardStores:
         tried = shard in self._copy_tried  # by copying(): its copy, if one came, is the store at ``path``
         self._copy_tried.discard(shard)
         copied = tried or (not TimeIndex.exists(path) and self._copy(shard, path))
+        rebuilt = False  # by _rebuilt(): a copy it checked, or empty, so nothing left to check
         try:
             store = TimeIndex(path, options, store_format=self.store_format)
         except StoreFormatError as err:
@@ -166,14 +167,14 @@ class ShardStores:
             rebuilds.labels(RebuildReason.FORMAT.value).inc()
             TimeIndex.destroy(path)
             store = self._rebuilt(shard, path, options, copy=not copied)
-            copied = True  # one copy at the most (below)
+            rebuilt = True
         if store.found_format != store.store_format:
             self._migrated(shard, store, store.found_format, time.monotonic() - started)
         shard_metrics.store_format.set(store.store_format)
         try:
             # Kafka may not answer here (a broker restarting): the store must not stay open, locked,
             # behind the error, or the next attempt to take the shard would find it locked.
-            found = self._rebuild_reason(store, shard)
+            found = None if rebuilt else self._rebuild_reason(store, shard)
             if found is not None:
                 code, why = found
                 log.warning("store %s will be rebuilt from the buffer: %s: %s", path, code.value, why)
