@@ -177,10 +177,10 @@ def under_traffic(run: Replicated, faults) -> Traffic:
 def assert_exactly_once_in_time(run: Replicated, traffic: Traffic, bound_ms: int,
                                 epochs_per_fault: int = 1) -> dict[str, int]:
     """Each message once (none whose cancel was acknowledged before its due time), none early, none later than
-    ``bound_ms`` beyond the moment Kafka could have delivered it (the probe's evidence: a transaction begun on its
-    shard's coordinator when it fell due committed, the buffer's end offsets read, every partition written; and
-    for what fell due before a fault ended and was delivered after it began, the moment the probe was served again
-    after the fault); no node restarted, at most one new epoch per shard and fault. Returns the figures: the
+    ``bound_ms`` beyond the moment Kafka could have delivered it (the probe's evidence, Probe.served_after: on its
+    shard's coordinator the transaction begun after the one under way when it fell due committed, the buffer's end
+    offsets read, every partition written; and for what fell due before a fault ended and was delivered after it
+    began, the moment the probe was served again after the fault); no node restarted, at most one new epoch per shard and fault. Returns the figures: the
     longest stall beyond Kafka's, and the worst lateness outside faults."""
     records = [r for r in read_topic(run.settings.bootstrap_servers, run.target, timeout_s=120, idle_s=5)
                if wire.ID in dict(r.headers() or [])]
@@ -198,22 +198,22 @@ def assert_exactly_once_in_time(run: Replicated, traffic: Traffic, bound_ms: int
         appended, due = record.timestamp()[1], traffic.due[delay_id]
         if appended < due:
             early.append((delay_id, due - appended))
-        waited_from = max(due, traffic.probe.served_after(due) or due)
+        waited_from = traffic.probe.served_after(due) or due  # never before ``due``
         for began, back in traffic.faults:  # a transaction in flight when a fault began waits for it to pass
             if due <= back and appended >= began:
                 waited_from = max(waited_from, back)
-        beyond.append((appended - waited_from, due - first_began, record.partition(), due, appended))
+        beyond.append((appended - waited_from, due, appended, record.partition()))
         if appended < first_began or due > last_back + 5_000:
             outside = max(outside, appended - due)
     assert not early, f"{len(early)} delivered before their due time: {early[:3]}"
-    stall, stalled_due, stalled_partition, due_at, appended_at = max(beyond, default=(0, 0, 0, 0, 0))
+    stall, stalled_due, stalled_appended, stalled_partition = max(beyond, default=(0, first_began, first_began, 0))
     nodes = run.cluster.nodes
     assert stall <= bound_ms, (f"a message was delivered {stall} ms after Kafka could have delivered it (bound "
-                               f"{bound_ms}): due {stalled_due} ms after the first fault began, target partition "
+                               f"{bound_ms}): due {stalled_due - first_began} ms after the first fault began, target partition "
                                f"{stalled_partition}; faults (began, probe served again) relative to the first: "
                                f"{[(b - first_began, back - first_began) for b, back in traffic.faults]}; the "
                                f"probe's slowest calls (ms) begun from its due time until it was appended: "
-                               f"{traffic.probe.slowest_between(due_at, appended_at)}; what "
+                               f"{traffic.probe.slowest_between(stalled_due, stalled_appended)}; what "
                                f"the nodes said:\n"
                                + "\n".join(said_during(node, traffic.faults) for node in nodes.values()))
     restarted = {n: node.running.pid for n, node in nodes.items() if node.running.pid != run.pids[n]
@@ -230,7 +230,7 @@ def assert_exactly_once_in_time(run: Replicated, traffic: Traffic, bound_ms: int
     for node in nodes.values():
         log = node.log_tail(3000)
         assert "Traceback" not in log, f"{node.node_id}:\n{log[-4000:]}"
-    return {"stall_beyond_kafka_ms": stall, "stalled_due_after_fault_ms": stalled_due,
+    return {"stall_beyond_kafka_ms": stall, "stalled_due_after_fault_ms": stalled_due - first_began,
             "worst_lateness_outside_ms": outside}
 
 
