@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lock up down status lint test test-fast demo bench soak clean
+.PHONY: install lock up down status lint test test-fast demo bench soak jar clean
 
 install: $(STAMP)
 
@@ -55,6 +55,11 @@ test-fast: install
 
 demo: install
 	$(BIN)/delayq demo
+
+# The continuous reconciliation's JVM step (spark/jvm/src) into spark/jvm/delayq-spark.jar, which is kept in the
+# tree: the images run Java, they do not compile it. Needs a JDK 17 (javac); the unit tests fail on a stale jar.
+jar: install
+	$(BIN)/python spark/jvm/build.py
 
 # The benchmark suite (about 45 minutes); writes bench/results.json and BENCHMARKS.md.
 bench: install

@@ -43,7 +43,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,10 +55,8 @@ from .report import ANOMALY_FLAGS
 from .session import ReconcileError, kafka_source_options, spark_session
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
-    from pyspark.sql.streaming.state import GroupState
 
     from delayq import Settings
 
@@ -81,10 +79,6 @@ STEP_INPUT = ("id", "record", "side", "kind", "offset", "due")
 # which record on they are new in this micro-batch, and the micro-batch's time (Spark's batch timestamp:
 # everything appended before it has been read). One row per id, parsed back in the JVM (``from_json``).
 EMITTED_SCHEMA = "id STRING, records STRING, fresh_from INT, judged_at BIGINT"
-# An id's state: its records as JSON objects joined by commas, how many, its latest put's offset and due
-# time, when its due time plus the grace passes (null once judged then, or with no put), when it is forgotten.
-STATE_SCHEMA = ("records STRING, count INT, put_offset BIGINT, put_due BIGINT, check_at BIGINT, "
-                "forget_at BIGINT")
 # A window wide enough for every due time: the continuous job judges each id whatever its due time.
 FOREVER_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z
 # What each finding kind is flagged by in the judged table: the report's anomaly kinds (a duplicate is
@@ -183,56 +177,38 @@ def findings_of(rows: Iterable[dict[str, Any]]) -> list[Finding]:
 # -- the stateful step: each id's history, kept and emitted whole when touched ------------------------------
 
 
-def _latest_put(rows: list[list[Any]], offset: int | None, due: int | None) -> tuple[int | None, int | None]:
-    """The latest put (offset, due time) of an id whose latest put so far was (``offset``, ``due``), given new
-    records (:data:`STEP_INPUT` rows): a buffer put at a higher offset replaces it."""
-    for _, _, side, kind, at, when in rows:
-        if side == BUFFER_SIDE and kind == PUT and when == when and at == at and (offset is None or at > offset):
-            offset, due = int(at), int(when)  # a null arrives as NaN: NaN != NaN
-    return offset, due
+def follow_step(rows: DataFrame, grace_ms: int, retain_ms: int) -> DataFrame:
+    """Each touched or timed-out id's whole history (:data:`EMITTED_SCHEMA`), from :data:`STEP_INPUT` rows.
 
+    The step is ``delayq.spark.FollowStep`` (spark/jvm/src), a ``flatMapGroupsWithState`` in the JVM:
+    new records are kept after the old ones and the whole history emitted (``fresh_from``: the
+    first new record); a timeout is set at the latest put's due time plus ``grace_ms`` if that is
+    still to come, else at the moment the id is forgotten. A timeout with no new records: at the
+    check, the history emitted again (judged with everything read by now) and the next timeout set
+    to the forgetting; at the forgetting, the state removed, nothing emitted. The records stay JSON
+    text from the JVM's ``to_json`` to the sink's ``from_json``. In Python
+    (``applyInPandasWithState``) the same step cost a pandas DataFrame and a trip to a Python worker
+    per id and call, and bounded the job at about 320 messages a second on two cores.
 
-def follow_step(grace_ms: int, retain_ms: int) -> Callable[[Any, Iterable[pd.DataFrame], GroupState],
-                                                           Iterator[pd.DataFrame]]:
-    """The function ``applyInPandasWithState`` runs per touched or timed-out id.
-
-    New records: kept after the old ones; the whole history emitted (``fresh_from``: the
-    first new record); a timeout set at the latest put's due time plus ``grace_ms`` if that
-    is still to come, else at the moment the id is forgotten. A timeout with no new records:
-    at the check, the history emitted again (judged with everything read by now) and the
-    next timeout set to the forgetting; at the forgetting, the state removed, nothing
-    emitted. The records stay JSON text throughout: Python only joins strings and compares
-    a few numbers per id (the per-id Python work is what bounds the job's rate).
+    Raises:
+        ReconcileError: the JVM has no ``FollowStep`` (Spark was started without delayq's jar).
     """
+    from pyspark.sql import DataFrame as PyDataFrame
 
-    def step(key: Any, frames: Iterable[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        import pandas as pd
+    spark = rows.sparkSession
+    step = _follow_step_class(spark)
+    return PyDataFrame(step.apply(rows._jdf, EMITTED_SCHEMA, grace_ms, retain_ms, BUFFER_SIDE, PUT), spark)
 
-        now = state.getCurrentProcessingTimeMs()
-        records, count, put_offset, put_due, check_at, forget_at = (
-            state.get if state.exists else ("", 0, None, None, None, None))
-        old_count, new = count, False
-        for frame in frames:
-            if len(frame):
-                new = True
-                rows = frame.values.tolist()  # one conversion: pandas' per-column access costs more than the rest
-                joined = ",".join(row[1] for row in rows)
-                records = f"{records},{joined}" if records else joined
-                count += len(rows)
-                put_offset, put_due = _latest_put(rows, put_offset, put_due)
-        if not new:  # a timeout
-            if check_at is None or now >= forget_at:
-                state.remove()
-                return
-            check_at = None
-        else:
-            check_at = None if put_due is None or put_due + grace_ms <= now else put_due + grace_ms
-            forget_at = max(now, put_due + grace_ms if put_due is not None else now) + retain_ms
-        state.update((records, count, put_offset, put_due, check_at, forget_at))
-        state.setTimeoutDuration(max(1, (check_at or forget_at) - now))
-        yield pd.DataFrame({"id": [key[0]], "records": [f"[{records}]"], "fresh_from": [old_count],
-                            "judged_at": [now]})
 
+def _follow_step_class(spark: SparkSession) -> Any:
+    from py4j.java_gateway import JavaClass
+
+    from .session import STEP_JAR
+
+    step = spark._jvm.delayq.spark.FollowStep  # type: ignore[union-attr]
+    if not isinstance(step, JavaClass):
+        raise ReconcileError(f"the continuous reconciliation's step (delayq.spark.FollowStep) is not on Spark's "
+                             f"class path: give spark-submit --jars {STEP_JAR}")
     return step
 
 
@@ -365,7 +341,6 @@ def follow_query_input(spark: SparkSession, settings: Settings, options: FollowO
                        partitions: int) -> DataFrame:
     """The streaming DataFrame the sink sees: each touched id's whole history, once per micro-batch."""
     from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
 
     from .job import buffer_rows
 
@@ -386,9 +361,7 @@ def follow_query_input(spark: SparkSession, settings: Settings, options: FollowO
                         delivery_rows(raw.where((topic != settings.buffer_topic)
                                                 & (topic != settings.dead_letter_topic))),
                         dead_letter_rows(raw.where(topic == settings.dead_letter_topic)))
-    return (step_input(rows).groupBy("id").applyInPandasWithState(
-                follow_step(options.rules.grace_ms, options.retain_ms), EMITTED_SCHEMA, STATE_SCHEMA, "update",
-                GroupStateTimeout.ProcessingTimeTimeout))
+    return follow_step(step_input(rows), options.rules.grace_ms, options.retain_ms)
 
 
 def step_input(rows: DataFrame) -> DataFrame:

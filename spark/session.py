@@ -6,6 +6,10 @@ resolved by Spark's own Ivy (``spark.jars.packages``) into ``<cache>/spark/ivy``
 so the second run resolves from that cache and downloads nothing. The Ivy
 settings name one repository (Maven Central by default): the default chain also
 tries ``~/.m2``, where a stray pom without its jar breaks the resolution.
+
+delayq's own jar (:data:`STEP_JAR`, the continuous reconciliation's stateful step, built from
+spark/jvm/src) is on the class path of every session this module starts (``spark.jars``:
+the driver's, and the executors', which fetch it from the driver as they fetch the Kafka source).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ BUNDLED_WITH_PYSPARK = (
     "org.scala-lang.modules:scala-parallel-collections_2.13",
 )
 
+# The continuous reconciliation's stateful step (delayq.spark.FollowStep), compiled from spark/jvm/src (make jar).
+STEP_JAR = Path(__file__).resolve().parent / "jvm" / "delayq-spark.jar"
 # Records a Python worker gets per Arrow batch (spark.sql.execution.arrow.maxRecordsPerBatch; Spark's default 10,000).
 ARROW_RECORDS_PER_BATCH = 1_000
 # Options Spark's Kafka source refuses or manages itself (it would fail the whole run).
@@ -221,7 +227,11 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
             # The executors of a master on loopback run on this machine: they reach the driver there too, whatever
             # address the host name resolves to.
             settings["spark.driver.host"] = "127.0.0.1"
-    for key, value in {**settings, **(conf or {})}.items():
+    settings = {**settings, **(conf or {})}
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # Besides any jars the caller asked for.
+        settings["spark.jars"] = ",".join(filter(None, (settings.get("spark.jars"), str(STEP_JAR))))
+    for key, value in settings.items():
         builder = builder.config(key, value)
     log = home / "logs" / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,114 +1,159 @@
-"""The continuous reconciliation's own logic (follow.py), no Spark or Kafka: the per-id state, the subscription,
-findings, options and the command line. Its judgement is the batch job's: test_reconcile_rules.py runs every
-rule through both."""
+"""The continuous reconciliation's own logic (follow.py): the per-id step (delayq's jar, in Spark's JVM, driven
+through py4j with Spark's own TestGroupState), the subscription, findings, options and the command line. Its
+judgement is the batch job's: test_reconcile_rules.py runs every rule through both."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
+import zipfile
 from pathlib import Path
-from unittest import mock
 
-import pandas as pd
 import pytest
-from pyspark.sql.streaming.state import GroupState
 
 from delayq import Settings
 from delayq.errors import UsageError
+from delayq.spark import spark_session
 from delayq.spark.cli import add_arguments, follow_options_from_args, run
 from delayq.spark.follow import (
     BUFFER_SIDE,
     DELIVERED_SIDE,
     FINDING_FLAGS,
     FOREVER_MS,
+    STEP_INPUT,
     Finding,
     FollowOptions,
     findings_of,
-    follow_step,
     subscription,
 )
 from delayq.spark.options import ReconcileOptions
 from delayq.spark.records import DONE, PUT
+from delayq.spark.session import STEP_JAR
 
 GRACE, RETAIN = 10_000, 60_000
 RULES = ReconcileOptions(since_ms=0, until_ms=FOREVER_MS, out=Path("unused"), grace_ms=GRACE)
+# STEP_INPUT's columns with the types follow.step_input() gives them.
+STEP_INPUT_SCHEMA = "id STRING, record STRING, side INT, kind INT, offset BIGINT, due BIGINT"
 
 
-def record(side: int, kind: int, offset: int | None, due: int | None, ts: int = 1) -> dict:
-    """A history record, as the job's input gives it to the step: its JSON and the fields the step reads."""
+def record(side: int, kind: int, offset: int | None, due: int | None, ts: int = 1) -> tuple:
+    """A history record as the job's input gives it to the step (STEP_INPUT): its JSON and the fields it reads."""
     fields = {"side": side, "kind": kind, "offset": offset, "ts": ts, "due": due, "topic": "orders", "written": 0}
-    return {"id": "id-1", "record": json.dumps({k: v for k, v in fields.items() if v is not None}),
-            "side": side, "kind": kind, "offset": offset, "due": due}
+    return ("id-1", json.dumps({k: v for k, v in fields.items() if v is not None}), side, kind, offset, due)
 
 
-def frame(*records: dict) -> pd.DataFrame:
-    return pd.DataFrame(list(records))  # a null offset or due arrives as NaN, as Spark's Arrow hands it over
+class Step:
+    """delayq.spark.FollowStep called as Spark calls it, with a TestGroupState (Spark's own, for testing steps)."""
+
+    def __init__(self):
+        self.spark = spark_session("local[2]")
+        self.jvm = self.spark._jvm
+        assert tuple(c.split()[0] for c in STEP_INPUT_SCHEMA.split(", ")) == STEP_INPUT
+        schema = self.jvm.org.apache.spark.sql.types.StructType.fromDDL(STEP_INPUT_SCHEMA)
+        self.step = self.jvm.delayq.spark.FollowStep(GRACE, RETAIN, BUFFER_SIDE, PUT, schema)
+
+    def run(self, now: int, *rows: tuple, stored: tuple | None = None, timed_out: bool = False) -> list[tuple]:
+        """The rows the step emits for id-1; afterwards ``state`` and ``timeout_at`` say what it kept."""
+        optional = self.jvm.org.apache.spark.api.java.Optional
+        kept = optional.empty() if stored is None else optional.of(self._bean(stored))
+        timeout = self.jvm.org.apache.spark.sql.streaming.GroupStateTimeout.ProcessingTimeTimeout()
+        self.group_state = self.jvm.org.apache.spark.sql.streaming.TestGroupState.create(
+            kept, timeout, now, optional.empty(), timed_out)
+        given = self.spark.createDataFrame(list(rows), STEP_INPUT_SCHEMA)._jdf.collectAsList().iterator()
+        emitted = self.step.call("id-1", given, self.group_state)
+        out = []
+        while emitted.hasNext():
+            row = emitted.next()
+            out.append(tuple(row.get(i) for i in range(row.size())))
+        return out
+
+    def _bean(self, stored: tuple):
+        bean = getattr(self.jvm.delayq.spark, "FollowStep$IdState")()
+        records, count, put_offset, put_due, check_at, forget_at = stored
+        bean.setRecords(records)
+        bean.setCount(count)
+        long = self.jvm.java.lang.Long
+        for setter, value in ((bean.setPutOffset, put_offset), (bean.setPutDue, put_due), (bean.setCheckAt, check_at)):
+            setter(None if value is None else long(str(value)))
+        bean.setForgetAt(forget_at)
+        return bean
+
+    @property
+    def removed(self) -> bool:
+        return self.group_state.isRemoved()
+
+    @property
+    def state(self) -> tuple:
+        """What the step kept: (records, count, put offset, put due, check at, forget at)."""
+        bean = self.group_state.get()
+        return (bean.getRecords(), bean.getCount(), bean.getPutOffset(), bean.getPutDue(), bean.getCheckAt(),
+                bean.getForgetAt())
+
+    @property
+    def timeout_at(self) -> int:
+        return self.group_state.getTimeoutTimestampMs().get()
 
 
-class State:
-    """GroupState's surface the step uses, recording what it was told (spec_set: nothing else exists)."""
-
-    def __init__(self, now: int, stored: tuple | None = None, timed_out: bool = False):
-        self.mock = mock.Mock(spec_set=GroupState)
-        self.mock.getCurrentProcessingTimeMs.return_value = now
-        self.mock.exists = stored is not None
-        self.mock.get = stored
-        self.mock.hasTimedOut = timed_out
-
-    def updated(self) -> tuple:
-        return self.mock.update.call_args.args[0]
-
-    def timeout(self) -> int:
-        return self.mock.setTimeoutDuration.call_args.args[0]
+@pytest.fixture(scope="module")
+def step() -> Step:
+    return Step()
 
 
-def run_step(state: State, *frames: pd.DataFrame) -> list[pd.DataFrame]:
-    return list(follow_step(GRACE, RETAIN)(("id-1",), iter(frames), state.mock))
+def test_the_jar_in_the_tree_is_what_its_source_compiles_to(tmp_path):
+    """A change to FollowStep.java without `make jar` would ship the old step: the jar must be rebuilt."""
+    build = _load_build_script()
+    with zipfile.ZipFile(STEP_JAR) as jar:
+        manifest = jar.read("META-INF/MANIFEST.MF").decode()
+        shipped = {name: jar.read(name) for name in jar.namelist() if name.endswith(".class")}
+    assert f"{build.DIGEST_ATTRIBUTE}: {build.source_digest()}" in manifest, "run `make jar`: the source changed"
+    assert shipped == build.compile_classes(tmp_path), "run `make jar`: the jar's classes are not the source's"
 
 
-def test_new_records_are_kept_and_the_whole_history_emitted_with_a_timeout_at_due_plus_grace():
-    state = State(now=1_000)
-    [first] = run_step(state, frame(record(BUFFER_SIDE, PUT, 5, due=20_000)))
-    records, count, put_offset, put_due, check_at, forget_at = state.updated()
+def _load_build_script():
+    path = Path(__file__).resolve().parents[3] / "spark" / "jvm" / "build.py"
+    spec = importlib.util.spec_from_file_location("delayq_jar_build", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_new_records_are_kept_and_the_whole_history_emitted_with_a_timeout_at_due_plus_grace(step):
+    [first] = step.run(1_000, record(BUFFER_SIDE, PUT, 5, due=20_000))
+    records, count, put_offset, put_due, check_at, forget_at = kept = step.state
     assert (count, put_offset, put_due, check_at, forget_at) == (1, 5, 20_000, 30_000, 30_000 + RETAIN)
-    assert state.timeout() == 29_000
-    assert first.to_dict("records") == [{"id": "id-1", "records": f"[{records}]", "fresh_from": 0,
-                                         "judged_at": 1_000}]
+    assert step.timeout_at == 30_000
+    assert first == ("id-1", f"[{records}]", 0, 1_000)
 
-    later = State(now=2_000, stored=state.updated())
-    [second] = run_step(later, frame(record(DELIVERED_SIDE, 3, None, due=20_000, ts=1_900)))
-    history = json.loads(second["records"][0])
+    [second] = step.run(2_000, record(DELIVERED_SIDE, 3, None, due=20_000, ts=1_900), stored=kept)
+    history = json.loads(second[1])
     assert [r["side"] for r in history] == [BUFFER_SIDE, DELIVERED_SIDE] and "offset" not in history[1]
-    assert (second["fresh_from"][0], later.updated()[1:4]) == (1, (2, 5, 20_000))
+    assert (second[2], step.state[1:4]) == (1, (2, 5, 20_000))
 
 
-def test_the_latest_put_sets_the_check_a_reschedule_moves_it_a_done_does_not():
-    state = State(now=1_000)
-    run_step(state, frame(record(BUFFER_SIDE, PUT, 9, due=50_000), record(BUFFER_SIDE, PUT, 5, due=20_000),
-                          record(BUFFER_SIDE, DONE, 11, due=None)))
-    assert state.updated()[2:5] == (9, 50_000, 60_000)
+def test_the_latest_put_sets_the_check_a_reschedule_moves_it_a_done_does_not(step):
+    step.run(1_000, record(BUFFER_SIDE, PUT, 9, due=50_000), record(BUFFER_SIDE, PUT, 5, due=20_000),
+             record(BUFFER_SIDE, DONE, 11, due=None))
+    assert step.state[2:5] == (9, 50_000, 60_000)
 
 
-def test_at_the_check_the_history_is_emitted_again_then_forgotten_after_the_retention():
+def test_at_the_check_the_history_is_emitted_again_then_forgotten_after_the_retention(step):
     stored = ('{"side":0,"kind":0,"offset":5,"due":20000}', 1, 5, 20_000, 30_000, 90_000)
-    check = State(now=30_500, stored=stored, timed_out=True)
-    [emitted] = run_step(check)
-    assert (emitted["fresh_from"][0], emitted["judged_at"][0]) == (1, 30_500)  # nothing fresh
-    assert check.updated()[4:] == (None, 90_000) and check.timeout() == 59_500
+    [emitted] = step.run(30_500, stored=stored, timed_out=True)
+    assert (emitted[2], emitted[3]) == (1, 30_500)  # nothing fresh
+    assert step.state[4:] == (None, 90_000) and step.timeout_at == 90_000
 
-    forget = State(now=90_000, stored=check.updated(), timed_out=True)
-    assert run_step(forget) == []
-    forget.mock.remove.assert_called_once_with()
+    assert step.run(90_000, stored=step.state, timed_out=True) == []
+    assert step.removed
 
 
-def test_an_id_with_no_put_or_due_already_past_is_judged_now_and_only_forgotten_later():
-    state = State(now=100_000)
-    run_step(state, frame(record(DELIVERED_SIDE, 3, None, due=20_000)))
-    assert state.updated()[4:] == (None, 100_000 + RETAIN)
-    past = State(now=100_000)
-    run_step(past, frame(record(BUFFER_SIDE, PUT, 5, due=20_000)))
-    assert past.updated()[4:] == (None, 100_000 + RETAIN)
+def test_an_id_with_no_put_or_due_already_past_is_judged_now_and_only_forgotten_later(step):
+    [emitted] = step.run(100_000, record(DELIVERED_SIDE, 3, None, due=20_000))
+    assert step.state[4:] == (None, 100_000 + RETAIN) and emitted[2] == 0
+    step.run(100_000, record(BUFFER_SIDE, PUT, 5, due=20_000))
+    assert step.state[4:] == (None, 100_000 + RETAIN)
 
 
 def matches(pattern: str, topic: str) -> bool:
