@@ -73,12 +73,13 @@ HISTORY_SCHEMA = ("id STRING, side INT, kind INT, offset BIGINT, ts BIGINT, due 
                   "restores BIGINT, version BIGINT, cutoff BIGINT, follows BIGINT, follows_cutoff BIGINT, "
                   "written BIGINT, epoch BIGINT")
 # What the stateful step reads per record: the record as JSON (built in the JVM: ``to_json``, nulls left out)
-# and the few fields the step looks at itself, to know the id's latest put.
-STEP_INPUT = ("id", "record", "side", "kind", "offset", "due")
+# and the few fields the step looks at itself: the id's latest put, how many puts, the versions delivered.
+STEP_INPUT = ("id", "record", "side", "kind", "offset", "due", "version")
 # What it emits per touched id: its whole history as a JSON array of records (the history columns), from
-# which record on they are new in this micro-batch, and the micro-batch's time (Spark's batch timestamp:
-# everything appended before it has been read). One row per id, parsed back in the JVM (``from_json``).
-EMITTED_SCHEMA = "id STRING, records STRING, fresh_from INT, judged_at BIGINT"
+# which record on they are new in this micro-batch, the micro-batch's time (Spark's batch timestamp:
+# everything appended before it has been read), and whether the history can hold a finding now (``judge``;
+# false: counted read, not judged). One row per id, parsed back in the JVM (``from_json``).
+EMITTED_SCHEMA = "id STRING, records STRING, fresh_from INT, judged_at BIGINT, judge BOOLEAN"
 # A window wide enough for every due time: the continuous job judges each id whatever its due time.
 FOREVER_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z
 # What each finding kind is flagged by in the judged table: the report's anomaly kinds (a duplicate is
@@ -185,7 +186,10 @@ def follow_step(rows: DataFrame, grace_ms: int, retain_ms: int) -> DataFrame:
     first new record); a timeout is set at the latest put's due time plus ``grace_ms`` if that is
     still to come, else at the moment the id is forgotten. A timeout with no new records: at the
     check, the history emitted again (judged with everything read by now) and the next timeout set
-    to the forgetting; at the forgetting, the state removed, nothing emitted. The records stay JSON
+    to the forgetting; at the forgetting, the state removed, nothing emitted. Two emissions that can
+    hold no finding are not judged: a lone put before its check (emitted with ``judge`` false, so its
+    record counts as read), and the check of an id with one put whose version was delivered (not
+    emitted); FollowStep.java says why each is certain to hold none. The records stay JSON
     text from the JVM's ``to_json`` to the sink's ``from_json``. In Python
     (``applyInPandasWithState``) the same step cost a pandas DataFrame and a trip to a Python worker
     per id and call, and bounded the job at about 320 messages a second on two cores.
@@ -197,7 +201,8 @@ def follow_step(rows: DataFrame, grace_ms: int, retain_ms: int) -> DataFrame:
 
     spark = rows.sparkSession
     step = _follow_step_class(spark)
-    return PyDataFrame(step.apply(rows._jdf, EMITTED_SCHEMA, grace_ms, retain_ms, BUFFER_SIDE, PUT), spark)
+    emitted = step.apply(rows._jdf, EMITTED_SCHEMA, grace_ms, retain_ms, BUFFER_SIDE, DELIVERED_SIDE, PUT)
+    return PyDataFrame(emitted, spark)
 
 
 def _follow_step_class(spark: SparkSession) -> Any:
@@ -373,14 +378,15 @@ def step_input(rows: DataFrame) -> DataFrame:
 
 
 def emitted_histories(emitted: DataFrame) -> DataFrame:
-    """The step's rows (one per touched id, its records as JSON) as history rows, with ``fresh`` and ``judged_at``."""
+    """The step's rows (one per touched id, its records as JSON) as history rows, with ``fresh``, ``judged_at``
+    and ``judge``."""
     from pyspark.sql import functions as F
 
     fields = (field.split() for field in HISTORY_SCHEMA.split(", ")[1:])  # the history columns, id left out
     records = F.from_json("records", f"ARRAY<STRUCT<{', '.join(f'{name}: {kind}' for name, kind in fields)}>>")
-    exploded = emitted.select("id", "fresh_from", "judged_at", F.posexplode(records).alias("at", "record"))
+    exploded = emitted.select("id", "fresh_from", "judged_at", "judge", F.posexplode(records).alias("at", "record"))
     return exploded.select("id", *(F.col(f"record.{c}").alias(c) for c in HISTORY_COLUMNS),
-                           (F.col("at") >= F.col("fresh_from")).alias("fresh"), "judged_at")
+                           (F.col("at") >= F.col("fresh_from")).alias("fresh"), "judged_at", "judge")
 
 
 # -- findings: a Kafka topic, exactly once, and metrics -----------------------------------------------------
@@ -530,11 +536,14 @@ class Follower:
                 return
             judged_at = max(r["judged_at"] for r in sides)
             topics = sorted({t for r in sides for t in r["topics"]})
-            judged = judge_histories(histories, topics, self.options.rules,
+            judged = judge_histories(histories.where(F.col("judge")), topics, self.options.rules,
                                      judged_at - self.options.rules.grace_ms)
-            flagged = judged.where(" OR ".join(FINDING_FLAGS.values()))
-            ids = judged.count()
-            found = findings_of(r.asDict() for r in flagged.collect())
+            # One pass of the judgement: how many ids it judged, and the few it flagged.
+            flagged = F.expr(" OR ".join(FINDING_FLAGS.values()))
+            [outcome] = judged.agg(F.count(F.lit(1)).alias("ids"), F.collect_list(
+                F.when(flagged, F.struct(*judged.columns))).alias("flagged")).collect()
+            ids = outcome["ids"]
+            found = findings_of(r.asDict() for r in outcome["flagged"])
             reported = self.topic.publish(found, batch, judged_at)
             newest = max((r["newest"] for r in sides if r["newest"] is not None), default=None)
             lag = None if newest is None else max(0.0, time.time() - newest / 1000)

@@ -35,26 +35,39 @@ from delayq.spark.session import STEP_JAR
 GRACE, RETAIN = 10_000, 60_000
 RULES = ReconcileOptions(since_ms=0, until_ms=FOREVER_MS, out=Path("unused"), grace_ms=GRACE)
 # STEP_INPUT's columns with the types follow.step_input() gives them.
-STEP_INPUT_SCHEMA = "id STRING, record STRING, side INT, kind INT, offset BIGINT, due BIGINT"
+STEP_INPUT_SCHEMA = "id STRING, record STRING, side INT, kind INT, offset BIGINT, due BIGINT, version BIGINT"
+DELIVERY = 3
 
 
-def record(side: int, kind: int, offset: int | None, due: int | None, ts: int = 1) -> tuple:
+def record(side: int, kind: int, offset: int | None, due: int | None, ts: int = 1, version: int | None = None
+           ) -> tuple:
     """A history record as the job's input gives it to the step (STEP_INPUT): its JSON and the fields it reads."""
-    fields = {"side": side, "kind": kind, "offset": offset, "ts": ts, "due": due, "topic": "orders", "written": 0}
-    return ("id-1", json.dumps({k: v for k, v in fields.items() if v is not None}), side, kind, offset, due)
+    fields = {"side": side, "kind": kind, "offset": offset, "ts": ts, "due": due, "topic": "orders", "written": 0,
+              "version": version}
+    return ("id-1", json.dumps({k: v for k, v in fields.items() if v is not None}), side, kind, offset, due, version)
+
+
+def put(offset: int, due: int) -> tuple:
+    return record(BUFFER_SIDE, PUT, offset, due)
+
+
+def delivery(version: int, due: int, ts: int = 1) -> tuple:
+    return record(DELIVERED_SIDE, DELIVERY, None, due, ts=ts, version=version)
 
 
 class Step:
     """delayq.spark.FollowStep called as Spark calls it, with a TestGroupState (Spark's own, for testing steps)."""
+
+    KEPT = ("records", "count", "puts", "putOffset", "putDue", "delivered", "checkAt", "forgetAt")
 
     def __init__(self):
         self.spark = spark_session("local[2]")
         self.jvm = self.spark._jvm
         assert tuple(c.split()[0] for c in STEP_INPUT_SCHEMA.split(", ")) == STEP_INPUT
         schema = self.jvm.org.apache.spark.sql.types.StructType.fromDDL(STEP_INPUT_SCHEMA)
-        self.step = self.jvm.delayq.spark.FollowStep(GRACE, RETAIN, BUFFER_SIDE, PUT, schema)
+        self.step = self.jvm.delayq.spark.FollowStep(GRACE, RETAIN, BUFFER_SIDE, DELIVERED_SIDE, PUT, schema)
 
-    def run(self, now: int, *rows: tuple, stored: tuple | None = None, timed_out: bool = False) -> list[tuple]:
+    def run(self, now: int, *rows: tuple, stored: dict | None = None, timed_out: bool = False) -> list[tuple]:
         """The rows the step emits for id-1; afterwards ``state`` and ``timeout_at`` say what it kept."""
         optional = self.jvm.org.apache.spark.api.java.Optional
         kept = optional.empty() if stored is None else optional.of(self._bean(stored))
@@ -69,15 +82,13 @@ class Step:
             out.append(tuple(row.get(i) for i in range(row.size())))
         return out
 
-    def _bean(self, stored: tuple):
+    def _bean(self, stored: dict):
         bean = getattr(self.jvm.delayq.spark, "FollowStep$IdState")()
-        records, count, put_offset, put_due, check_at, forget_at = stored
-        bean.setRecords(records)
-        bean.setCount(count)
         long = self.jvm.java.lang.Long
-        for setter, value in ((bean.setPutOffset, put_offset), (bean.setPutDue, put_due), (bean.setCheckAt, check_at)):
-            setter(None if value is None else long(str(value)))
-        bean.setForgetAt(forget_at)
+        for name, value in stored.items():
+            boxed = name in ("putOffset", "putDue", "delivered", "checkAt")
+            getattr(bean, f"set{name[0].upper()}{name[1:]}")(long(str(value)) if boxed and value is not None
+                                                              else value)
         return bean
 
     @property
@@ -85,11 +96,10 @@ class Step:
         return self.group_state.isRemoved()
 
     @property
-    def state(self) -> tuple:
-        """What the step kept: (records, count, put offset, put due, check at, forget at)."""
+    def state(self) -> dict:
+        """What the step kept, by the state's field names."""
         bean = self.group_state.get()
-        return (bean.getRecords(), bean.getCount(), bean.getPutOffset(), bean.getPutDue(), bean.getCheckAt(),
-                bean.getForgetAt())
+        return {name: getattr(bean, f"get{name[0].upper()}{name[1:]}")() for name in self.KEPT}
 
     @property
     def timeout_at(self) -> int:
@@ -121,39 +131,59 @@ def _load_build_script():
 
 
 def test_new_records_are_kept_and_the_whole_history_emitted_with_a_timeout_at_due_plus_grace(step):
-    [first] = step.run(1_000, record(BUFFER_SIDE, PUT, 5, due=20_000))
-    records, count, put_offset, put_due, check_at, forget_at = kept = step.state
-    assert (count, put_offset, put_due, check_at, forget_at) == (1, 5, 20_000, 30_000, 30_000 + RETAIN)
+    [first] = step.run(1_000, put(5, due=20_000))
+    kept = step.state
+    assert kept | {"records": None} == {"records": None, "count": 1, "puts": 1, "putOffset": 5, "putDue": 20_000,
+                                        "delivered": None, "checkAt": 30_000, "forgetAt": 30_000 + RETAIN}
     assert step.timeout_at == 30_000
-    assert first == ("id-1", f"[{records}]", 0, 1_000)
+    # A lone put before its check can hold no finding: emitted (its record counts as read), not judged.
+    assert first == ("id-1", f"[{kept['records']}]", 0, 1_000, False)
 
-    [second] = step.run(2_000, record(DELIVERED_SIDE, 3, None, due=20_000, ts=1_900), stored=kept)
+    [second] = step.run(2_000, delivery(5, due=20_000, ts=1_900), stored=kept)
     history = json.loads(second[1])
     assert [r["side"] for r in history] == [BUFFER_SIDE, DELIVERED_SIDE] and "offset" not in history[1]
-    assert (second[2], step.state[1:4]) == (1, (2, 5, 20_000))
+    assert second[2:] == (1, 2_000, True)
+    assert (step.state["count"], step.state["putOffset"], step.state["delivered"]) == (2, 5, 5)
 
 
 def test_the_latest_put_sets_the_check_a_reschedule_moves_it_a_done_does_not(step):
-    step.run(1_000, record(BUFFER_SIDE, PUT, 9, due=50_000), record(BUFFER_SIDE, PUT, 5, due=20_000),
-             record(BUFFER_SIDE, DONE, 11, due=None))
-    assert step.state[2:5] == (9, 50_000, 60_000)
+    [emitted] = step.run(1_000, put(9, due=50_000), put(5, due=20_000), record(BUFFER_SIDE, DONE, 11, due=None))
+    assert (step.state["puts"], step.state["putOffset"], step.state["putDue"], step.state["checkAt"]) == (
+        2, 9, 50_000, 60_000)
+    assert emitted[4] is True  # three records: judged
 
 
 def test_at_the_check_the_history_is_emitted_again_then_forgotten_after_the_retention(step):
-    stored = ('{"side":0,"kind":0,"offset":5,"due":20000}', 1, 5, 20_000, 30_000, 90_000)
+    stored = {"records": '{"side":0,"kind":0,"offset":5,"due":20000}', "count": 1, "puts": 1, "putOffset": 5,
+              "putDue": 20_000, "delivered": None, "checkAt": 30_000, "forgetAt": 90_000}
     [emitted] = step.run(30_500, stored=stored, timed_out=True)
-    assert (emitted[2], emitted[3]) == (1, 30_500)  # nothing fresh
-    assert step.state[4:] == (None, 90_000) and step.timeout_at == 90_000
+    assert emitted[2:] == (1, 30_500, True)  # nothing fresh; judged: its version may be missing
+    assert (step.state["checkAt"], step.state["forgetAt"], step.timeout_at) == (None, 90_000, 90_000)
 
     assert step.run(90_000, stored=step.state, timed_out=True) == []
     assert step.removed
 
 
+@pytest.mark.parametrize("puts,delivered,judged", [
+    (1, 5, False),     # its one version delivered: nothing left to find at the check
+    (1, None, True),   # not delivered: missing or undeliverable
+    (1, 4, True),      # a delivery of another version than the put's
+    (2, 5, True),      # a reschedule or a master's copy: always judged at the check
+])
+def test_the_check_of_an_id_whose_one_version_was_delivered_is_not_judged(step, puts, delivered, judged):
+    stored = {"records": "{}", "count": 3, "puts": puts, "putOffset": 5, "putDue": 20_000, "delivered": delivered,
+              "checkAt": 30_000, "forgetAt": 90_000}
+    emitted = step.run(30_500, stored=stored, timed_out=True)
+    assert [row[4] for row in emitted] == ([True] if judged else [])
+    assert (step.state["checkAt"], step.timeout_at) == (None, 90_000)  # forgotten later either way
+
+
 def test_an_id_with_no_put_or_due_already_past_is_judged_now_and_only_forgotten_later(step):
-    [emitted] = step.run(100_000, record(DELIVERED_SIDE, 3, None, due=20_000))
-    assert step.state[4:] == (None, 100_000 + RETAIN) and emitted[2] == 0
-    step.run(100_000, record(BUFFER_SIDE, PUT, 5, due=20_000))
-    assert step.state[4:] == (None, 100_000 + RETAIN)
+    [emitted] = step.run(100_000, delivery(5, due=20_000))
+    assert (step.state["checkAt"], step.state["forgetAt"]) == (None, 100_000 + RETAIN) and emitted[2:] == (
+        0, 100_000, True)
+    [late] = step.run(100_000, put(5, due=20_000))  # a lone put already past its check: it may be missing now
+    assert (step.state["checkAt"], step.state["forgetAt"], late[4]) == (None, 100_000 + RETAIN, True)
 
 
 def matches(pattern: str, topic: str) -> bool:

@@ -292,7 +292,8 @@ def judged(cases: list[History], options: ReconcileOptions = OPTIONS, path: str 
         # Each id's records as the stateful step keeps and emits them (JSON), read back as the sink reads them.
         emitted = (step_input(history_rows(buffer, deliveries, letters)).groupBy("id")
                    .agg(F.concat(F.lit("["), F.concat_ws(",", F.collect_list("record")), F.lit("]")).alias("records"))
-                   .select("id", "records", F.lit(0).alias("fresh_from"), F.lit(0).cast("bigint").alias("judged_at")))
+                   .select("id", "records", F.lit(0).alias("fresh_from"), F.lit(0).cast("bigint").alias("judged_at"),
+                           F.lit(True).alias("judge")))
         return judge_histories(emitted_histories(emitted), [TOPIC], options, options.expected_before_ms)
     versions = per_version(buffer, deliveries, [TOPIC], options.early_tolerance_ms, dead_letters=letters,
                            reorder_tolerance_ms=options.reorder_tolerance_ms)

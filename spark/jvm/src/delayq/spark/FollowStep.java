@@ -24,30 +24,45 @@ import org.apache.spark.sql.types.StructType;
  * messages a second on two cores. Here it joins strings and compares a few numbers. The judgement itself
  * stays where it is, the batch job's Spark SQL (spark/job.py), applied to what this step emits.
  *
- * <p>Input rows, in this order (follow.py's {@code STEP_INPUT}): id, the record as JSON (built by
- * {@code to_json}), side, kind, offset, due. Output rows ({@code EMITTED_SCHEMA}): id, the whole history as a
- * JSON array, the index of the first record new in this call, the micro-batch's processing time.
+ * <p>Input rows (follow.py's {@code STEP_INPUT}, found by name): id, the record as JSON (built by
+ * {@code to_json}), side, kind, offset, due, version. Output rows ({@code EMITTED_SCHEMA}, in its order): id,
+ * the whole history as a JSON array, the index of the first record new in this call, the micro-batch's
+ * processing time, and whether the history can hold a finding now ({@code judge}).
  *
- * <p>State per id ({@link IdState}): the records joined by commas, how many, the latest put's offset and due
- * time, when the check falls due (due time plus the grace; null once done or when there is no put) and when
- * the id is forgotten (the retention after the check, or after its last record if later).
+ * <p>Two histories cannot, and are not judged (the judgement is the job's costly part):
+ * <ul>
+ * <li>an id whose only record is a put whose check is still to come: no finding needs fewer than two records
+ * (a delivery or a dead letter beside the put, two producer writes for a reorder) but a missing message, and
+ * that is certain only at the check. Emitted all the same, {@code judge} false: its record is counted read.
+ * <li>the check of an id with one put whose version was delivered: the check exists to find that version
+ * missing or undeliverable, and everything else was judged when its evidence was read. Nothing is emitted.
+ * An id with several puts (a reschedule, a master's copy, a series) is judged at its check whatever it holds.
+ * </ul>
+ *
+ * <p>State per id ({@link IdState}): the records joined by commas, how many, how many were puts, the latest
+ * put's offset and due time, the highest version delivered, when the check falls due (due time plus the grace;
+ * null once done or when there is no put) and when the id is forgotten (the retention after the check, or
+ * after its last record if later).
  */
 public final class FollowStep implements FlatMapGroupsWithStateFunction<String, Row, FollowStep.IdState, Row> {
     private static final long serialVersionUID = 1L;
 
     private final long graceMs;
     private final long retainMs;
-    // follow.py's BUFFER_SIDE and records.py's PUT: what marks a row as a buffer put.
+    // follow.py's BUFFER_SIDE and DELIVERED_SIDE and records.py's PUT: what marks a buffer put or a delivery.
     private final int bufferSide;
+    private final int deliveredSide;
     private final int put;
-    // Where the input rows hold the record, side, kind, offset and due time.
-    private final int record, side, kind, offset, due;
+    // Where the input rows hold the record, side, kind, offset, due time and version.
+    private final int record, side, kind, offset, due, version;
 
-    public FollowStep(long graceMs, long retainMs, int bufferSide, int put, StructType input) {
+    public FollowStep(long graceMs, long retainMs, int bufferSide, int deliveredSide, int put, StructType input) {
         this.graceMs = graceMs;
         this.retainMs = retainMs;
         this.bufferSide = bufferSide;
+        this.deliveredSide = deliveredSide;
         this.put = put;
+        this.version = input.fieldIndex("version");
         this.record = input.fieldIndex("record");
         this.side = input.fieldIndex("side");
         this.kind = input.fieldIndex("kind");
@@ -58,14 +73,14 @@ public final class FollowStep implements FlatMapGroupsWithStateFunction<String, 
     /**
      * The step applied to a streaming DataFrame of STEP_INPUT rows, grouped by its {@code id} column: what
      * follow.py calls through py4j. {@code emitted} is follow.py's EMITTED_SCHEMA (id, records, fresh_from,
-     * judged_at, in that order).
+     * judged_at, judge, in that order).
      */
     public static Dataset<Row> apply(Dataset<Row> input, String emitted, long graceMs, long retainMs,
-                                     int bufferSide, int put) {
+                                     int bufferSide, int deliveredSide, int put) {
         int id = input.schema().fieldIndex("id");
         MapFunction<Row, String> key = row -> row.getString(id);
         return input.groupByKey(key, Encoders.STRING()).flatMapGroupsWithState(
-                new FollowStep(graceMs, retainMs, bufferSide, put, input.schema()), OutputMode.Update(),
+                new FollowStep(graceMs, retainMs, bufferSide, deliveredSide, put, input.schema()), OutputMode.Update(),
                 Encoders.bean(IdState.class), Encoders.row(StructType.fromDDL(emitted)),
                 GroupStateTimeout.ProcessingTimeTimeout());
     }
@@ -77,8 +92,10 @@ public final class FollowStep implements FlatMapGroupsWithStateFunction<String, 
         int oldCount = kept.getCount();
         StringBuilder records = new StringBuilder(kept.getRecords());
         int count = oldCount;
+        int puts = kept.getPuts();
         Long putOffset = kept.getPutOffset();
         Long putDue = kept.getPutDue();
+        Long delivered = kept.getDelivered();
         boolean fresh = false;
         while (rows.hasNext()) {
             Row row = rows.next();
@@ -88,16 +105,27 @@ public final class FollowStep implements FlatMapGroupsWithStateFunction<String, 
             }
             records.append(row.getString(record));
             count++;
-            // The latest put: a buffer put at a higher offset than the latest so far.
-            if (!row.isNullAt(side) && row.getInt(side) == bufferSide && !row.isNullAt(kind)
-                    && row.getInt(kind) == put && !row.isNullAt(offset) && !row.isNullAt(due)
-                    && (putOffset == null || row.getLong(offset) > putOffset)) {
-                putOffset = row.getLong(offset);
-                putDue = row.getLong(due);
+            if (row.isNullAt(side)) {
+                continue;
+            }
+            int from = row.getInt(side);
+            if (from == bufferSide && !row.isNullAt(kind) && row.getInt(kind) == put) {
+                puts++;
+                // The latest put: a buffer put at a higher offset than the latest so far.
+                if (!row.isNullAt(offset) && !row.isNullAt(due)
+                        && (putOffset == null || row.getLong(offset) > putOffset)) {
+                    putOffset = row.getLong(offset);
+                    putDue = row.getLong(due);
+                }
+            } else if (from == deliveredSide && !row.isNullAt(version)
+                    && (delivered == null || row.getLong(version) > delivered)) {
+                delivered = row.getLong(version);
             }
         }
         Long checkAt;
         long forgetAt;
+        boolean emit = true;
+        boolean judge = true;
         if (!fresh) {  // a timeout: the check, or the forgetting
             if (kept.getCheckAt() == null || now >= kept.getForgetAt()) {
                 state.remove();
@@ -105,20 +133,27 @@ public final class FollowStep implements FlatMapGroupsWithStateFunction<String, 
             }
             checkAt = null;
             forgetAt = kept.getForgetAt();
+            emit = !(puts == 1 && putOffset != null && putOffset.equals(delivered));
         } else {
             checkAt = putDue == null || putDue + graceMs <= now ? null : putDue + graceMs;
             forgetAt = Math.max(now, putDue != null ? putDue + graceMs : now) + retainMs;
+            judge = !(count == 1 && checkAt != null);
         }
         IdState next = new IdState();
         next.setRecords(records.toString());
         next.setCount(count);
+        next.setPuts(puts);
         next.setPutOffset(putOffset);
         next.setPutDue(putDue);
+        next.setDelivered(delivered);
         next.setCheckAt(checkAt);
         next.setForgetAt(forgetAt);
         state.update(next);
         state.setTimeoutDuration(Math.max(1L, (checkAt != null ? checkAt : forgetAt) - now));
-        return Collections.singletonList(RowFactory.create(id, "[" + records + "]", oldCount, now)).iterator();
+        if (!emit) {
+            return Collections.emptyIterator();
+        }
+        return Collections.singletonList(RowFactory.create(id, "[" + records + "]", oldCount, now, judge)).iterator();
     }
 
     /** An id's state (a bean: Spark's encoder reads and writes it by its getters and setters). */
@@ -126,8 +161,10 @@ public final class FollowStep implements FlatMapGroupsWithStateFunction<String, 
         private static final long serialVersionUID = 1L;
         private String records = "";
         private int count;
+        private int puts;
         private Long putOffset;
         private Long putDue;
+        private Long delivered;
         private Long checkAt;
         private long forgetAt;
 
@@ -135,6 +172,10 @@ public final class FollowStep implements FlatMapGroupsWithStateFunction<String, 
         public void setRecords(String records) { this.records = records; }
         public int getCount() { return count; }
         public void setCount(int count) { this.count = count; }
+        public int getPuts() { return puts; }
+        public void setPuts(int puts) { this.puts = puts; }
+        public Long getDelivered() { return delivered; }
+        public void setDelivered(Long delivered) { this.delivered = delivered; }
         public Long getPutOffset() { return putOffset; }
         public void setPutOffset(Long putOffset) { this.putOffset = putOffset; }
         public Long getPutDue() { return putDue; }
