@@ -8,8 +8,11 @@ settings name one repository (Maven Central by default): the default chain also
 tries ``~/.m2``, where a stray pom without its jar breaks the resolution.
 
 delayq's own jar (:data:`STEP_JAR`, the continuous reconciliation's stateful step, built from
-spark/jvm/src) is on the class path of every session this module starts (``spark.jars``:
-the driver's, and the executors', which fetch it from the driver as they fetch the Kafka source).
+spark/jvm/src) is on the class path of every session this module starts: the driver's
+(``spark.driver.extraClassPath``, at the JVM's start) and, on a cluster, the executors', which
+fetch it from the driver (``addJar``, with delayq's code in :func:`ship_code`). Not through
+``spark.jars``: the session's own setting of it would replace the list spark-submit made of
+the Kafka source's resolved jars, and the executors would go without them.
 """
 
 from __future__ import annotations
@@ -229,8 +232,9 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
             settings["spark.driver.host"] = "127.0.0.1"
     settings = {**settings, **(conf or {})}
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        # Besides any jars the caller asked for.
-        settings["spark.jars"] = ",".join(filter(None, (settings.get("spark.jars"), str(STEP_JAR))))
+        # Besides whatever class path the caller asked for.
+        key = "spark.driver.extraClassPath"
+        settings[key] = os.pathsep.join(filter(None, (settings.get(key), str(STEP_JAR))))
     for key, value in settings.items():
         builder = builder.config(key, value)
     log = home / "logs" / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
@@ -254,11 +258,13 @@ def is_local(master: str) -> bool:
 
 
 def ship_code(session: SparkSession) -> SparkSession:
-    """Add delayq's own code to ``session`` (shipping.py) unless its executors run in this process; once per session.
+    """Add delayq's own code to ``session`` (shipping.py) and its jar unless its executors run in this process;
+    once per session.
 
-    Local executors import delayq as this process does. Anywhere else (a standalone cluster, YARN,
-    Kubernetes) the executors fetch the zip from the driver, as they fetch the Kafka source's jars
-    (``spark.jars``, which ``spark.jars.packages`` filled).
+    Local executors import delayq as this process does, and load the jar from the driver's class path.
+    Anywhere else (a standalone cluster, YARN, Kubernetes) the executors fetch the zip and the jar
+    from the driver, as they fetch the Kafka source's jars (``spark.jars``, which
+    ``spark.jars.packages`` filled).
     """
     from .shipping import code_zip
 
@@ -268,6 +274,7 @@ def ship_code(session: SparkSession) -> SparkSession:
     path = str(code_zip(spark_home_dir()))
     if (context.applicationId, path) not in _shipped:
         context.addPyFile(path)
+        context._jsc.sc().addJar(str(STEP_JAR))
         _shipped.add((context.applicationId, path))
     return session
 

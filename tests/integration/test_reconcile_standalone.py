@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
+from support.kafka_testing import read_topic
+from support.process_testing import wait_until
 from support.reconcile_testing import Staged, plant_troubled
 
 import delayq.spark.__main__ as job_module
@@ -170,6 +174,42 @@ def test_spark_submit_of_the_module_on_the_standalone_cluster_gives_the_same_rep
     ran = apps_finished_since(spark_cluster_stack, before)
     assert [app["state"] for app in ran] == ["FINISHED"]
     assert executors_of(spark_cluster_stack, ran[0]["id"]), "the worker ran no executor of the submitted job"
+
+
+def test_follow_on_the_standalone_cluster_reports_the_same_anomalies_with_its_step_on_the_worker(
+        spark_cluster_stack, history, local_report, tmp_path):
+    """`--follow` with its executors on the worker: its per-id step (delayq's jar) must reach them."""
+    before = completed_ids(spark_cluster_stack)
+    findings_topic = f"{history.settings.buffer_topic}-findings"
+    log = tmp_path / "follow.log"
+    # Deliveries are read from the lookback before now: the history's oldest is under 3 hours old.
+    args = ["--follow", "--master", spark_cluster_stack.spark_master_url or "", "--checkpoint",
+            str(tmp_path / "checkpoint"), "--findings-topic", findings_topic, "--metrics-port", "0", "--trigger", "2",
+            "--grace", "5m", "--lookback", "4h", "--topics", ",".join(history.targets)]
+    with open(log, "wb") as out:
+        follower = subprocess.Popen([sys.executable, "-m", "delayq", "reconcile", *args], env=job_env(history),
+                                    stdout=out, stderr=subprocess.STDOUT)
+    renamed = {"duplicates": "duplicated"}
+    expected = {(renamed.get(kind, kind), delay_id) for kind, ids in local_report["anomalies"].items()
+                for delay_id in ids}
+
+    def found() -> set[tuple[str, str]]:
+        admin = AdminClient({"bootstrap.servers": history.settings.bootstrap_servers})
+        if findings_topic not in admin.list_topics(timeout=10).topics:
+            return set()
+        keys = (r.key().decode() for r in read_topic(history.settings.bootstrap_servers, findings_topic, idle_s=0.5))
+        return {tuple(key.split(":")[:2]) for key in keys}
+
+    try:
+        arrived = wait_until(lambda: found() >= expected or follower.poll() is not None, 240, 2.0)
+        assert arrived and follower.poll() is None, f"findings {found()}, expected {expected}:\n{log.read_text()[-3000:]}"
+        assert found() == expected  # nothing else: not the aborted duplicate, not the cancel in time
+    finally:
+        follower.send_signal(signal.SIGTERM)
+        follower.wait(60)
+    ran = apps_finished_since(spark_cluster_stack, before)
+    assert [app["name"] for app in ran] == ["delayq-reconcile"]
+    assert executors_of(spark_cluster_stack, ran[0]["id"]), "the worker ran no executor of the continuous job"
 
 
 def test_dev_status_and_env_cover_the_running_spark(spark_cluster_stack):
