@@ -52,7 +52,7 @@ from .job import dead_letter_rows, delivery_rows, judge, per_id, per_version, to
 from .options import MAVEN_CENTRAL, ReconcileOptions
 from .records import PUT
 from .report import ANOMALY_FLAGS
-from .session import ReconcileError, kafka_source_options, spark_session
+from .session import STEP_JAR, ReconcileError, kafka_source_options, spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -207,8 +207,6 @@ def follow_step(rows: DataFrame, grace_ms: int, retain_ms: int) -> DataFrame:
 
 def _follow_step_class(spark: SparkSession) -> Any:
     from py4j.java_gateway import JavaClass
-
-    from .session import STEP_JAR
 
     step = spark._jvm.delayq.spark.FollowStep  # type: ignore[union-attr]
     if not isinstance(step, JavaClass):

@@ -206,8 +206,9 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
         # (JFR: a fifth of the whole job's JVM time was that check).
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_RECORDS_PER_BATCH),
     }
-    # Under spark-submit the JVM is already up with the --master and --packages it was given.
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+    # Under spark-submit the JVM is already up with the --master, --packages and class path it was given.
+    launching = "PYSPARK_GATEWAY_PORT" not in os.environ
+    if launching:
         # The buffer is parsed by delayq's own parser in Python workers (records.py): on this machine they
         # must run this interpreter, which has delayq and pyarrow, not whatever "python3" is on the PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -231,7 +232,7 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
             # address the host name resolves to.
             settings["spark.driver.host"] = "127.0.0.1"
     settings = {**settings, **(conf or {})}
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if launching:
         # Besides whatever class path the caller asked for.
         key = "spark.driver.extraClassPath"
         settings[key] = os.pathsep.join(filter(None, (settings.get(key), str(STEP_JAR))))
