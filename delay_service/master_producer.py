@@ -56,48 +56,54 @@ def master_producer(settings: Settings, shard: int) -> Producer:
     return producer
 
 
-class SpareProducer:
-    """The shard's master producer, made and connected while this node waits in line for the shard.
+# Spares a node makes while it waits in line for a shard: the term takes one; the other is there for the term's
+# fence when the previous master left a transaction open (transactions.FIRST_ASK_S), or else for the next term.
+SPARES = 2
 
-    :meth:`prepare` starts making one in the background (once: a ready or coming spare is
-    kept); :meth:`take` hands it to a new term, waiting for one on its way, or makes one
-    then and there. A spare made before a broker restart still works: librdkafka connects
-    again when it is used.
+
+class SpareProducer:
+    """The shard's master producers, made and connected while this node waits in line for the shard.
+
+    :meth:`prepare` starts making :data:`SPARES` in the background (those ready or coming count);
+    :meth:`take` hands one to a term, waiting for one on its way, or makes one then and there.
+    A spare made before a broker restart still works: librdkafka connects again when it is used.
     """
 
     def __init__(self, settings: Settings, shard: int):
         self.settings = settings
         self.shard = shard
         self._cond = threading.Condition()
-        self._producer: Producer | None = None
-        self._making = False
+        self._ready: list[Producer] = []
+        self._making = 0
         self._closed = False
 
     def prepare(self) -> None:
-        """Make a spare in the background, unless one is ready or on its way."""
+        """Make spares in the background, up to :data:`SPARES` ready or on their way."""
         with self._cond:
-            if self._producer is not None or self._making or self._closed:
+            if self._closed:
                 return
-            self._making = True
-        threading.Thread(target=self._make, name=f"spare-producer-{self.shard}", daemon=True).start()
+            wanted = max(0, SPARES - len(self._ready) - self._making)
+            self._making += wanted
+        for _ in range(wanted):
+            threading.Thread(target=self._make, name=f"spare-producer-{self.shard}", daemon=True).start()
 
     def take(self) -> Producer:
-        """The spare (waiting for one on its way), or, without one, a producer made now.
+        """A spare (waiting for one on its way), or, without one, a producer made now.
 
         Raises:
             KafkaException: a producer made now could not read its metadata.
         """
         with self._cond:
-            while self._making:
+            while not self._ready and self._making:
                 self._cond.wait()
-            producer, self._producer = self._producer, None
+            producer = self._ready.pop(0) if self._ready else None
         return producer if producer is not None else master_producer(self.settings, self.shard)
 
     def close(self) -> None:
-        """Drop the spare, and one still being made once it is (the seat is going)."""
+        """Drop the spares, and those still being made once they are (the seat is going)."""
         with self._cond:
             self._closed = True
-            self._producer = None
+            self._ready = []
 
     def _make(self) -> None:
         producer: Producer | None = None
@@ -109,7 +115,7 @@ class SpareProducer:
             log.exception("shard %d: making the spare master producer failed", self.shard)
         finally:
             with self._cond:
-                self._making = False
-                if not self._closed:
-                    self._producer = producer
+                self._making -= 1
+                if not self._closed and producer is not None:
+                    self._ready.append(producer)
                 self._cond.notify_all()

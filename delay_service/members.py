@@ -76,7 +76,7 @@ log = logging.getLogger("delayq.node")
 START_GRACE_S = 20.0
 # How long members have to stop after SIGTERM (their batches in flight commit) before they are killed.
 STOP_WAIT_S = 60.0
-# How often the supervisor looks at its members.
+# How often the supervisor looks at its members besides when one exits (SIGCHLD).
 WATCH_EVERY_S = 0.1
 # A member restarted this often within RESTART_WINDOW_S is started again only after RESTART_BACKOFF_S.
 RESTARTS_BEFORE_BACKOFF = 5
@@ -161,13 +161,17 @@ class MemberProcesses:
         self.members = [Member(i, member_id(settings.node_id, i), member_port(settings, i) or free_port())
                         for i in range(settings.processes)]
         self.stopping = threading.Event()
+        # Set when a child exits (SIGCHLD) or the node is told to stop: the watch looks now.
+        self._look = threading.Event()
         self._zk: KazooClient | None = None
         self.http: NodeHTTPServer | None = None
 
     def run(self) -> int:
         """Start the members, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
-        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGTERM, lambda *_: self._stop())
+        signal.signal(signal.SIGINT, lambda *_: self._stop())
+        # A member that exits is seen at once, not at the next look: its shards wait for its eviction.
+        signal.signal(signal.SIGCHLD, lambda *_: self._look.set())
         s = self.settings
         self._check_level()
         self._forget_other_shapes()
@@ -181,7 +185,11 @@ class MemberProcesses:
             self._start(member)
         code = 0
         try:
-            while not self.stopping.wait(WATCH_EVERY_S):
+            while not self.stopping.is_set():
+                self._look.wait(WATCH_EVERY_S)
+                self._look.clear()
+                if self.stopping.is_set():
+                    break
                 failed = self._watch()
                 if failed is not None:
                     code = failed
@@ -194,6 +202,10 @@ class MemberProcesses:
                 self._zk.stop()
                 self._zk.close()
         return code
+
+    def _stop(self) -> None:
+        self.stopping.set()
+        self._look.set()
 
     def _zookeeper(self) -> KazooClient:
         if self._zk is None:

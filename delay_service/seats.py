@@ -1,6 +1,7 @@
 """The shards a node holds (a :class:`Seat` each) and the placement loop that changes them.
 
-Every half second, and at once when a shard's feed first catches up, the placement reads
+Every half second, and at once when a shard's feed first catches up or the membership or a shard's
+election line changes (a master gone: ZooKeeper watches), the placement reads
 the membership and applies placement.py's rules: it takes the shards this node should
 hold, drops those it should not once their new holders are ready, contends for the shards
 it should master (or that have had no master for a while), and hands over those another
@@ -19,7 +20,7 @@ from confluent_kafka import KafkaException
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from delayq.election import Cursor, Leadership, NodeRecord, ShardLayout, Term
+from delayq.election import Cursor, Leadership, NodeRecord, ShardLayout, Term, watch_membership
 from delayq.settings import Settings
 from delayq.store import StoreError, TimeIndex
 
@@ -154,6 +155,12 @@ class Seats:
         for seat in self._seats.values():
             self._contend(seat)
         self._loops.spawn("placement", self.run)
+        try:
+            watch_membership(self._zk, self._settings.zk_root, self._layout.shards, self.place_soon.set,
+                             self._loops.stop_requested.is_set)
+        except KazooException as err:  # the placement still looks every PLACE_EVERY_S
+            log.warning("placement: no ZooKeeper watch on the membership (%s); looking every %.1fs",
+                        str(err) or type(err).__name__, PLACE_EVERY_S)
 
     def end_terms(self) -> None:
         """Take no shard from now on, end every term at once, and wait for the election loops to end.

@@ -2,7 +2,7 @@
 
 Public surface::
 
-    from delayq.election import connect, connect_for, ensure_cluster_root, evict
+    from delayq.election import connect, connect_for, ensure_cluster_root, evict, watch_membership
     from delayq.election import Leadership, Term, Epoch, Cursor, Membership, Layout, FencedError
     from delayq.election import NodeRecord, CursorRecord, ShardLayout, Role, DuplicateNodeId
     from delayq.election import Features, FeatureRecord, FinalizedLevel, ConcurrentFinalize, version_text
@@ -25,10 +25,12 @@ from .recipes import (
     connect,
     connect_for,
     evict,
+    watch_membership,
 )
 from .records import CursorRecord, FeatureRecord, FinalizedLevel, NodeRecord, Role, ShardLayout, version_text
 
 __all__ = ["ConcurrentFinalize", "Cursor", "CursorRecord", "DuplicateNodeId", "Epoch", "FeatureRecord", "Features",
            "FencedError", "FinalizeAction", "FinalizePlan", "FinalizedLevel", "Layout", "Leadership",
            "LevelNotSpoken", "Membership", "NodeRecord", "Role", "ShardLayout", "Term", "check_node_speaks",
-           "connect", "connect_for", "ensure_cluster_root", "evict", "plan_finalize", "version_text"]
+           "connect", "connect_for", "ensure_cluster_root", "evict", "plan_finalize", "version_text",
+           "watch_membership"]

@@ -30,6 +30,7 @@ from kazoo.exceptions import (
     NoNodeError,
 )
 from kazoo.protocol.states import WatchedEvent
+from kazoo.recipe.watchers import ChildrenWatch
 
 from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 from delayq.settings import Settings
@@ -386,6 +387,29 @@ class Membership:
             if record is not None:
                 found.append(record)
         return found
+
+
+def watch_membership(client: KazooClient, root: str, shards: int, changed: Callable[[], None],
+                     stopped: Callable[[], bool]) -> None:
+    """Call ``changed()`` whenever a node registers or leaves, or a shard's election line changes, until ``stopped()``.
+
+    A master whose session ended or who was evicted leaves its shard's line: the nodes that
+    may take the shard see it now, not at their next look at the membership. ``changed()`` runs
+    on kazoo's event thread (once when each watch is set, too), so it must only signal. The
+    watches are set again after a lost session.
+
+    Raises:
+        KazooException: ZooKeeper did not answer (the watches set so far stay).
+    """
+    def on_children(_children: list[str]) -> bool:
+        if stopped():
+            return False  # kazoo drops the watch
+        changed()
+        return True
+
+    for path in [f"{root}/nodes", *(f"{shard_path(root, k)}/election" for k in range(shards))]:
+        client.ensure_path(path)
+        ChildrenWatch(client, path, on_children)
 
 
 def evict(client: KazooClient, root: str, node_id: str) -> list[str]:

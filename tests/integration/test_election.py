@@ -22,6 +22,7 @@ from delayq.election import (
     NodeRecord,
     Role,
     connect,
+    watch_membership,
 )
 
 pytestmark = pytest.mark.integration
@@ -228,3 +229,36 @@ def test_a_stop_that_comes_while_the_lock_is_won_still_ends_the_term_that_lock_b
     assert not thread.is_alive(), "the leadership went on after stop()"
     assert led == [], "a term began after stop()"
     assert Leadership.master(zk(), names.zk_root) is None  # the lock given up
+
+
+def test_the_membership_watch_says_at_once_when_a_node_registers_or_leaves_or_a_line_changes_and_stops_when_told(
+        zk, names):
+    observer, member_client = zk(), zk()
+    changes: list[float] = []
+    stopped = threading.Event()
+    watch_membership(observer, names.zk_root, 2, lambda: changes.append(time.monotonic()), stopped.is_set)
+    assert wait_until(lambda: len(changes) == 3, timeout_s=5), changes  # once as each watch is set: nodes, 2 lines
+    seen = len(changes)
+
+    def said_within(seconds: float) -> bool:
+        nonlocal seen
+        began = time.monotonic()
+        said = wait_until(lambda: len(changes) > seen, timeout_s=seconds, interval_s=0.005)
+        seen = len(changes)
+        return said and changes[-1] - began < seconds
+
+    membership = Membership(member_client, names.zk_root, "node-a")
+    membership.claim(NodeRecord("node-a", Role.STANDBY), timeout_s=5)
+    assert said_within(1.0), "a node registering"
+    membership.publish(NodeRecord("node-a", Role.MASTER, lag=0))
+    time.sleep(0.3)
+    assert len(changes) == seen, "a registration's update is no change of the membership"
+    leadership = Leadership(member_client, names.zk_root, "node-a", 1)
+    leadership.lock.acquire()
+    assert said_within(1.0), "a node in line for shard 1"
+    member_client.stop()  # its session ends: its registration and its place in line go
+    assert said_within(1.0), "a node gone"
+    stopped.set()
+    Membership(observer, names.zk_root, "node-b").claim(NodeRecord("node-b", Role.STANDBY), timeout_s=5)
+    time.sleep(0.3)
+    assert len(changes) == seen, "a watch told to stop still called"

@@ -1,4 +1,4 @@
-"""SpareProducer's bookkeeping: one spare made ahead, handed to one term, made now when there is none."""
+"""SpareProducer's bookkeeping: two spares made ahead, handed out in turn, one made now when there is none."""
 
 from __future__ import annotations
 
@@ -30,15 +30,27 @@ def made(monkeypatch):
     return producers, gate
 
 
-def test_a_prepared_spare_is_made_once_and_handed_to_the_next_term(made):
+def test_two_spares_are_made_once_and_handed_out_in_turn(made):
     producers, _ = made
     spare = SpareProducer(Settings(), 3)
     spare.prepare()
-    spare.prepare()  # a second call while one is ready or on its way makes no other
-    taken = spare.take()
-    assert producers == [taken]
-    assert spare.take() is not taken  # the next term without a prepare gets one made then
-    assert len(producers) == 2
+    spare.prepare()  # a second call while they are ready or on their way makes no more
+    first = spare.take()
+    second = spare.take()  # the one a fence asks with when the first found a transaction open
+    assert sorted(map(id, producers)) == sorted(map(id, [first, second])) and first is not second
+    assert spare.take() not in (first, second)  # none left: made then
+    assert len(producers) == 3
+
+
+def test_prepare_tops_up_to_two(made):
+    producers, _ = made
+    spare = SpareProducer(Settings(), 3)
+    spare.prepare()
+    spare.take()
+    spare.prepare()  # one left, one more made
+    spare.take()
+    spare.take()
+    assert len(producers) == 3
 
 
 def test_take_waits_for_the_spare_on_its_way_rather_than_making_another(made):
@@ -50,18 +62,18 @@ def test_take_waits_for_the_spare_on_its_way_rather_than_making_another(made):
     taker = threading.Thread(target=lambda: got.append(spare.take()))
     taker.start()
     taker.join(0.3)
-    assert taker.is_alive() and not producers  # waiting for the spare being made
+    assert taker.is_alive() and not producers  # waiting for the spares being made
     gate.set()
     taker.join(10)
-    assert got == producers and len(producers) == 1
+    assert len(got) == 1 and got[0] in producers and len(producers) == 2
 
 
-def test_a_spare_that_could_not_connect_leaves_the_term_to_make_its_own(monkeypatch):
+def test_spares_that_could_not_connect_leave_the_term_to_make_its_own(monkeypatch):
     calls: list[str] = []
 
     def make(settings: Settings, shard: int) -> Producer:
         calls.append("make")
-        if len(calls) == 1:
+        if len(calls) <= 2:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
         return mock.Mock(spec_set=Producer)
 
@@ -69,7 +81,7 @@ def test_a_spare_that_could_not_connect_leaves_the_term_to_make_its_own(monkeypa
     spare = SpareProducer(Settings(), 0)
     spare.prepare()
     assert spare.take() is not None
-    assert calls == ["make", "make"]
+    assert calls == ["make", "make", "make"]
 
 
 def test_a_closed_seat_drops_its_spare_and_prepares_no_more(made):
@@ -80,5 +92,5 @@ def test_a_closed_seat_drops_its_spare_and_prepares_no_more(made):
     spare.close()  # while the spare is being made
     gate.set()
     spare.prepare()
-    assert spare.take() is not None  # made then: the one on its way was dropped
-    assert len(producers) == 2
+    assert spare.take() is not None  # made then: the ones on their way were dropped
+    assert len(producers) == 3

@@ -191,6 +191,42 @@ def test_a_term_takes_the_spare_producer_once():
     assert txns.producer is spare.take.return_value
 
 
+def test_a_first_ask_answered_concurrent_transactions_is_asked_again_at_once_by_the_second_spare():
+    """The previous master left a transaction open: the first producer is closed before its PID timer fires (it would
+    fence the second), and the second spare asks at full length."""
+    first, second = mock.Mock(spec_set=Producer), mock.Mock(spec_set=Producer)
+    first.init_transactions.side_effect = KafkaException(KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "aborting",
+                                                                    retriable=True))
+    spare = mock.Mock(spec_set=SpareProducer)
+    spare.take.side_effect = [first, second]
+    txns = ShardTransactions(Settings(), 0, InFlight(), LOG, spare=spare)
+    txns.take_producer()
+
+    txns.fence(30.0, Term(3))
+
+    first.init_transactions.assert_called_once_with(pytest.approx(transactions.FIRST_ASK_S))
+    first.close.assert_called_once()
+    second.init_transactions.assert_called_once_with(pytest.approx(transactions.FENCE_SLICE_S))
+    assert txns.producer is second
+
+
+def test_unanswered_asks_stay_short_and_are_resumed_with_the_same_producer():
+    producer = mock.Mock(spec_set=Producer)
+    producer.init_transactions.side_effect = [
+        KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer yet", retriable=True)), None]
+    spare = mock.Mock(spec_set=SpareProducer)
+    spare.take.return_value = producer
+    txns = ShardTransactions(Settings(), 0, InFlight(), LOG, spare=spare)
+    txns.take_producer()
+
+    txns.fence(30.0, Term(3))
+
+    assert [c.args[0] for c in producer.init_transactions.call_args_list] == [
+        pytest.approx(transactions.FIRST_ASK_S)] * 2
+    spare.take.assert_called_once()
+    producer.close.assert_not_called()
+
+
 def test_only_the_first_and_the_last_buffer_record_of_each_partition_ask_for_a_report_and_order_is_kept():
     txns, producer = shard_transactions()
     items = [item(0, partition=1), item(1, partition=1), item(2, partition=0), item(3, partition=1)]
