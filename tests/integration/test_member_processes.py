@@ -64,13 +64,42 @@ def masters(settings: Settings) -> dict[int, str | None]:
     return {s["shard"]: s["master"] for s in cluster_status(settings)["shards"]}
 
 
-def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exactly_once(settings, names, tmp_path):
+def cluster_of_members(settings: Settings, names) -> tuple[Settings, str]:
+    """Settings for nodes of two members on a 2-shard cluster whose topics exist, and its target topic (the broker's
+    append times)."""
     settings = settings.model_copy(update={"shards": SHARDS, "buffer_partitions": PARTITIONS, "processes": 2})
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target], partitions=2,
                   config={"message.timestamp.type": "LogAppendTime"})
     ensure_topics(settings)
     ensure_shards(settings)
+    return settings, target
+
+
+def delivered_once_in_time(settings: Settings, target: str, due: dict[str, int]) -> dict[str, int]:
+    """Each message of ``due`` (id -> due, epoch ms) delivered to ``target`` once and never early (read_committed,
+    LogAppendTime); when each was appended."""
+    records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=5)
+    ids = [dict(r.headers())[wire.ID].decode() for r in records]
+    counts = Counter(ids)
+    assert not {i for i, n in counts.items() if n > 1}, "a message delivered twice"
+    assert not due.keys() - counts.keys(), f"{len(due.keys() - counts.keys())} messages never delivered"
+    appended = {delay_id: r.timestamp()[1] for delay_id, r in zip(ids, records, strict=True)}
+    assert not [i for i, at in appended.items() if at < due[i]], "a message delivered before its due time"
+    return appended
+
+
+def shard_0_resumed_s(due: dict[str, int], appended: dict[str, int], fault_ms: int) -> float:
+    """How long after ``fault_ms`` shard 0 delivered again: the latest of its messages due from a second before
+    the fault on, counted from its due time or the fault, whichever came last."""
+    shard_0 = [i for i in due if wire.shard_of(wire.buffer_partition(i, PARTITIONS), SHARDS) == 0]
+    after = [appended[i] - max(due[i], fault_ms) for i in shard_0 if due[i] >= fault_ms - 1_000]
+    assert after, "no message of shard 0 fell due around the fault"
+    return max(after) / 1000
+
+
+def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exactly_once(settings, names, tmp_path):
+    settings, target = cluster_of_members(settings, names)
     port = free_ports(3)  # the node's, then its members'
     node = NodeProcess(settings, "box", tmp_path / "box", http_port=port).start()
     try:
@@ -109,19 +138,10 @@ def test_each_member_masters_a_shard_and_a_killed_one_is_back_within_seconds_exa
         killed_at = now_ms()
         os.kill(node.members()[victim], signal.SIGKILL)
 
-        records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=5)
-        ids = [dict(r.headers())[wire.ID].decode() for r in records]
-        counts = Counter(ids)
-        assert not {i for i, n in counts.items() if n > 1}, "a message delivered twice"
-        assert not due.keys() - counts.keys(), f"{len(due.keys() - counts.keys())} messages never delivered"
-        appended = {delay_id: r.timestamp()[1] for delay_id, r in zip(ids, records, strict=True)}
-        assert not [i for i, at in appended.items() if at < due[i]], "a message delivered before its due time"
+        appended = delivered_once_in_time(settings, target, due)
 
         # Shard 0's messages falling due after the kill: the latest of them waited for the member's return.
-        shard_0 = [i for i in due if wire.shard_of(wire.buffer_partition(i, PARTITIONS), SHARDS) == 0]
-        after = [appended[i] - max(due[i], killed_at) for i in shard_0 if due[i] >= killed_at - 1_000]
-        assert after, "no message of shard 0 fell due around the kill"
-        resumed_s = max(after) / 1000
+        resumed_s = shard_0_resumed_s(due, appended, killed_at)
         assert resumed_s <= RESUMED_WITHIN_S, f"shard 0 delivered again only {resumed_s:.1f}s after the kill"
         log = node.own_log()
         assert f"member {victim} stopped (signal 9)" in log and f"ZooKeeper traces of member {victim}" in log, log
@@ -191,12 +211,7 @@ def test_a_master_member_killed_mid_transaction_hands_its_shard_to_the_other_nod
     SIGKILLed. Its node evicts it, which frees the shard's lock at once; the other node's member holding the shard,
     caught up, takes over: its init_transactions aborts the open transaction, and delivery resumes in about a
     graceful handover's time, exactly once, never early."""
-    settings = settings.model_copy(update={"shards": SHARDS, "buffer_partitions": PARTITIONS, "processes": 2})
-    target = names.topic("target")
-    create_topics(settings.bootstrap_servers, [target], partitions=2,
-                  config={"message.timestamp.type": "LogAppendTime"})
-    ensure_topics(settings)
-    ensure_shards(settings)
+    settings, target = cluster_of_members(settings, names)
     nodes: dict[str, NodeProcess] = {}
     try:
         for name in ("east", "west"):
@@ -240,21 +255,12 @@ def test_a_master_member_killed_mid_transaction_hands_its_shard_to_the_other_nod
             pytest.fail("the master of shard 0 was never stopped with a transaction open in 200 tries")
         os.kill(pid, signal.SIGKILL)
 
-        records = read_topic(settings.bootstrap_servers, target, expect=len(due), timeout_s=120, idle_s=5)
-        ids = [dict(r.headers())[wire.ID].decode() for r in records]
-        counts = Counter(ids)
-        assert not {i for i, n in counts.items() if n > 1}, "a message delivered twice"
-        assert not due.keys() - counts.keys(), f"{len(due.keys() - counts.keys())} messages never delivered"
-        appended = {delay_id: r.timestamp()[1] for delay_id, r in zip(ids, records, strict=True)}
-        assert not [i for i, at in appended.items() if at < due[i]], "a message delivered before its due time"
+        appended = delivered_once_in_time(settings, target, due)
         # The transaction the kill left open was aborted, not left to its timeout: the partitions are stable again.
         assert wait_until(lambda: not open_transaction(admin, settings.buffer_topic, shard_0_partitions),
                           timeout_s=10), "the killed master's transaction is still open"
 
-        shard_0 = [i for i in due if wire.shard_of(wire.buffer_partition(i, PARTITIONS), SHARDS) == 0]
-        after = [appended[i] - max(due[i], stopped_at) for i in shard_0 if due[i] >= stopped_at - 1_000]
-        assert after, "no message of shard 0 fell due around the kill"
-        resumed_s = max(after) / 1000
+        resumed_s = shard_0_resumed_s(due, appended, stopped_at)
         took_over = [line for line in standby_node.own_log().splitlines() if f"{standby} is master of shard 0" in line
                      and logged_at(line) >= stopped_at - 1_000]  # its log's clock: milliseconds
         assert took_over, f"the other node's standby {standby} never mastered shard 0:\n{standby_node.log_tail(40)}"
