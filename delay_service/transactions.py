@@ -180,7 +180,7 @@ class ShardTransactions:
             # under way: there is none to abort.
             warnings.simplefilter("ignore", RuntimeWarning)
             asked.close()
-        self.producer = None
+        self.producer = None  # should take() raise, the term makes a new producer, never uses the closed one
         self.producer = self.spare.take()
         self._answered = True  # the spare asks at full length: the coordinator has ended the transaction by now
         return self.producer

@@ -46,6 +46,16 @@ def shard_path(root: str, shard: int) -> str:
     return f"{root}/shards/{shard}"
 
 
+def election_path(root: str, shard: int) -> str:
+    """The ZooKeeper folder of one shard's election: its lock's line, the master first."""
+    return f"{shard_path(root, shard)}/election"
+
+
+def nodes_path(root: str) -> str:
+    """The ZooKeeper folder of the cluster's node registrations."""
+    return f"{root}/nodes"
+
+
 class FencedError(DelayqError):
     """A newer master exists: this node's epoch or cursor version is stale. Stop delivering."""
 
@@ -283,7 +293,7 @@ class Membership:
 
     def __init__(self, client: KazooClient, root: str, node_id: str):
         self.client = client
-        self.root = f"{root}/nodes"
+        self.root = nodes_path(root)
         self.path = f"{self.root}/{node_id}"
         self.node_id = node_id
         self._lock = threading.Lock()
@@ -372,7 +382,7 @@ class Membership:
     @staticmethod
     def members(client: KazooClient, root: str) -> list[NodeRecord]:
         """The registrations of every live node of the cluster at ``root`` (unreadable ones left out)."""
-        folder = f"{root}/nodes"
+        folder = nodes_path(root)
         try:
             children = client.get_children(folder)
         except NoNodeError:
@@ -407,7 +417,7 @@ def watch_membership(client: KazooClient, root: str, shards: int, changed: Calla
         changed()
         return True
 
-    for path in [f"{root}/nodes", *(f"{shard_path(root, k)}/election" for k in range(shards))]:
+    for path in [nodes_path(root), *(election_path(root, k) for k in range(shards))]:
         client.ensure_path(path)
         ChildrenWatch(client, path, on_children)
 
@@ -425,7 +435,7 @@ def evict(client: KazooClient, root: str, node_id: str) -> list[str]:
         KazooException: ZooKeeper did not answer (some traces may be gone already).
     """
     removed = []
-    registration = f"{root}/nodes/{node_id}"
+    registration = f"{nodes_path(root)}/{node_id}"
     try:
         client.delete(registration)
         removed.append(registration)
@@ -472,7 +482,7 @@ class Leadership:
         self.root = root
         self.identifier = identifier
         self.shard = shard
-        self.lock = client.Lock(f"{shard_path(root, shard)}/election", identifier)
+        self.lock = client.Lock(election_path(root, shard), identifier)
         self.epoch = Epoch(client, root, shard)
         self._stopping = threading.Event()
         self._recheck = threading.Event()
@@ -484,7 +494,7 @@ class Leadership:
     def contenders(client: KazooClient, root: str, shard: int = 0) -> list[str]:
         """The identifiers in line for shard ``shard``'s lock, the master first; [] if ZooKeeper did not say."""
         try:
-            return list(client.Lock(f"{shard_path(root, shard)}/election").contenders())
+            return list(client.Lock(election_path(root, shard)).contenders())
         except KazooException:
             return []
 
