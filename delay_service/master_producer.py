@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 
 from confluent_kafka import KafkaException, Producer
 
@@ -28,6 +29,8 @@ log = logging.getLogger("delayq.delivery")
 
 # How long to wait for the shard's metadata while connecting a producer.
 CONNECT_TIMEOUT_S = 10.0
+# How long retire_producer waits for the producer to be destroyed before it goes on (see there).
+RETIRE_WAIT_S = 2.0
 
 
 def master_producer(settings: Settings, shard: int) -> Producer:
@@ -59,6 +62,45 @@ def master_producer(settings: Settings, shard: int) -> Producer:
 # Spares a node makes while it waits in line for a shard: the term takes one; the other is there for the term's
 # fence when the previous master left a transaction open (transactions.FIRST_ASK_S), or else for the next term.
 SPARES = 2
+
+
+def retire_producer(producer: Producer) -> None:
+    """Destroy a term's producer now: from here on it sends nothing, whatever it was doing.
+
+    Letting it go is not enough. A producer lives as long as a reference to it does, and one
+    that a stuck commit raised through keeps one in the frames of that exception's traceback,
+    a reference cycle, until the garbage collector's next full pass; meanwhile librdkafka
+    carries on by itself. In CI's soak a master's term ended on a commit the killed broker left
+    unconfirmed; 12 s later, the broker back, its producer resumed that commit
+    (AddPartitionsToTxn), the next master's init_transactions aborted it, and the abort markers
+    ended as aborted the records of the transaction before it on those partitions (one the
+    coordinator had committed, but whose markers the restarted broker had dropped): a delivery
+    without its ``done``, and a ``done`` without its delivery.
+
+    What the producer still holds is purged, then ``close()`` destroys it. ``close()`` first
+    aborts a transaction still open, and waits for that without a bound: refused at once while a
+    commit is pending or when nothing is open, but an abort the coordinator must answer waits
+    for Kafka. So it runs on a thread of its own, waited for :data:`RETIRE_WAIT_S`: what it can
+    still do then is abort its own transaction, which the next master's ``init_transactions``
+    would abort anyway.
+    """
+    closing = threading.Thread(target=_close, args=(producer,), name="delayq-retire-producer", daemon=True)
+    closing.start()
+    closing.join(RETIRE_WAIT_S)
+    if closing.is_alive():
+        log.info("a master producer is still aborting its transaction; it is closed once Kafka answers")
+
+
+def _close(producer: Producer) -> None:
+    try:
+        producer.purge(in_queue=True, in_flight=True)
+        with warnings.catch_warnings():
+            # close() says when it could not abort (a commit pending, init_transactions under way) or flush
+            # (purged): expected here, and nothing is left to abort or flush.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            producer.close()
+    except Exception as err:  # a thread of its own: a fenced or fatal producer's refusal must reach the log
+        log.info("closing a master producer: %s", err)
 
 
 class SpareProducer:

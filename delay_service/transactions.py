@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -31,7 +30,7 @@ from . import stored
 from .cover import OwnWrites
 from .dead_letters import produce_copy
 from .handoff import InFlight
-from .master_producer import SpareProducer
+from .master_producer import SpareProducer, retire_producer
 from .routing import Outgoing, Undeliverable
 
 # How long a master ending its term waits to abort the transaction it left open (see abandon).
@@ -175,11 +174,7 @@ class ShardTransactions:
 
         Closed, ``asked`` never asks again: had it asked after the spare, it would fence it.
         """
-        with warnings.catch_warnings():
-            # close() tries to abort a transaction first, and says that it cannot while init_transactions is
-            # under way: there is none to abort.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            asked.close()
+        retire_producer(asked)
         self.producer = None  # should take() raise, the term makes a new producer, never uses the closed one
         self.producer = self.spare.take()
         self._answered = True  # the spare asks at full length: the coordinator has ended the transaction by now
@@ -213,6 +208,7 @@ class ShardTransactions:
             self.log.debug("no transaction to abort at the end of the term: %s", err.args[0].str())
 
     def close(self, flush_s: float = CLOSE_FLUSH_S) -> None:
+        """Flush what the producer still sends (for ``flush_s`` at most), then destroy it (:func:`retire_producer`)."""
         producer, self.producer = self.producer, None
         if producer is None:
             return
@@ -220,6 +216,7 @@ class ShardTransactions:
             producer.flush(flush_s)
         except Exception as err:  # a fenced producer raises on every call; it is done with either way
             self.log.info("closing the master's producer: %s", err)
+        retire_producer(producer)
 
     # -- what a transaction writes ---------------------------------------
 

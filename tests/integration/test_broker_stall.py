@@ -11,20 +11,25 @@ LogAppendTime timestamps.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from collections import Counter, defaultdict
 
 import pytest
+from confluent_kafka import KafkaException
 from support.kafka_testing import create_topics, read_topic
 from support.process_testing import wait_until
 from support.service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
 from support.traffic_testing import readme_producer, while_writing
 
 from delayq import Settings, wire
-from delayq.delay_service import ensure_shards
+from delayq.delay_service import ensure_shards, transactions
+from delayq.delay_service.handoff import InFlight
+from delayq.delay_service.transactions import ShardTransactions, TransactionStuck
 from delayq.dev import StackError
+from delayq.election import Term
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -210,6 +215,59 @@ def test_a_sharded_cluster_with_replicas_loses_no_time_beyond_a_broker_outage_an
         assert_delivered_once_in_time(settings, target, cluster, due, outage)
     finally:
         cluster.close()
+
+
+def fenced_within(shard: ShardTransactions, term: Term, timeout_s: float) -> None:
+    """init_transactions, asked again while the broker's answer is one that passes (a new transaction coordinator
+    loading), as the delivery loop asks."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            shard.fence(timeout_s, term)
+            return
+        except KafkaException as err:
+            if not err.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_a_term_that_ends_on_a_commit_the_frozen_broker_left_unconfirmed_writes_nothing_once_it_thaws(
+        stack, names, monkeypatch):
+    # CI's soak, a broker SIGKILLed while a master committed: the master ended its term on the stuck commit and
+    # let its producer go, but a reference cycle (the exception's frames) kept it alive, and 12 s later, the
+    # broker back, it went on with that commit (AddPartitionsToTxn); the next master's init_transactions aborted
+    # it, and the abort markers ended as aborted the records of the transaction before it on those partitions,
+    # which the coordinator had committed but whose markers the restarted broker had dropped: 1 duplicated,
+    # 1 missing. A term's producer must be gone when its term ends.
+    monkeypatch.setattr(transactions, "COMMIT_GIVE_UP_S", 1.0)
+    monkeypatch.setattr(transactions, "COMMIT_CALL_S", 0.5)
+    settings = settings_on(stack, names, buffer_partitions=2)
+    create_topics(settings.bootstrap_servers, [settings.buffer_topic], partitions=2)
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+    shard = ShardTransactions(settings, 0, InFlight(), log)
+    term = Term(1)
+    shard.begin_term()
+    shard.take_producer()
+    fenced_within(shard, term, timeout_s=30.0)
+    shard.begin()
+    shard.to_buffer("committed-before", 0, b"v", None)
+    shard.commit(term, ["committed-before"])
+    pid = kafka_pid(stack)
+    freeze(pid)
+    try:
+        shard.begin()
+        shard.to_buffer("left-unconfirmed", 1, b"v", None)
+        # As the delivery loop commits: on the committer thread, the loop waiting on the future meanwhile.
+        with pytest.raises(TransactionStuck):
+            shard.commit(term, ["left-unconfirmed"], during=lambda commit: commit.exception())
+        shard.end_term(stuck=True)
+    finally:
+        thaw(pid)
+    records = read_topic(settings.bootstrap_servers, settings.buffer_topic, isolation="read_uncommitted",
+                         timeout_s=10, idle_s=8)
+    written = sorted((r.partition(), r.key().decode()) for r in records if not r.error())
+    assert written == [(0, "committed-before")], \
+        f"the broker holds what the ended term's producer wrote after it thawed: {written}"
 
 
 def test_a_frozen_zookeeper_costs_the_freeze_and_seconds_and_no_node(stack, names, tmp_path):

@@ -7,13 +7,15 @@ the calls made.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from unittest import mock
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from delayq import Settings, wire
-from delayq.delay_service import stored, transactions
+from delayq.delay_service import master_producer, stored, transactions
 from delayq.delay_service.cover import Tail
 from delayq.delay_service.handoff import InFlight
 from delayq.delay_service.master_producer import SpareProducer
@@ -171,6 +173,33 @@ def test_the_end_of_a_term_aborts_what_it_left_open_and_a_fenced_producer_ends_q
     txns.abandon()  # never raises
 
     producer.abort_transaction.assert_called_once_with(transactions.ABANDON_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_the_end_of_a_term_destroys_its_producer_rather_than_letting_it_go(stuck):
+    # Let go, a producer a stuck commit raised through lived on in the exception's frames and resumed that
+    # commit once the broker was back (CI's soak).
+    txns, producer = shard_transactions()
+    txns.begin_term()
+
+    txns.end_term(stuck=stuck)
+
+    assert producer.mock_calls[-2:] == [mock.call.purge(in_queue=True, in_flight=True), mock.call.close()]
+    assert txns.producer is None
+
+
+def test_a_producer_whose_close_waits_for_kafka_does_not_hold_up_the_end_of_the_term(monkeypatch):
+    monkeypatch.setattr(master_producer, "RETIRE_WAIT_S", 0.05)
+    txns, producer = shard_transactions()
+    aborting = threading.Event()
+    producer.close.side_effect = lambda: aborting.wait(10)  # close() aborting an open transaction, Kafka away
+
+    started = time.monotonic()
+    txns.close(flush_s=0.0)
+
+    assert time.monotonic() - started < 5
+    assert producer.close.called and not aborting.is_set()
+    aborting.set()
 
 
 def test_a_write_without_a_producer_says_only_a_term_writes():
