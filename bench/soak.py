@@ -72,7 +72,7 @@ from .soak_check import (
     missing_by_buffer_partition,
     owed_versions,
 )
-from .soak_faults import Chaos, UpgradeRoll, fault_kinds, log_excerpt, log_warnings, plan_faults
+from .soak_faults import Chaos, UpgradeRoll, fault_kinds, kafka_dropped_markers, log_excerpt, log_warnings, plan_faults
 from .soak_workload import Recorder, Watcher, Workload, WorkloadOptions, now_ms, read_buffer
 
 # Anomalies shown per kind in the summary and in --json (soak-report.json has them all).
@@ -584,6 +584,7 @@ class Soak:
             "anomaly_node_logs": self._anomaly_evidence(findings),
             "missing_by_buffer_partition": missing_by_buffer_partition(findings, started_ms),
             "open_transactions_at_end": self.open_transactions,
+            "kafka_dropped_markers": kafka_dropped_markers(self.run_dir / "stack"),
             "buffer_scan": scan.as_dict() if scan else None,
             "lateness_ms": {"in_faults": findings.lateness_in_faults.as_dict(),
                             "outside_faults": findings.lateness_outside_faults.as_dict()},

@@ -1207,6 +1207,18 @@ def log_warnings(path: Path, limit: int = 10) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: -g["count"])[:limit]
 
 
+# What Kafka's transaction coordinator logs when it drops a transaction's markers for partitions it finds no
+# leader of (kafka-4.3.1: it takes them for deleted topics): those partitions keep the transaction open until
+# the producer's next marker there, whatever its kind (docs/DESIGN.md, "Transactions Kafka leaves open for good").
+DROPPED_MARKERS = "likely deleted already and hence can be skipped"
+
+
+def kafka_dropped_markers(stack_folder: Path) -> list[str]:
+    """The lines of the stack's broker logs saying a transaction's markers were dropped: evidence not delayq's."""
+    return [line for log in sorted(stack_folder.glob("kafka*/kafka*.log"))
+            for line in log.read_text(errors="replace").splitlines() if DROPPED_MARKERS in line]
+
+
 _NUMBERS = re.compile(r"\d+")
 
 

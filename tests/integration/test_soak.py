@@ -67,6 +67,8 @@ def _evidence(result: dict) -> str:
         f"{json.dumps(result['missing_by_buffer_partition'])}",
         f"open transactions once the nodes stopped (buffer and targets): {json.dumps(result['open_transactions_at_end'])}",
         f"the buffer read after the run: {json.dumps(result['buffer_scan'])}",
+        f"transaction markers the broker dropped (its own log): {len(result['kafka_dropped_markers'])}",
+        *(f"  {line[:400]}" for line in result["kafka_dropped_markers"][:3]),
         "faults:",
         *(f"  {at(w['start_ms'])}-{at(w['end_ms'])} {w['kind']}: {w['detail']}" for w in result["fault_windows"]),
     ]

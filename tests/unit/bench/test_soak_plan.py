@@ -22,6 +22,7 @@ from delayq.bench.soak_faults import (
     UpgradeRoll,
     fault_kinds,
     held_shards,
+    kafka_dropped_markers,
     log_excerpt,
     log_warnings,
     plan_faults,
@@ -115,6 +116,22 @@ def test_log_warnings_are_grouped_by_their_text_without_numbers_most_frequent_fi
 
     assert [g["count"] for g in groups] == [2, 1]
     assert "buffer/2/13572" in groups[0]["first"] and "buffer/1/13166" in groups[0]["last"]
+
+
+def test_the_markers_a_broker_dropped_are_read_from_every_brokers_own_log(tmp_path):
+    dropped = ("[2026-11-28 15:28:35,531] INFO [Transaction Marker Channel Manager 1]: Couldn't find leader endpoint "
+               "for partitions HashSet(buffer-5) while trying to send transaction markers for master-2, these "
+               "partitions are likely deleted already and hence can be skipped")
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "kafka.log").write_text(f"[2026-11-28 15:28:28,592] INFO Sending txn markers\n{dropped}\n")
+    (tmp_path / "kafka-2").mkdir()
+    (tmp_path / "kafka-2" / "kafka-2.log").write_text(dropped.replace("15:28:35", "15:29:01") + "\n")
+    (tmp_path / "zookeeper").mkdir()
+    (tmp_path / "zookeeper" / "zookeeper.log").write_text(dropped + "\n")
+
+    lines = kafka_dropped_markers(tmp_path)
+
+    assert [line[12:20] for line in lines] == ["15:28:35", "15:29:01"]
 
 
 def test_a_nodes_masterships_are_read_from_its_per_shard_metric():
