@@ -29,8 +29,9 @@ log = logging.getLogger("delayq.delivery")
 
 # How long to wait for the shard's metadata while connecting a producer.
 CONNECT_TIMEOUT_S = 10.0
-# How long retire_producer waits for the producer to be destroyed before it goes on (see there).
-RETIRE_WAIT_S = 2.0
+# How long retire_producer waits for the producer to be destroyed before it goes on (see there): a close() takes
+# milliseconds unless it waits for Kafka to abort, and then the term must not wait with it.
+RETIRE_WAIT_S = 0.5
 
 
 def master_producer(settings: Settings, shard: int) -> Producer:
