@@ -172,9 +172,11 @@ class ShardTransactions:
     def _ask_with_the_spare(self, asked: Producer) -> Producer:
         """Close ``asked`` (its PID timer pending) and make a spare this term's producer, to ask once more.
 
-        Closed, ``asked`` never asks again: had it asked after the spare, it would fence it.
+        Closed, ``asked`` never asks again: had it asked after the spare, it would fence it. So the
+        spare waits until it is closed (at once: its close() has no transaction to abort, init_transactions
+        being under way), not a bounded while: its PID timer fires half a second after its answer.
         """
-        retire_producer(asked)
+        retire_producer(asked, wait_s=None)
         self.producer = None  # should take() raise, the term makes a new producer, never uses the closed one
         self.producer = self.spare.take()
         self._answered = True  # the spare asks at full length: the coordinator has ended the transaction by now
