@@ -65,7 +65,7 @@ def master_producer(settings: Settings, shard: int) -> Producer:
 SPARES = 2
 
 
-def retire_producer(producer: Producer, wait_s: float | None = RETIRE_WAIT_S) -> None:
+def retire_producer(producer: Producer, *, until_closed: bool = False) -> None:
     """Destroy a term's producer now: from here on it sends nothing, whatever it was doing.
 
     Letting it go is not enough. A producer lives as long as a reference to it does, and one
@@ -81,13 +81,13 @@ def retire_producer(producer: Producer, wait_s: float | None = RETIRE_WAIT_S) ->
     What the producer still holds is purged, then ``close()`` destroys it. ``close()`` first
     aborts a transaction still open, and waits for that without a bound: refused at once while a
     commit is pending or when nothing is open, but an abort the coordinator must answer waits
-    for Kafka. So it runs on a thread of its own, waited for ``wait_s`` (None: until it is closed):
-    what it can still do then is abort its own transaction, which the next master's
-    ``init_transactions`` would abort anyway.
+    for Kafka. So it runs on a thread of its own, waited for :data:`RETIRE_WAIT_S` (with
+    ``until_closed``, until it is closed): what it can still do then is abort its own
+    transaction, which the next master's ``init_transactions`` would abort anyway.
     """
     closing = threading.Thread(target=_close, args=(producer,), name="delayq-retire-producer", daemon=True)
     closing.start()
-    closing.join(wait_s)
+    closing.join(None if until_closed else RETIRE_WAIT_S)
     if closing.is_alive():
         log.info("a master producer is still aborting its transaction; it is closed once Kafka answers")
 

@@ -176,7 +176,7 @@ class ShardTransactions:
         spare waits until it is closed (at once: its close() has no transaction to abort, init_transactions
         being under way), not a bounded while: its PID timer fires half a second after its answer.
         """
-        retire_producer(asked, wait_s=None)
+        retire_producer(asked, until_closed=True)
         self.producer = None  # should take() raise, the term makes a new producer, never uses the closed one
         self.producer = self.spare.take()
         self._answered = True  # the spare asks at full length: the coordinator has ended the transaction by now
