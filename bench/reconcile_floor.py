@@ -31,15 +31,12 @@ from delayq.bench.proc import machine_ticks
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def timed(name: str, job: Callable[[], object]) -> dict:
-    """Run ``job``; its wall seconds and the machine's busy CPU seconds meanwhile."""
+def timed(name: str, job: Callable[[], object]) -> None:
+    """Run ``job``; print its wall seconds and the machine's busy CPU seconds meanwhile."""
     started, before = time.monotonic(), machine_ticks()
     job()
-    after = machine_ticks()
-    result = {"step": name, "wall_s": round(time.monotonic() - started, 1),
-              "machine_cpu_s": round((after[0] - before[0]) / TICK, 1)}
-    print(f"{name}: {result['wall_s']} s, the machine busy for {result['machine_cpu_s']} CPU-s", flush=True)
-    return result
+    wall_s, cpu_s = time.monotonic() - started, (machine_ticks()[0] - before[0]) / TICK
+    print(f"{name}: {wall_s:.1f} s, the machine busy for {cpu_s:.1f} CPU-s", flush=True)
 
 
 def main() -> int:
