@@ -216,7 +216,7 @@ class Ingest:
             partition_count=self.partition_count, shards=self.shards, start=start,
             compaction_lag_ms=self.compaction_lag_ms,
             batch_size=self.batch_size, poll_s=POLL_S, log_level=root.getEffectiveLevel(),
-            log_format=formats[0] if formats else logging.BASIC_FORMAT))
+            log_format=formats[0] if formats else logging.BASIC_FORMAT, gc_tuned=self.settings.gc_tuned))
 
     def _replace_reader(self, gone: ReaderGone | None) -> None:
         """Stop the reader that is gone (if any) and start another from the stores' offsets; never raises.

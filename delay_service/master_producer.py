@@ -143,10 +143,16 @@ class SpareProducer:
         return producer if producer is not None else master_producer(self.settings, self.shard)
 
     def close(self) -> None:
-        """Drop the spares, and those still being made once they are (the seat is going)."""
+        """Close the spares, and those still being made once they are (the seat is going).
+
+        Closed, not dropped: a producer in a reference cycle would keep its connections and threads until the
+        collector's next pass over its generation, which a node's tuned collector makes rare (collector.py).
+        """
         with self._cond:
             self._closed = True
-            self._ready = []
+            spares, self._ready = self._ready, []
+        for producer in spares:
+            retire_producer(producer)
 
     def _make(self) -> None:
         producer: Producer | None = None
@@ -159,6 +165,9 @@ class SpareProducer:
         finally:
             with self._cond:
                 self._making -= 1
-                if not self._closed and producer is not None:
+                kept = not self._closed and producer is not None
+                if producer is not None and kept:
                     self._ready.append(producer)
                 self._cond.notify_all()
+            if producer is not None and not kept:
+                retire_producer(producer)

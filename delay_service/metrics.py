@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .collector import CollectorPauses
+
 LATENESS_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 # What a shard's master delivered lately (RecentDeliveries, the console's "now"): the window, and how many
 # lateness values it keeps at most over the window (a systematic sample above that, each value standing for
@@ -237,6 +239,7 @@ class NodeMetrics:
                                       "what follows there waits until the node is upgraded", registry=r)
         self.shards_held = Gauge("delayq_shards_held", "shards this node holds (ingests into a store of their own)",
                                  registry=r)
+        self.gc_pauses = CollectorPauses(r)  # fed once the node's process watches its collector (Node.run)
         self._recent: dict[int, RecentDeliveries] = {}
 
     def shard(self, shard: int) -> ShardMetrics:

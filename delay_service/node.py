@@ -37,6 +37,7 @@ from delayq.election import (
 from delayq.settings import Settings
 from delayq.store import StoredEntry
 
+from . import collector
 from .delivery import Delivery
 from .http import NodeHTTPServer
 from .ingest import Ingest
@@ -183,11 +184,17 @@ class Node:
         """Start, serve until SIGTERM/SIGINT, stop; the exit code (0 on a clean stop)."""
         signal.signal(signal.SIGTERM, lambda *_: self.loops.stop_requested.set())
         signal.signal(signal.SIGINT, lambda *_: self.loops.stop_requested.set())
+        if self.settings.gc_tuned:
+            collector.tune()
+        self.metrics.gc_pauses.watch()
         self.start()
+        if self.settings.gc_tuned:
+            collector.freeze_started()
         while not self.loops.stop_requested.wait(0.2):
             if self.loops.failure is not None:
                 break
         self.stop()
+        self.metrics.gc_pauses.unwatch()
         return 0 if self.loops.failure is None else 1
 
     def _close_console(self) -> None:

@@ -54,7 +54,7 @@ from delayq.settings import KAFKA_LOGGER
 from delayq.store import malformed_frame, pack_producer_write, put_frame, remove_frame
 from delayq.wire import OP_CANCEL, MalformedRecord, NewerLevelRecord, parse_buffer_record, write_digest
 
-from . import stored
+from . import collector, stored
 
 log = logging.getLogger("delayq.ingest.reader")
 
@@ -92,6 +92,7 @@ class ReaderConfig:
     poll_s: float
     log_level: int
     log_format: str  # %-style
+    gc_tuned: bool  # Settings.gc_tuned: the collector set as in the node (collector.py)
 
 
 @dataclass(slots=True)
@@ -342,6 +343,8 @@ def read(config: ReaderConfig, connection: Connection) -> None:
     held: dict[int, tuple[int, int]] = {}
     try:
         connection.send_bytes(pack_frame([], None))  # started: the node's first receive() returns
+        if config.gc_tuned:
+            collector.freeze_started()
         while os.getppid() == parent:
             # What has come in, at once; if nothing, wait for the first record only: consume()
             # returns when its batch is full or its timeout passes, so a batch-sized wait would hold
@@ -378,6 +381,8 @@ def main(argv: list[str]) -> int:
     config_fields = json.loads(sys.stdin.buffer.read())
     config_fields["start"] = {int(p): o for p, o in config_fields["start"].items()}
     config = ReaderConfig(**config_fields)
+    if config.gc_tuned:
+        collector.tune()
     try:
         logging.basicConfig(level=config.log_level, format=config.log_format)
     except ValueError:  # a format or level this logging does not take: its defaults, rather than no reader

@@ -9,9 +9,11 @@ process that inherits the environment (the bench, its nodes, their buffer reader
 Each process writes ``gc-<pid>.json`` to ``GCPROBE_DIR`` every 2 s (a node is killed, not stopped, at the end
 of a suite): its command line, uptime, and per generation the collections, their total and longest time,
 how many took over 5 and over 20 ms, and the objects the collector tracks and holds frozen.
-``GCPROBE_POLICY=1`` also tries a policy: the young generation collected every 50,000 allocations instead of
-700 (the older ones every 20 and 100 collections of the one below), and everything alive 6 s after start
-(imports, settings, clients) frozen out of every later collection.
+delayq's nodes now set their collector themselves (``delay_service/collector.py``; ``DELAYQ_GC_TUNED=false`` for
+Python's defaults), so the probe alone compares the two. ``GCPROBE_POLICY=1`` tries the policy as first
+measured: the young generation collected every 50,000 allocations instead of 700 (the older ones every 20 and
+100 collections of the one below), and everything alive 6 s after start (imports, settings, clients) frozen out
+of every later collection.
 """
 
 from __future__ import annotations

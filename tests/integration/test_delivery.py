@@ -211,6 +211,13 @@ def test_http_endpoints_report_health_metrics_and_messages(cluster, feeder, sett
         assert name in metrics
     assert node.metric("delayq_pending") == 1
     assert node.metric("delayq_is_master") == 1
+    # The node's process runs with its collector tuned (delay_service/collector.py): what it made at start is
+    # frozen, after the one full collection that freeze makes, which its pause histogram counted.
+    deadline = time.monotonic() + 10
+    while node.metric("delayq_gc_frozen_objects") == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert node.metric("delayq_gc_frozen_objects") > 10_000
+    assert node.metric("delayq_gc_pause_seconds_count", generation="2") >= 1
 
 
 def test_malformed_records_and_missing_topic_are_dead_lettered_while_the_rest_flows(cluster, feeder, settings, names):

@@ -97,3 +97,29 @@ def test_a_closed_seat_drops_its_spare_and_prepares_no_more(made):
     spare.prepare()
     assert spare.take() is not None  # made then: the ones on their way were dropped
     assert len(producers) == 3
+
+
+def test_closing_the_seat_closes_its_ready_spares_rather_than_dropping_them(made):
+    producers, _ = made
+    spare = SpareProducer(Settings(), 0)
+    spare.prepare()
+    for maker in [t for t in threading.enumerate() if t.name == "spare-producer-0"]:
+        maker.join(10)
+    assert len(producers) == 2
+    spare.close()
+    for producer in producers:
+        producer.purge.assert_called_once_with(in_queue=True, in_flight=True)
+        producer.close.assert_called_once_with()
+
+
+def test_a_spare_made_after_the_seat_closed_is_closed_once_made(made):
+    producers, gate = made
+    gate.clear()
+    spare = SpareProducer(Settings(), 0)
+    spare.prepare()
+    spare.close()  # while both are being made
+    gate.set()
+    for maker in [t for t in threading.enumerate() if t.name == "spare-producer-0"]:
+        maker.join(10)
+    assert len(producers) == 2
+    assert all(p.close.call_count == 1 for p in producers)
