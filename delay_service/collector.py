@@ -17,27 +17,19 @@ ZooKeeper session and store is closed explicitly where its owner ends (a term's 
 ``retire_producer``, the spares by ``SpareProducer.close``, ...). An object frozen at start that later ends in
 a cycle is never collected: a seat the node held at start and gave up keeps its few kilobytes, once.
 
-``DELAYQ_GC_TUNED=false`` keeps Python's defaults (``Settings.gc_tuned``), for a comparison or a doubt.
+``DELAYQ_GC_TUNED=false`` keeps Python's defaults (``Settings.gc_tuned``), for a comparison or a doubt. The
+collections' pauses are on the node's /metrics (``metrics.CollectorPauses``); this module imports nothing
+more than ``gc``, since every buffer reader process imports it at its start.
 """
 from __future__ import annotations
 
 import gc
-import time
-from bisect import bisect_left
-from collections.abc import Iterator
-from typing import Any
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 # Young collections every YOUNG_EVERY net allocations of containers (Python: 700); the middle generation every
 # 20 young ones, the oldest every 100 of the middle (Python: 10 and 10, and a full collection also waits until
 # the objects promoted since the last one are a quarter of those that survived it).
 YOUNG_EVERY = 50_000
 OLDER_EVERY = (20, 100)
-PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-GENERATIONS = (0, 1, 2)
 
 
 def tune() -> None:
@@ -50,50 +42,3 @@ def freeze_started() -> None:
     gc.collect()
     gc.freeze()
 
-
-class CollectorPauses(Collector):
-    """This process's collections as Prometheus series: how long each paused it, by generation, and what is frozen.
-
-    ``delayq_gc_pause_seconds{generation}`` (a histogram: a pause is a lateness of everything falling due
-    meanwhile) and ``delayq_gc_frozen_objects``. Timed by a ``gc.callbacks`` hook, which is the process's: only
-    a node that is the process (``Node.run``) calls :meth:`watch`; a node embedded in another program reports
-    no pauses. The hook runs inside a collection, so it takes no lock (a scrape holding one in the same thread
-    would deadlock): it updates lists in place, which the GIL keeps whole.
-    """
-
-    def __init__(self, registry: CollectorRegistry):
-        self._counts = {g: [0] * (len(PAUSE_BUCKETS) + 1) for g in GENERATIONS}
-        self._sums = dict.fromkeys(GENERATIONS, 0.0)
-        self._started = 0.0
-        registry.register(self)
-
-    def watch(self) -> None:
-        if self._timed not in gc.callbacks:
-            gc.callbacks.append(self._timed)
-
-    def unwatch(self) -> None:
-        if self._timed in gc.callbacks:
-            gc.callbacks.remove(self._timed)
-
-    def _timed(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-            return
-        pause = time.perf_counter() - self._started
-        generation = info["generation"]
-        self._counts[generation][bisect_left(PAUSE_BUCKETS, pause)] += 1
-        self._sums[generation] += pause
-
-    def collect(self) -> Iterator[Metric]:
-        pauses = HistogramMetricFamily("delayq_gc_pause_seconds", "how long each of this process's cyclic garbage "
-                                       "collections paused it, by generation (2: full)", labels=["generation"])
-        for generation in GENERATIONS:
-            cumulative, buckets = 0, []
-            for bound, count in zip([*map(str, PAUSE_BUCKETS), "+Inf"], list(self._counts[generation]),
-                                    strict=True):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            pauses.add_metric([str(generation)], buckets, self._sums[generation])
-        yield pauses
-        yield GaugeMetricFamily("delayq_gc_frozen_objects", "objects this process froze once started: no "
-                                "collection walks them (delay_service/collector.py)", value=gc.get_freeze_count())

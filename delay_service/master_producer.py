@@ -92,6 +92,15 @@ def retire_producer(producer: Producer, *, until_closed: bool = False) -> None:
         log.info("a master producer is still aborting its transaction; it is closed once Kafka answers")
 
 
+def close_unused(producer: Producer) -> None:
+    """Destroy a producer that never began a transaction (a spare), on a thread of its own, without waiting.
+
+    It has nothing to abort, so nothing depends on when it is gone; its caller (placement dropping a
+    shard) must not wait for librdkafka to stop its threads.
+    """
+    threading.Thread(target=_close, args=(producer,), name="delayq-close-spare", daemon=True).start()
+
+
 def _close(producer: Producer) -> None:
     try:
         producer.purge(in_queue=True, in_flight=True)
@@ -152,7 +161,7 @@ class SpareProducer:
             self._closed = True
             spares, self._ready = self._ready, []
         for producer in spares:
-            retire_producer(producer)
+            close_unused(producer)
 
     def _make(self) -> None:
         producer: Producer | None = None
@@ -170,4 +179,4 @@ class SpareProducer:
                     self._ready.append(producer)
                 self._cond.notify_all()
             if producer is not None and not kept:
-                retire_producer(producer)
+                close_unused(producer)

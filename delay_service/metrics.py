@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
+import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from .collector import CollectorPauses
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 # What a shard's master delivered lately (RecentDeliveries, the console's "now"): the window, and how many
@@ -21,6 +22,8 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 # as many deliveries as the sampling stride).
 RECENT_WINDOW_MS = 60_000
 RECENT_MAX_SAMPLES = 50_000
+GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+GC_GENERATIONS = (0, 1, 2)
 
 
 class BatchHistogram(Collector):
@@ -62,6 +65,54 @@ class BatchHistogram(Collector):
             cumulative += count
             buckets.append((bound, cumulative))
         yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+
+
+class CollectorPauses(Collector):
+    """This process's collections as Prometheus series: how long each paused it, by generation, and what is frozen.
+
+    ``delayq_gc_pause_seconds{generation}`` (a histogram: a pause is a lateness of everything falling due
+    meanwhile) and ``delayq_gc_frozen_objects``. Timed by a ``gc.callbacks`` hook, which is the process's: only
+    a node that is the process (``Node.run``) calls :meth:`watch`; a node embedded in another program reports
+    no pauses. The hook runs inside a collection, so it takes no lock (a scrape holding one in the same thread
+    would deadlock): it updates lists in place, which the GIL keeps whole.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        self._counts = {g: [0] * (len(GC_PAUSE_BUCKETS) + 1) for g in GC_GENERATIONS}
+        self._sums = dict.fromkeys(GC_GENERATIONS, 0.0)
+        self._started = 0.0
+        registry.register(self)
+
+    def watch(self) -> None:
+        if self._timed not in gc.callbacks:
+            gc.callbacks.append(self._timed)
+
+    def unwatch(self) -> None:
+        if self._timed in gc.callbacks:
+            gc.callbacks.remove(self._timed)
+
+    def _timed(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        generation = info["generation"]
+        self._counts[generation][bisect_left(GC_PAUSE_BUCKETS, pause)] += 1
+        self._sums[generation] += pause
+
+    def collect(self) -> Iterator[Metric]:
+        pauses = HistogramMetricFamily("delayq_gc_pause_seconds", "how long each of this process's cyclic garbage "
+                                       "collections paused it, by generation (2: full)", labels=["generation"])
+        for generation in GC_GENERATIONS:
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, GC_PAUSE_BUCKETS), "+Inf"], list(self._counts[generation]),
+                                    strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            pauses.add_metric([str(generation)], buckets, self._sums[generation])
+        yield pauses
+        yield GaugeMetricFamily("delayq_gc_frozen_objects", "objects this process froze once started: no "
+                                "collection walks them (collector.py)", value=gc.get_freeze_count())
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from delayq import Settings
 from delayq.delay_service import collector
-from delayq.delay_service.metrics import NodeMetrics
+from delayq.delay_service.metrics import CollectorPauses, NodeMetrics
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_freeze_started_keeps_what_lives_out_of_later_collections(restored):
 
 def test_pauses_are_reported_by_generation_while_watched_and_not_after(restored):
     registry = CollectorRegistry()
-    pauses = collector.CollectorPauses(registry)
+    pauses = CollectorPauses(registry)
 
     def full() -> float:
         return registry.get_sample_value("delayq_gc_pause_seconds_count", {"generation": "2"}) or 0.0

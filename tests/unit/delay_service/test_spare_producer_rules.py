@@ -107,6 +107,8 @@ def test_closing_the_seat_closes_its_ready_spares_rather_than_dropping_them(made
         maker.join(10)
     assert len(producers) == 2
     spare.close()
+    for closing in [t for t in threading.enumerate() if t.name == "delayq-close-spare"]:
+        closing.join(10)
     for producer in producers:
         producer.purge.assert_called_once_with(in_queue=True, in_flight=True)
         producer.close.assert_called_once_with()
@@ -119,7 +121,9 @@ def test_a_spare_made_after_the_seat_closed_is_closed_once_made(made):
     spare.prepare()
     spare.close()  # while both are being made
     gate.set()
-    for maker in [t for t in threading.enumerate() if t.name == "spare-producer-0"]:
+    for maker in [t for t in threading.enumerate() if t.name in ("spare-producer-0", "delayq-close-spare")]:
         maker.join(10)
+    for closing in [t for t in threading.enumerate() if t.name == "delayq-close-spare"]:
+        closing.join(10)
     assert len(producers) == 2
     assert all(p.close.call_count == 1 for p in producers)
