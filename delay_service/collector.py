@@ -41,4 +41,3 @@ def freeze_started() -> None:
     """Collect once, then keep everything alive now out of every later collection; call it once started."""
     gc.collect()
     gc.freeze()
-

@@ -172,11 +172,14 @@ class SpareProducer:
         except Exception:  # a thread of its own: what went wrong must reach the log, not vanish
             log.exception("shard %d: making the spare master producer failed", self.shard)
         finally:
+            unwanted = None
             with self._cond:
                 self._making -= 1
-                kept = not self._closed and producer is not None
-                if producer is not None and kept:
-                    self._ready.append(producer)
+                if producer is not None:
+                    if self._closed:
+                        unwanted = producer
+                    else:
+                        self._ready.append(producer)
                 self._cond.notify_all()
-            if producer is not None and not kept:
-                close_unused(producer)
+            if unwanted is not None:
+                close_unused(unwanted)

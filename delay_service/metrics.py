@@ -60,11 +60,17 @@ class BatchHistogram(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             counts, total = list(self._counts), self._sum
-        cumulative, buckets = 0, []
-        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts, strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative_buckets(self.bounds, counts),
+                                    sum_value=total)
+
+
+def cumulative_buckets(bounds: Iterable[float], counts: list[int]) -> list[tuple[str, int]]:
+    """Per-bucket counts (the last one above every bound) as Prometheus's cumulative ``le`` buckets."""
+    cumulative, buckets = 0, []
+    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return buckets
 
 
 class CollectorPauses(Collector):
@@ -104,11 +110,7 @@ class CollectorPauses(Collector):
         pauses = HistogramMetricFamily("delayq_gc_pause_seconds", "how long each of this process's cyclic garbage "
                                        "collections paused it, by generation (2: full)", labels=["generation"])
         for generation in GC_GENERATIONS:
-            cumulative, buckets = 0, []
-            for bound, count in zip([*map(str, GC_PAUSE_BUCKETS), "+Inf"], list(self._counts[generation]),
-                                    strict=True):
-                cumulative += count
-                buckets.append((bound, cumulative))
+            buckets = cumulative_buckets(GC_PAUSE_BUCKETS, list(self._counts[generation]))
             pauses.add_metric([str(generation)], buckets, self._sums[generation])
         yield pauses
         yield GaugeMetricFamily("delayq_gc_frozen_objects", "objects this process froze once started: no "
