@@ -165,8 +165,10 @@ class Ingest:
         # it takes and applies a frame, hold() while it swaps them, close() while it stops the reader.
         self._lock = threading.Lock()
         self._closed = False
-        # The reader in use; None while no shard is held, or between one that died and its replacement.
+        # The reader in use; None until a shard is held, and between one that died and its replacement.
         self._reader: BufferReader | None = None
+        # The number of the shards held now (reader.py): a frame of another is of shards held before.
+        self._generation = 0
 
     def feed(self, shard: int, store: TimeIndex, metrics: ShardMetrics, *,
              on_earlier_due: Callable[[int], None] = lambda _ms: None,
@@ -177,46 +179,55 @@ class Ingest:
                          on_ready=on_ready)
 
     def hold(self, feeds: list[ShardFeed]) -> None:
-        """Read exactly these shards from now on: a new reader, each partition from where its store is.
+        """Read exactly these shards from now on, each partition from where its store is.
+
+        The reader in use is told (the first shard held starts it); the frames it sent before are
+        dropped, their records read again from the stores' offsets. A reader that is gone is replaced.
 
         Raises:
-            ReaderGone: the reader could not start (the ingest loop tries again at its next poll).
+            ReaderGone: the first reader could not start (the ingest loop tries again at its next poll).
         """
         with self._lock:
             if self._closed:
                 return
-            reader, self._reader = self._reader, None
-            if reader is not None:
-                reader.stop()
             self.feeds = {feed.shard: feed for feed in feeds}
             self.partitions = sorted(p for feed in feeds for p in feed.partitions)
+            start = self._start_offsets()
             with self._progress:
-                self._positions = {p: offset for feed in feeds for p, offset in self._stored_offsets(feed).items()}
+                self._positions = {p: max(offset, 0) for p, offset in start.items()}
                 self._progress.notify_all()
-            if self.partitions:
-                self._reader = self._start_reader()
+            if self._reader is None:
+                if self.partitions:
+                    self._reader = self._start_reader(start)
+                return
+            self._generation += 1
+            try:
+                self._reader.reassign(self._generation, self.partitions, start)
+            except ReaderGone as gone:
+                self._replace_reader(gone)
 
-    @staticmethod
-    def _stored_offsets(feed: ShardFeed) -> dict[int, int]:
-        stored_offsets = feed.store.offsets()
-        return {p: stored_offsets.get(p, 0) for p in feed.partitions}
-
-    def _start_reader(self) -> BufferReader:
-        """A reader process that consumes from where the stores are (every record they have applied is below)."""
+    def _start_offsets(self) -> dict[int, int]:
+        """Partition -> where to read it from: after every record its shard's store has applied."""
         start = {}
         for feed in self.feeds.values():
             stored_offsets = feed.store.offsets()
             start.update({p: stored_offsets.get(p, OFFSET_BEGINNING) for p in feed.partitions})
+        return start
+
+    def _start_reader(self, start: dict[int, int] | None = None) -> BufferReader:
+        """A reader process that consumes from where the stores are (every record they have applied is below)."""
         root = logging.getLogger()
         # The node's own log line format (a %-style one; the reader falls back to logging's default).
         formats = [h.formatter._fmt for h in root.handlers if h.formatter is not None and h.formatter._fmt
                    and isinstance(h.formatter._style, logging.PercentStyle)]
         return BufferReader(ReaderConfig(
             consumer=self._consumer_conf, topic=self.settings.buffer_topic, partitions=list(self.partitions),
-            partition_count=self.partition_count, shards=self.shards, start=start,
+            partition_count=self.partition_count, shards=self.shards,
+            start=self._start_offsets() if start is None else start,
             compaction_lag_ms=self.compaction_lag_ms,
             batch_size=self.batch_size, poll_s=POLL_S, log_level=root.getEffectiveLevel(),
-            log_format=formats[0] if formats else logging.BASIC_FORMAT, gc_tuned=self.settings.gc_tuned))
+            log_format=formats[0] if formats else logging.BASIC_FORMAT, gc_tuned=self.settings.gc_tuned,
+            generation=self._generation))
 
     def _replace_reader(self, gone: ReaderGone | None) -> None:
         """Stop the reader that is gone (if any) and start another from the stores' offsets; never raises.
@@ -300,6 +311,8 @@ class Ingest:
                 self._replace_reader(gone)
                 return 0
             if frame is None:
+                return 0
+            if frame.generation != self._generation:  # read before the shards held changed: read again since
                 return 0
             batch = frame.batch
             if batch is not None:

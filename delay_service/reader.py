@@ -19,6 +19,14 @@ core, and hands the node each consumed batch as store ops, ready to apply:
   stops reading its partition there (paused, its position reported as that record's offset,
   so the master's cover holds the partition) until the node is upgraded.
 
+When the node takes or drops a shard, the same reader is told the partitions to read from
+then on, and from which offsets (the stores'), over a second pipe (:meth:`BufferReader.reassign`):
+starting another process would cost an interpreter start, imports and a new consumer's
+bootstrap, during which none of the node's shards is ingested and a master that just took
+one waits (its cover needs ingest). Each assignment has a number, the generation, that every
+frame carries: the node drops the frames of an older one, whose records the new assignment
+reads again from the stores' offsets.
+
 Frames are ``marshal`` data over a pipe (:class:`multiprocessing.connection.Connection`
 on a file descriptor the node passed): both ends are the same delayq, started together.
 The node applies a frame's ops and offsets in one WriteBatch, so the store's offsets
@@ -93,6 +101,7 @@ class ReaderConfig:
     log_level: int
     log_format: str  # %-style
     gc_tuned: bool  # Settings.gc_tuned: the collector set as in the node (collector.py)
+    generation: int = 0  # of this first assignment (see BufferReader.reassign)
 
 
 @dataclass(slots=True)
@@ -129,6 +138,7 @@ class Frame:
     positions: dict[int, int]
     batch: Batch | None
     held: dict[int, tuple[int, int]]  # partition -> (offset, level) of the newer-level record it stops at
+    generation: int = 0  # of the assignment the reader read it under
 
 
 class BufferReader:
@@ -137,19 +147,23 @@ class BufferReader:
     def __init__(self, config: ReaderConfig):
         read_fd, write_fd = os.pipe()
         _widen(write_fd)
+        control_read_fd, control_write_fd = os.pipe()
         try:
             # A session of its own: a signal to the node's process group (a terminal's Ctrl-C, a
             # supervisor stopping the group) reaches the node, which stops its reader itself; -P:
             # the working directory never shadows the installed delayq.
             self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "delayq.delay_service.reader", str(write_fd)],
-                stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, start_new_session=True)
+                [sys.executable, "-P", "-m", "delayq.delay_service.reader", str(write_fd), str(control_read_fd)],
+                stdin=subprocess.PIPE, pass_fds=(write_fd, control_read_fd), close_fds=True, start_new_session=True)
         except BaseException:
             os.close(read_fd)
+            os.close(control_write_fd)
             raise
         finally:
             os.close(write_fd)
+            os.close(control_read_fd)
         self.connection = Connection(read_fd, writable=False)
+        self.control = Connection(control_write_fd, readable=False)
         stdin = cast("Any", self.process.stdin)
         try:
             stdin.write(json.dumps(config.__dict__).encode())
@@ -171,10 +185,27 @@ class BufferReader:
                 return None
             data = self.connection.recv_bytes()
         except (EOFError, OSError) as err:
-            code = self.process.poll()
-            raise ReaderGone(f"the buffer reader {'exited with ' + str(code) if code is not None else 'broke its pipe'}"
-                             f" ({type(err).__name__})") from err
+            raise self._gone(err) from err
         return unpack_frame(data)
+
+    def reassign(self, generation: int, partitions: list[int], start: dict[int, int]) -> None:
+        """Read ``partitions`` from now on, each from its offset in ``start``, under assignment ``generation``.
+
+        Returns at once: the reader takes it at its next poll, and from then on its frames carry
+        ``generation`` (those before it, the previous one's).
+
+        Raises:
+            ReaderGone: the reader exited or its pipe broke.
+        """
+        try:
+            self.control.send_bytes(marshal.dumps((generation, partitions, start)))
+        except OSError as err:
+            raise self._gone(err) from err
+
+    def _gone(self, err: Exception) -> ReaderGone:
+        code = self.process.poll()
+        return ReaderGone(f"the buffer reader {'exited with ' + str(code) if code is not None else 'broke its pipe'}"
+                          f" ({type(err).__name__})")
 
     def stop(self) -> None:
         """End the reader (SIGTERM, then SIGKILL) and close the pipe; safe to call twice."""
@@ -186,6 +217,7 @@ class BufferReader:
                 self.process.kill()
                 self.process.wait()
         self.connection.close()
+        self.control.close()
 
 
 def _widen(fd: int) -> None:
@@ -301,17 +333,17 @@ def _malformed(message: Any, partition: int, offset: int, headers: wire.Headers 
 
 
 def pack_frame(positions: list[tuple[int, int]], batch: Batch | None,
-               held: Mapping[int, tuple[int, int]] | None = None) -> bytes:
-    """The bytes of one frame the reader sends the node: positions, the batch if any, held partitions."""
+               held: Mapping[int, tuple[int, int]] | None = None, generation: int = 0) -> bytes:
+    """The bytes of one frame the reader sends the node: positions, the batch if any, held partitions, generation."""
     # A batch's own ``held`` stays in the reader (it pauses those partitions): the frame says them all.
     fields = None if batch is None else (
         {k: (b.ops, b.offsets, b.settled, b.earliest_put) for k, b in batch.shards.items()}, batch.counts,
         batch.records)
-    return marshal.dumps((positions, fields, dict(held or {})))
+    return marshal.dumps((positions, fields, dict(held or {}), generation))
 
 
 def unpack_frame(data: bytes) -> Frame:
-    """A frame back as positions, batch and held partitions.
+    """A frame back as positions, batch, held partitions and generation.
 
     Raises:
         ReaderGone: it is the frame of a reader that cannot go on.
@@ -319,33 +351,68 @@ def unpack_frame(data: bytes) -> Frame:
     loaded = marshal.loads(data)
     if loaded[0] == _FAILED:
         raise ReaderGone(loaded[1])
-    positions, batch, held = loaded
+    positions, batch, held, generation = loaded
     if batch is None:
-        return Frame(dict(positions), None, held)
+        return Frame(dict(positions), None, held, generation)
     shards, counts, records = batch
     return Frame(dict(positions), Batch({shard: ShardBatch(*fields) for shard, fields in shards.items()}, counts,
-                                        records), held)
+                                        records), held, generation)
 
 
-def read(config: ReaderConfig, connection: Connection) -> None:
-    """Consume the buffer and send frames until the node is gone."""
+class Assignment:
+    """What the reader reads now: the partitions, from where, under which generation; the ones held for an upgrade."""
+
+    def __init__(self, consumer: Consumer, topic: str, generation: int, partitions: list[int],
+                 start: Mapping[int, int], *, first: bool = True):
+        self.topic = topic
+        self.first = first  # the consumer's first: nothing of another was fetched
+        self.generation = generation
+        # The first offset of each partition's own: a fetch of the previous assignment that librdkafka
+        # had queued is never taken for this one's (start >= 0; OFFSET_BEGINNING reads all).
+        self.floor = {p: max(start[p], 0) for p in partitions}
+        self.place = [TopicPartition(topic, p) for p in partitions]
+        # Partitions stopped at a record of a newer feature level: (offset, level). Until the node is
+        # upgraded (a reader then starts from the store's offsets, which stop there too).
+        self.held: dict[int, tuple[int, int]] = {}
+        self.sent: list[tuple[int, int]] | None = None  # the positions last sent
+        consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
+
+    def own(self, messages: list) -> list:
+        """Those of ``messages`` that are of this assignment (a previous one's are read again from its start)."""
+        if self.first:
+            return messages
+        floor = self.floor
+        return [m for m in messages if m.error() is not None or m.offset() >= floor.get(m.partition(), _NOT_MINE)]
+
+    def replaced(self, consumer: Consumer, command: bytes) -> Assignment:
+        """The assignment the node sent (``command``: BufferReader.reassign's), in place of this one."""
+        generation, partitions, start = marshal.loads(command)
+        if self.held:  # pausing outlives an assignment in librdkafka: a partition held is read again from its start
+            consumer.resume([TopicPartition(self.topic, p) for p in self.held])
+        log.debug("reading partitions %s (assignment %d)", sorted(partitions), generation)
+        return Assignment(consumer, self.topic, generation, partitions, start, first=False)
+
+
+# An offset above any: a message of a partition not assigned is never of the assignment.
+_NOT_MINE = 1 << 63
+
+
+def read(config: ReaderConfig, connection: Connection, control: Connection) -> None:
+    """Consume the buffer and send frames until the node is gone; take each assignment ``control`` brings."""
     parent = os.getppid()
     try:
         consumer = Consumer({**config.consumer, "logger": KAFKA_LOGGER})
-        consumer.assign([TopicPartition(config.topic, p, config.start[p]) for p in config.partitions])
+        now = Assignment(consumer, config.topic, config.generation, config.partitions, config.start)
     except Exception as err:  # a setting librdkafka refuses: the node says so in one line and stops
         connection.send_bytes(marshal.dumps((_FAILED, f"its consumer refused to start: {err}")))
         return
-    place = [TopicPartition(config.topic, p) for p in config.partitions]
-    sent: list[tuple[int, int]] | None = None
-    # Partitions stopped at a record of a newer feature level: (offset, level). Until the node is
-    # upgraded (a new reader starts from the store's offsets, which stop there too).
-    held: dict[int, tuple[int, int]] = {}
     try:
-        connection.send_bytes(pack_frame([], None))  # started: the node's first receive() returns
+        connection.send_bytes(pack_frame([], None, generation=now.generation))  # started: receive() returns
         if config.gc_tuned:
             collector.freeze_started()
         while os.getppid() == parent:
+            while control.poll(0):  # the node took or dropped a shard: only the latest assignment matters
+                now = now.replaced(consumer, control.recv_bytes())
             # What has come in, at once; if nothing, wait for the first record only: consume()
             # returns when its batch is full or its timeout passes, so a batch-sized wait would hold
             # a lone record (a cancel, a master's done that a cover waits for) for the whole timeout.
@@ -355,23 +422,25 @@ def read(config: ReaderConfig, connection: Connection) -> None:
                 if messages:
                     messages += consumer.consume(config.batch_size - 1, 0)
             batch = None
+            held = now.held
             if messages:
-                batch = parse_batch(messages, config.partition_count, config.shards, config.compaction_lag_ms, held)
+                batch = parse_batch(now.own(messages), config.partition_count, config.shards,
+                                    config.compaction_lag_ms, held)
                 if batch.held:
                     held.update(batch.held)
                     consumer.pause([TopicPartition(config.topic, p) for p in batch.held])
             # position() moves past transaction markers; the last message's offset + 1 would not.
             # A held partition is read up to its newer-level record, whatever was fetched after it.
             positions = [(tp.partition, held[tp.partition][0] if tp.partition in held else tp.offset)
-                         for tp in consumer.position(place) if tp.offset >= 0 or tp.partition in held]
+                         for tp in consumer.position(now.place) if tp.offset >= 0 or tp.partition in held]
             if batch is not None:
-                connection.send_bytes(pack_frame(positions, batch, held))
-            elif positions != sent:
-                connection.send_bytes(pack_frame(positions, None, held))
+                connection.send_bytes(pack_frame(positions, batch, held, now.generation))
+            elif positions != now.sent:
+                connection.send_bytes(pack_frame(positions, None, held, now.generation))
             else:
                 continue
-            sent = positions
-    except (BrokenPipeError, ConnectionResetError):
+            now.sent = positions
+    except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the node is gone
     finally:
         consumer.close()
@@ -389,8 +458,8 @@ def main(argv: list[str]) -> int:
         logging.basicConfig(level=logging.INFO, force=True)
     # SIGTERM from the node: leave the loop through the finally (the consumer closes).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with Connection(int(argv[0]), readable=False) as connection:
-        read(config, connection)
+    with Connection(int(argv[0]), readable=False) as connection, Connection(int(argv[1]), writable=False) as control:
+        read(config, connection, control)
     return 0
 
 

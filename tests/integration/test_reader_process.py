@@ -151,3 +151,62 @@ def test_a_reader_that_cannot_be_replaced_is_tried_again_and_ingest_goes_on(sett
         finally:
             ingest.close()
     assert not alive(second), "close() left the reader running"
+
+
+@pytest.mark.settings(buffer_partitions=4)
+def test_taking_and_dropping_shards_keeps_the_reader_and_reads_each_shard_once_into_its_own_store(settings, tmp_path):
+    """A shard taken or dropped is told to the reader in use: no new process, and a dropped shard's store is left be."""
+    from delayq.delay_service import ensure_topics
+    from delayq.delay_service.ingest import Ingest
+    from delayq.delay_service.metrics import NodeMetrics
+    from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
+    from delayq.store import TimeIndex
+
+    ensure_topics(settings)
+    admin = admin_client(settings)
+    info = buffer_info(settings, admin)
+    feeder = Feeder(settings)
+    by_shard: dict[int, set[str]] = {0: set(), 1: set()}
+
+    def put(count: int) -> None:
+        for i in range(count):
+            delay_id = feeder.put("somewhere", f"v{i}".encode(), now_ms() + 3_600_000)
+            by_shard[wire.shard_of(wire.buffer_partition(delay_id, 4), 2)].add(delay_id)
+        feeder.flush()
+
+    def read_until(store: TimeIndex, ids: set[str], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while store.pending_count() < len(ids) and time.monotonic() < deadline:
+            ingest.poll_once(0.1)
+        assert store.pending_count() == len(ids), what
+
+    with TimeIndex(tmp_path / "zero") as zero, TimeIndex(tmp_path / "one") as one:
+        metrics = NodeMetrics()
+        ingest = Ingest(settings, 2, metrics, EndOffsets(settings, info.partitions, admin))
+        try:
+            put(200)
+            ingest.hold([ingest.feed(0, zero, metrics.shard(0))])
+            reader = ingest.reader_pid
+            read_until(zero, by_shard[0], "shard 0 read")
+            assert one.pending_count() == 0 and sorted(zero.offsets()) == [0, 2]
+
+            ingest.hold([ingest.feed(0, zero, metrics.shard(0)), ingest.feed(1, one, metrics.shard(1))])
+            read_until(one, by_shard[1], "shard 1, taken, read from the start")
+            assert sorted(one.offsets()) == [1, 3]
+            put(200)
+            read_until(zero, by_shard[0], "shard 0, kept, read on")
+            read_until(one, by_shard[1], "shard 1 read on")
+
+            ingest.hold([ingest.feed(1, one, metrics.shard(1))])
+            zero_offsets = zero.offsets()
+            zero_pending = zero.pending_count()
+            put(200)
+            read_until(one, by_shard[1], "shard 1 read on after shard 0 was dropped")
+            for _ in range(10):
+                ingest.poll_once(0.05)
+            assert (zero.pending_count(), zero.offsets()) == (zero_pending, zero_offsets), "a dropped shard was written"
+            assert ingest.reader_pid == reader, "a shard taken or dropped replaced the reader process"
+            assert ingest.positions() == {p: end for p, end in one.offsets().items()}
+        finally:
+            ingest.close()
+    assert not alive(reader), "close() left the reader running"

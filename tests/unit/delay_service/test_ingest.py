@@ -94,9 +94,9 @@ def answered(ends: dict[int, int] | Exception) -> mock.Mock:
     return asked
 
 
-def moved_to(positions: dict[int, int], held: dict[int, tuple[int, int]] | None = None) -> Frame:
+def moved_to(positions: dict[int, int], held: dict[int, tuple[int, int]] | None = None, generation: int = 0) -> Frame:
     """A positions-only frame: the reader moved on without a record (past transaction markers)."""
-    return Frame(positions, None, held or {})
+    return Frame(positions, None, held or {}, generation)
 
 
 def test_held_shards_are_read_from_where_their_stores_are(ingest, readers, stores):
@@ -111,16 +111,39 @@ def test_held_shards_are_read_from_where_their_stores_are(ingest, readers, store
     assert ingest.feeds[0].positions() == {0: 5, 2: 0}
 
 
-def test_holding_other_shards_stops_the_reader_and_starts_one_for_them(ingest, readers, stores):
+def test_holding_other_shards_tells_the_same_reader_and_drops_what_it_read_before(ingest, readers, stores):
+    zero, one = stores(0), stores(1)
+    ingest.hold([feed_of(ingest, 0, zero)])
+    one.apply([], {3: 6})
+    ingest.hold([feed_of(ingest, 1, one)])
+
+    (config, reader), = readers.started
+    assert config.generation == 0
+    reader.reassign.assert_called_once_with(1, [1, 3], {1: OFFSET_BEGINNING, 3: 6})
+    reader.stop.assert_not_called()
+    assert ingest.positions() == {1: 0, 3: 6}
+    ops = [put_frame("id-1", DUE, b"one", 3, None, None)]
+    readers.queued += [Frame({0: 4}, Batch({0: ShardBatch(ops, {0: 4}, [], DUE)}, {b"put": 1}, records=1), {}, 0),
+                       moved_to({1: 2, 3: 6}, generation=1)]
+    assert ingest.poll_once(timeout_s=0) == 0, "a frame of shard 0, read before it was dropped"
+    assert zero.pending_count() == 0 and ingest.positions() == {1: 0, 3: 6}
+    ingest.poll_once(timeout_s=0)
+    assert ingest.positions() == {1: 2, 3: 6}
+
+    ingest.hold([])
+    reader.reassign.assert_called_with(2, [], {})
+    assert len(readers.started) == 1 and ingest.poll_once(timeout_s=0) == 0
+
+
+def test_a_reader_gone_when_told_the_shards_held_is_replaced_by_one_reading_them(ingest, readers, stores):
     ingest.hold([feed_of(ingest, 0, stores(0))])
+    (_, dead), = readers.started
+    dead.reassign.side_effect = ReaderGone("the buffer reader exited with -9 (BrokenPipeError)")
     ingest.hold([feed_of(ingest, 1, stores(1))])
 
-    (_, first), (config, _) = readers.started
-    first.stop.assert_called_once()
-    assert config.partitions == [1, 3] and ingest.positions() == {1: 0, 3: 0}
-    ingest.hold([])
-    assert len(readers.started) == 2, "no shard held: no reader"
-    assert ingest.poll_once(timeout_s=0) == 0
+    (_, _), (config, _) = readers.started
+    dead.stop.assert_called_once()
+    assert config.partitions == [1, 3] and config.generation == 1
 
 
 def test_a_frame_goes_into_its_shards_store_in_one_batch_and_moves_ingest_on(ingest, readers, stores):

@@ -6,12 +6,15 @@ The reader process itself, killed and replaced, is in tests/integration/test_rea
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, Message
+import marshal
+from unittest import mock
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from support import wire_cases
 
 from delayq import wire
 from delayq.delay_service import stored
-from delayq.delay_service.reader import Frame, ShardBatch, pack_frame, parse_batch, unpack_frame
+from delayq.delay_service.reader import Assignment, Frame, ShardBatch, pack_frame, parse_batch, unpack_frame
 from delayq.store import Malformed, Put, Remove, decode, producer_write
 
 P = wire_cases.PARTITIONS
@@ -178,3 +181,25 @@ def test_a_batch_is_split_by_shard_each_with_its_own_ops_offsets_settled_and_ear
     assert two.offsets == {wire.buffer_partition(ids[2], P): 3}
     assert batch.records == 4 and batch.counts[b"put"] == 3
     assert unpack_frame(pack_frame([], batch)) == Frame({}, batch, {})
+
+
+def test_a_frame_carries_the_generation_of_the_assignment_it_was_read_under():
+    assert unpack_frame(pack_frame([(0, 1)], None, None, 7)).generation == 7
+
+
+def test_a_new_assignment_reads_its_partitions_from_their_starts_and_takes_nothing_fetched_for_the_last():
+    consumer = mock.create_autospec(Consumer, spec_set=True, instance=True)
+    first = Assignment(consumer, "buffer", 0, [0, 2], {0: 5, 2: OFFSET_BEGINNING})
+    consumer.assign.assert_called_once_with([TopicPartition("buffer", 0, 5),
+                                             TopicPartition("buffer", 2, OFFSET_BEGINNING)])
+    fetched = [record(3, None, partition=0), record(9, None, partition=1)]
+    assert first.own(fetched) == fetched, "a consumer's first assignment: all it fetched is its own"
+
+    first.held[2] = (11, 9)  # stopped at a record of a newer feature level
+    second = first.replaced(consumer, marshal.dumps((1, [0, 1], {0: 6, 1: OFFSET_BEGINNING})))
+    consumer.resume.assert_called_once_with([TopicPartition("buffer", 2)])
+    consumer.assign.assert_called_with([TopicPartition("buffer", 0, 6), TopicPartition("buffer", 1, OFFSET_BEGINNING)])
+    assert (second.generation, second.held, second.sent) == (1, {}, None)
+    eof = Message(topic="buffer", partition=2, offset=12, error=KafkaError(KafkaError._PARTITION_EOF))
+    mine = [record(6, None, partition=0), record(0, None, partition=1)]
+    assert second.own([record(5, None, partition=0), *mine, record(12, None, partition=2), eof]) == [*mine, eof]
