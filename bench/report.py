@@ -27,7 +27,7 @@ class Figure:
     Args:
         key: stable name in results.json (``lateness.1000.p99_ms``).
         label: what the table says.
-        unit: ``msg/s``, ``ms``, ``s``, ``B``, ``MiB``, ``µs`` or ``x``.
+        unit: ``msg/s``, ``ms``, ``s``, ``B``, ``MiB``, ``µs``, ``cores`` or ``x``.
         better: ``higher`` or ``lower``.
         values: delayq's value in each run; the figure is their median, with min and max.
         peer: the peer's value in each run, measured alternately with delayq's.

@@ -635,6 +635,22 @@ def suite_members(ctx: Context) -> list[Figure]:
     return figures
 
 
+def suite_idle(ctx: Context) -> list[Figure]:
+    """A settled cluster with nothing to do, once per run: the cores of its processes and the broker's extra."""
+    runs = ctx.repeat("idle", lambda: scale.bench_idle(ctx.stack, ctx.progress))
+    shape = {"nodes": scale.IDLE_CONFIG.nodes, "replicas": scale.IDLE_CONFIG.replicas, "shards": scale.SHARDS,
+             "window_s": scale.IDLE_WINDOW_S}
+    return [
+        Figure("idle.delayq_cores", f"idle: cores used by {scale.IDLE_CONFIG.label}, 6 shards, nothing due (every "
+               "node process and reader)", "cores", "lower", [r["delayq_cores"] for r in runs],
+               details={**shape, "by_role_cores": [r["by_role_cores"] for r in runs],
+                        "machine_cores": [r["machine_cores"] for r in runs]}),
+        Figure("idle.broker_cores", "idle: cores the same cluster costs the broker beyond its own idle", "cores",
+               "lower", [r["broker_added_cores"] for r in runs],
+               details={**shape, "broker_alone_cores": [r["broker_alone_cores"] for r in runs]}),
+    ]
+
+
 def per_message_us(cpu_s: dict[str, float], count: int) -> float:
     """Microseconds of CPU per message: the seconds of every part, summed, over ``count``."""
     return round(sum(cpu_s.values()) * 1e6 / count, 2)
@@ -649,6 +665,7 @@ _SUITE_RUNS: dict[str, Callable[[Context], list[Figure]]] = {
     "ingest": suite_ingest, "delivery": suite_delivery, "lateness": suite_lateness, "expiry": suite_expiry,
     "limits": suite_limits, "security": suite_security, "failover": suite_failover, "scale": suite_scale,
     "members": suite_members,
+    "idle": suite_idle,
     "produce": suite_produce, "capacity": suite_capacity, "rebuild": suite_rebuild, "reconcile": suite_reconcile,
     "capacity-100m": suite_capacity_large,
     "follow": suite_follow,

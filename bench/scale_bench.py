@@ -573,3 +573,39 @@ def bench_scale_ingest(stack: DevStack, config: ScaleConfig, count: int, progres
     return {"msg_s": count / elapsed, "store_writes_s": copies / elapsed, "elapsed_s": round(elapsed, 3),
             "fill_s": round(fill_s, 2), "ready_s": round(run.ready_s, 2), "settled_s": round(run.settled_s, 2),
             "cpu_cores": cores}
+
+
+# The idle suite: a settled cluster of 3 nodes on 6 shards, R = 1, with nothing to do.
+IDLE_CONFIG = ScaleConfig(3, 1)
+# How long the idle suite lets the cluster's start-up work end before it measures, and how long it measures.
+IDLE_QUIET_S = 10.0
+IDLE_WINDOW_S = 20.0
+
+
+def broker_pids(stack: DevStack) -> list[int]:
+    """The pids of the stack's Kafka processes (brokers and controllers) that run."""
+    return [s.pid for s in stack.status() if s.name.startswith("kafka") and s.pid is not None]
+
+
+def bench_idle(stack: DevStack, progress: Progress) -> dict:
+    """What a settled cluster with nothing to do costs: cores of its processes by role, and the broker's beyond
+    what it spends without the cluster (measured first, for as long)."""
+    brokers = broker_pids(stack)
+    task = progress.add_task("idle: the broker alone", total=None)
+    before, started = cpu_seconds(brokers), time.monotonic()
+    time.sleep(IDLE_WINDOW_S)
+    broker_alone = (cpu_seconds(brokers) - before) / (time.monotonic() - started)
+    progress.remove_task(task)
+    with settled_cluster(stack, IDLE_CONFIG, progress) as run:
+        task = progress.add_task(f"idle: {IDLE_CONFIG.label}, 6 shards, nothing due", total=None)
+        time.sleep(IDLE_QUIET_S)
+        window = CpuWindow(run.nodes)
+        before = cpu_seconds(brokers)
+        time.sleep(IDLE_WINDOW_S)
+        window.close()
+        broker = (cpu_seconds(brokers) - before) / window.wall
+        progress.remove_task(task)
+        by_role = {role: round(seconds / window.wall, 3) for role, seconds in window.seconds().items()}
+    return {"delayq_cores": round(sum(by_role.values()), 3), "by_role_cores": by_role,
+            "broker_added_cores": round(max(0.0, broker - broker_alone), 3),
+            "broker_alone_cores": round(broker_alone, 3), "machine_cores": round(window.machine, 2)}

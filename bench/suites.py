@@ -16,6 +16,8 @@ SUITE_TEXT: dict[str, str] = {
     "members": "one node as 1 and as 2 member processes (DELAYQ_PROCESSES) on 2 shards, R=0: delivery msg/s of "
                "messages all due at once, their ratio, and CPU per delivered message over all the node's processes; "
                "the Redis poller's delivery and CPU per message beside",
+    "idle": "a settled cluster of 3 nodes, 6 shards, R=1, with nothing due: the cores its processes use (nodes, "
+            "readers) and the cores it costs the broker beyond the broker's own idle",
     "produce": "delayed produce() cost against plain confluent-kafka produce(), and the asyncio producer's against "
                "confluent-kafka's AIOProducer",
     "capacity": "10M pending in one node: disk and RSS per message (and Redis memory)",

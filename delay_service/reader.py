@@ -97,7 +97,8 @@ class ReaderConfig:
     start: dict[int, int]  # partition -> first offset to read (OFFSET_BEGINNING for none stored)
     compaction_lag_ms: int  # the buffer's min.compaction.lag.ms (parse_batch: when a follows= is aged)
     batch_size: int
-    poll_s: float
+    poll_s: float  # how long consume() waits for a first record while records or moves come
+    idle_poll_s: float  # ... at most, doubled from poll_s at each look that found nothing new
     log_level: int
     log_format: str  # %-style
     gc_tuned: bool  # Settings.gc_tuned: the collector set as in the node (collector.py)
@@ -410,6 +411,7 @@ def read(config: ReaderConfig, connection: Connection, control: Connection) -> N
         connection.send_bytes(pack_frame([], None, generation=now.generation))  # started: receive() returns
         if config.gc_tuned:
             collector.freeze_started()
+        wait_s = config.poll_s
         while os.getppid() == parent:
             while control.poll(0):  # the node took or dropped a shard: only the latest assignment matters
                 now = now.replaced(consumer, control.recv_bytes())
@@ -418,7 +420,7 @@ def read(config: ReaderConfig, connection: Connection, control: Connection) -> N
             # a lone record (a cancel, a master's done that a cover waits for) for the whole timeout.
             messages = consumer.consume(config.batch_size, 0)
             if not messages:
-                messages = consumer.consume(1, config.poll_s)
+                messages = consumer.consume(1, wait_s)
                 if messages:
                     messages += consumer.consume(config.batch_size - 1, 0)
             batch = None
@@ -438,8 +440,10 @@ def read(config: ReaderConfig, connection: Connection, control: Connection) -> N
             elif positions != now.sent:
                 connection.send_bytes(pack_frame(positions, None, held, now.generation))
             else:
+                wait_s = min(wait_s * 2, config.idle_poll_s)
                 continue
             now.sent = positions
+            wait_s = config.poll_s
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the node is gone
     finally:

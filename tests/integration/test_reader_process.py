@@ -91,7 +91,7 @@ def test_a_reader_that_cannot_start_says_why_in_one_line_and_leaves_no_process(s
                                     "partition.assignment.strategy": "bogus"},
                           topic=settings.buffer_topic, partitions=[0], partition_count=1, shards=1,
                           start={0: OFFSET_BEGINNING}, compaction_lag_ms=0, batch_size=10,
-                          poll_s=0.002, log_level="WARNING", log_format="%(message)s", gc_tuned=True)
+                          poll_s=0.002, idle_poll_s=0.064, log_level="WARNING", log_format="%(message)s", gc_tuned=True)
     started = time.monotonic()
     with pytest.raises(ReaderGone, match=r"^the buffer reader could not start: .*partition\.assignment\.strategy"):
         BufferReader(config)
