@@ -50,6 +50,12 @@ FETCH_WAIT_MS = 100
 CHORES_S = 0.05
 # How long ingest waits before it replaces a reader that died.
 READER_RESTART_S = 0.5
+# How long a partition's position may stand still below its last stable offset (records there to read) before
+# ingest takes its reader for stuck and replaces it. librdkafka 2.16's consumer was seen to stop fetching for
+# good once the broker froze: its partitions went to the "internal" broker while their leader was unknown and
+# were never given back, and the node's covers waited for ten minutes. A reader reading moves every partition
+# it is behind on within milliseconds; a node frozen longer than this finds its frames waiting when it thaws.
+READER_STUCK_S = 15.0
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0
 # How often ingest reads the buffer's end offsets (its lag, and readiness), and how long one read may take. The
@@ -177,6 +183,8 @@ class Ingest:
         self._reader: BufferReader | None = None
         # The number of the shards held now (reader.py): a frame of another is of shards held before.
         self._generation = 0
+        # Partition -> (position, since when, monotonic) while ingest is behind there: see READER_STUCK_S.
+        self._standing: dict[int, tuple[int, float]] = {}
 
     def feed(self, shard: int, store: TimeIndex, metrics: ShardMetrics, *,
              on_earlier_due: Callable[[int], None] = lambda _ms: None,
@@ -388,7 +396,33 @@ class Ingest:
         for feed in list(self.feeds.values()):
             feed._saw_ends(self._end_offsets, previous, positions)
         self.lag = sum(max(0, end - positions.get(p, 0)) for p, end in self._end_offsets.items())
+        stuck = self._standing_still(self._end_offsets, positions)
+        if stuck:
+            with self._lock:
+                if not self._closed and self._reader is not None:
+                    self._replace_reader(ReaderGone(
+                        f"the buffer reader read nothing of partitions {stuck} for {READER_STUCK_S:.0f}s while Kafka "
+                        f"had records there (last stable offsets {[self._end_offsets[p] for p in stuck]}, read up "
+                        f"to {[positions.get(p, 0) for p in stuck]})"))
         return self.lag
+
+    def _standing_still(self, ends: dict[int, int], positions: dict[int, int]) -> list[int]:
+        """The partitions whose position has not moved for READER_STUCK_S while below their end (forgotten then)."""
+        now = time.monotonic()
+        standing, stuck = {}, []
+        for p in self.partitions:  # the ends may be of partitions held when they were asked for
+            position = positions.get(p, 0)
+            if p not in ends or position >= ends[p] or p in self.held_for_upgrade:
+                continue
+            seen, since = self._standing.get(p, (position, now))
+            if seen != position:
+                since = now
+            if now - since >= READER_STUCK_S:
+                stuck.append(p)
+            else:
+                standing[p] = (position, since)
+        self._standing = standing
+        return stuck
 
     @property
     def reader_pid(self) -> int | None:

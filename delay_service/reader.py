@@ -20,10 +20,10 @@ core, and hands the node each consumed batch as store ops, ready to apply:
   so the master's cover holds the partition) until the node is upgraded.
 
 When the node takes or drops a shard, the same reader is told the partitions to read from
-then on, and from which offsets (the stores'), over a second pipe (:meth:`BufferReader.reassign`):
-starting another process would cost an interpreter start, imports and a new consumer's
-bootstrap, during which none of the node's shards is ingested and a master that just took
-one waits (its cover needs ingest). Each assignment has a number, the generation, that every
+then on, and from which offsets (the stores'), over a second pipe (:meth:`BufferReader.reassign`),
+and reads them with a new consumer (:class:`Assignment`): starting another process would
+cost an interpreter start and imports, during which none of the node's shards is ingested
+and a master that just took one waits (its cover needs ingest). Each assignment has a number, the generation, that every
 frame carries: the node drops the frames of an older one, whose records the new assignment
 reads again from the stores' offsets.
 
@@ -361,49 +361,46 @@ def unpack_frame(data: bytes) -> Frame:
 
 
 class Assignment:
-    """What the reader reads now: the partitions, from where, under which generation; the ones held for an upgrade."""
+    """What the reader reads now, with a consumer of its own: the partitions, from where, under which generation.
 
-    def __init__(self, consumer: Consumer, topic: str, generation: int, partitions: list[int],
-                 start: Mapping[int, int], *, first: bool = True):
+    Each assignment gets a new consumer (the previous one closed) rather than ``assign()`` again on
+    the same one: with librdkafka 2.16 a consumer assigned a second time stopped fetching the
+    partitions it kept after the broker froze for a few seconds (its positions stood still while
+    records came, until the next assignment; in a 30-minute soak a node's ingest stood for ten
+    minutes), and a fresh consumer costs milliseconds, not a process start. A consumer's first
+    assignment is the path every reader has always taken.
+    """
+
+    def __init__(self, conf: dict[str, Any], topic: str, generation: int, partitions: list[int],
+                 start: Mapping[int, int]):
         self.topic = topic
-        self.first = first  # the consumer's first: nothing of another was fetched
         self.generation = generation
-        # The first offset of each partition's own: a fetch of the previous assignment that librdkafka
-        # had queued is never taken for this one's (start >= 0; OFFSET_BEGINNING reads all).
-        self.floor = {p: max(start[p], 0) for p in partitions}
         self.place = [TopicPartition(topic, p) for p in partitions]
         # Partitions stopped at a record of a newer feature level: (offset, level). Until the node is
         # upgraded (a reader then starts from the store's offsets, which stop there too).
         self.held: dict[int, tuple[int, int]] = {}
         self.sent: list[tuple[int, int]] | None = None  # the positions last sent
-        consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
+        self.consumer = Consumer(conf)
+        try:
+            self.consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
+        except BaseException:
+            self.consumer.close()
+            raise
 
-    def own(self, messages: list) -> list:
-        """Those of ``messages`` that are of this assignment (a previous one's are read again from its start)."""
-        if self.first:
-            return messages
-        floor = self.floor
-        return [m for m in messages if m.error() is not None or m.offset() >= floor.get(m.partition(), _NOT_MINE)]
-
-    def replaced(self, consumer: Consumer, command: bytes) -> Assignment:
-        """The assignment the node sent (``command``: BufferReader.reassign's), in place of this one."""
+    def replaced(self, conf: dict[str, Any], command: bytes) -> Assignment:
+        """The assignment the node sent (``command``: BufferReader.reassign's), in place of this one (closed)."""
         generation, partitions, start = marshal.loads(command)
-        if self.held:  # pausing outlives an assignment in librdkafka: a partition held is read again from its start
-            consumer.resume([TopicPartition(self.topic, p) for p in self.held])
+        self.consumer.close()
         log.debug("reading partitions %s (assignment %d)", sorted(partitions), generation)
-        return Assignment(consumer, self.topic, generation, partitions, start, first=False)
-
-
-# An offset above any: a message of a partition not assigned is never of the assignment.
-_NOT_MINE = 1 << 63
+        return Assignment(conf, self.topic, generation, partitions, start)
 
 
 def read(config: ReaderConfig, connection: Connection, control: Connection) -> None:
     """Consume the buffer and send frames until the node is gone; take each assignment ``control`` brings."""
     parent = os.getppid()
+    conf = {**config.consumer, "logger": KAFKA_LOGGER}
     try:
-        consumer = Consumer({**config.consumer, "logger": KAFKA_LOGGER})
-        now = Assignment(consumer, config.topic, config.generation, config.partitions, config.start)
+        now = Assignment(conf, config.topic, config.generation, config.partitions, config.start)
     except Exception as err:  # a setting librdkafka refuses: the node says so in one line and stops
         connection.send_bytes(marshal.dumps((_FAILED, f"its consumer refused to start: {err}")))
         return
@@ -413,8 +410,12 @@ def read(config: ReaderConfig, connection: Connection, control: Connection) -> N
             collector.freeze_started()
         wait_s = config.poll_s
         while os.getppid() == parent:
+            command = None
             while control.poll(0):  # the node took or dropped a shard: only the latest assignment matters
-                now = now.replaced(consumer, control.recv_bytes())
+                command = control.recv_bytes()
+            if command is not None:
+                now = now.replaced(conf, command)
+            consumer = now.consumer
             # What has come in, at once; if nothing, wait for the first record only: consume()
             # returns when its batch is full or its timeout passes, so a batch-sized wait would hold
             # a lone record (a cancel, a master's done that a cover waits for) for the whole timeout.
@@ -426,7 +427,7 @@ def read(config: ReaderConfig, connection: Connection, control: Connection) -> N
             batch = None
             held = now.held
             if messages:
-                batch = parse_batch(now.own(messages), config.partition_count, config.shards,
+                batch = parse_batch(messages, config.partition_count, config.shards,
                                     config.compaction_lag_ms, held)
                 if batch.held:
                     held.update(batch.held)
@@ -447,7 +448,7 @@ def read(config: ReaderConfig, connection: Connection, control: Connection) -> N
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the node is gone
     finally:
-        consumer.close()
+        now.consumer.close()
 
 
 def main(argv: list[str]) -> int:

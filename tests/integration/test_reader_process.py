@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -210,3 +211,41 @@ def test_taking_and_dropping_shards_keeps_the_reader_and_reads_each_shard_once_i
         finally:
             ingest.close()
     assert not alive(reader), "close() left the reader running"
+
+
+def test_a_reader_that_stands_still_while_the_buffer_has_records_is_replaced_and_ingest_reads_on(settings, tmp_path):
+    """A reader frozen (SIGSTOP: what a consumer that stopped fetching looks like to the node) is taken for stuck
+    READER_STUCK_S later and replaced; every put the producer had acked is then in the store."""
+    from delayq.delay_service import ensure_topics
+    from delayq.delay_service.ingest import READER_STUCK_S, Ingest
+    from delayq.delay_service.metrics import NodeMetrics
+    from delayq.delay_service.topics import EndOffsets, admin_client, buffer_info
+    from delayq.store import TimeIndex
+
+    ensure_topics(settings)
+    admin = admin_client(settings)
+    feeder = Feeder(settings)
+    with TimeIndex(tmp_path / "store") as store:
+        metrics = NodeMetrics()
+        ingest = Ingest(settings, 1, metrics, EndOffsets(settings, buffer_info(settings, admin).partitions, admin))
+        stop = threading.Event()
+        loop = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+        try:
+            ingest.hold([ingest.feed(0, store, metrics.shard(0))])
+            loop.start()
+            frozen = ingest.reader_pid
+            assert frozen is not None
+            os.kill(frozen, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            for i in range(300):
+                feeder.put("somewhere", f"v{i}".encode(), now_ms() + 3_600_000)
+            feeder.flush()
+            wait_for(lambda: store.pending_count() == 300, READER_STUCK_S + 15, "the 300 puts stored")
+            took_s = time.monotonic() - frozen_at
+            assert ingest.reader_pid not in (None, frozen)
+            assert READER_STUCK_S <= took_s < READER_STUCK_S + 15, took_s
+        finally:
+            stop.set()
+            loop.join(30)
+            ingest.close()
+    assert not alive(frozen), "the stuck reader was left running"

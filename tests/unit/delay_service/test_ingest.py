@@ -7,6 +7,7 @@ process itself, killed and replaced, is in tests/integration/test_reader_process
 
 from __future__ import annotations
 
+import time
 from unittest import mock
 
 import pytest
@@ -269,4 +270,41 @@ def test_a_closed_ingest_stops_its_reader_and_its_ledger_and_reads_no_more(inges
     readers.queued.append(moved_to({0: 5}))
     assert ingest.poll_once(timeout_s=0) == 0 and ingest.positions() == {0: 0, 2: 0}
     ingest.hold([feed_of(ingest, 1, stores(1))])
+    assert len(readers.started) == 1
+
+
+def test_a_reader_standing_still_below_the_buffers_end_is_taken_for_stuck_and_replaced(ingest, readers, stores,
+                                                                                       monkeypatch, caplog):
+    monkeypatch.setattr(ingest_module, "READER_STUCK_S", 0.2)
+    ingest.hold([feed_of(ingest, 0, stores(0))])  # partitions 0 and 2
+    ends = {0: 5, 2: 7}
+    readers.queued.append(moved_to({0: 3, 2: 7}, generation=ingest._generation))
+    ingest.poll_once(timeout_s=0)
+    ingest.refresh_lag(answered(ends))
+    time.sleep(0.25)
+    readers.queued.append(moved_to({0: 4, 2: 7}, generation=ingest._generation))
+    ingest.poll_once(timeout_s=0)
+    ingest.refresh_lag(answered(ends))
+    assert len(readers.started) == 1, "a reader that moves is reading, however slowly"
+
+    time.sleep(0.1)
+    ingest.refresh_lag(answered({0: 5, 2: 9}))
+    assert len(readers.started) == 1, "0 stood still 0.1 s, and 2 only now has more to read"
+    time.sleep(0.15)
+    ingest.refresh_lag(answered({0: 5, 2: 9}))
+    (_, stuck), (config, _) = readers.started
+    stuck.stop.assert_called_once()
+    assert config.start == {0: OFFSET_BEGINNING, 2: OFFSET_BEGINNING}, "the new reader reads from the store's offsets"
+    assert ("the buffer reader read nothing of partitions [0] for 0s while Kafka had records there "
+            "(last stable offsets [5], read up to [4]); starting another from the store's offsets") in caplog.text
+
+
+def test_a_partition_at_its_end_or_held_for_an_upgrade_may_stand_still(ingest, readers, stores, monkeypatch):
+    monkeypatch.setattr(ingest_module, "READER_STUCK_S", 0.2)
+    ingest.hold([feed_of(ingest, 0, stores(0))])
+    readers.queued.append(moved_to({0: 5, 2: 3}, held={2: (3, 99)}, generation=ingest._generation))
+    ingest.poll_once(timeout_s=0)
+    for _ in range(3):
+        ingest.refresh_lag(answered({0: 5, 2: 10}))
+        time.sleep(0.15)
     assert len(readers.started) == 1

@@ -13,6 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from support import wire_cases
 
 from delayq import wire
+from delayq.delay_service import reader as reader_module
 from delayq.delay_service import stored
 from delayq.delay_service.reader import Assignment, Frame, ShardBatch, pack_frame, parse_batch, unpack_frame
 from delayq.store import Malformed, Put, Remove, decode, producer_write
@@ -187,19 +188,24 @@ def test_a_frame_carries_the_generation_of_the_assignment_it_was_read_under():
     assert unpack_frame(pack_frame([(0, 1)], None, None, 7)).generation == 7
 
 
-def test_a_new_assignment_reads_its_partitions_from_their_starts_and_takes_nothing_fetched_for_the_last():
-    consumer = mock.create_autospec(Consumer, spec_set=True, instance=True)
-    first = Assignment(consumer, "buffer", 0, [0, 2], {0: 5, 2: OFFSET_BEGINNING})
-    consumer.assign.assert_called_once_with([TopicPartition("buffer", 0, 5),
-                                             TopicPartition("buffer", 2, OFFSET_BEGINNING)])
-    fetched = [record(3, None, partition=0), record(9, None, partition=1)]
-    assert first.own(fetched) == fetched, "a consumer's first assignment: all it fetched is its own"
+def test_each_assignment_reads_its_partitions_from_their_starts_with_a_consumer_of_its_own(monkeypatch):
+    made: list[mock.Mock] = []
+
+    def consumer(conf: dict) -> mock.Mock:
+        made.append(mock.create_autospec(Consumer, spec_set=True, instance=True))
+        return made[-1]
+
+    monkeypatch.setattr(reader_module, "Consumer", consumer)
+    conf = {"bootstrap.servers": "kafka:9092"}
+    first = Assignment(conf, "buffer", 0, [0, 2], {0: 5, 2: OFFSET_BEGINNING})
+    made[0].assign.assert_called_once_with([TopicPartition("buffer", 0, 5),
+                                            TopicPartition("buffer", 2, OFFSET_BEGINNING)])
 
     first.held[2] = (11, 9)  # stopped at a record of a newer feature level
-    second = first.replaced(consumer, marshal.dumps((1, [0, 1], {0: 6, 1: OFFSET_BEGINNING})))
-    consumer.resume.assert_called_once_with([TopicPartition("buffer", 2)])
-    consumer.assign.assert_called_with([TopicPartition("buffer", 0, 6), TopicPartition("buffer", 1, OFFSET_BEGINNING)])
-    assert (second.generation, second.held, second.sent) == (1, {}, None)
-    eof = Message(topic="buffer", partition=2, offset=12, error=KafkaError(KafkaError._PARTITION_EOF))
-    mine = [record(6, None, partition=0), record(0, None, partition=1)]
-    assert second.own([record(5, None, partition=0), *mine, record(12, None, partition=2), eof]) == [*mine, eof]
+    second = first.replaced(conf, marshal.dumps((1, [0, 1], {0: 6, 1: OFFSET_BEGINNING})))
+    made[0].close.assert_called_once_with()
+    made[0].assign.assert_called_once()  # never assigned twice: see Assignment
+    assert second.consumer is made[1] and len(made) == 2
+    made[1].assign.assert_called_once_with([TopicPartition("buffer", 0, 6),
+                                            TopicPartition("buffer", 1, OFFSET_BEGINNING)])
+    assert (second.generation, second.held, second.sent) == (1, {}, None), "a new consumer holds nothing back"
