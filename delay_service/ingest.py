@@ -51,10 +51,11 @@ CHORES_S = 0.05
 # How long ingest waits before it replaces a reader that died.
 READER_RESTART_S = 0.5
 # How long a partition's position may stand still below its last stable offset (records there to read) before
-# ingest takes its reader for stuck and replaces it. librdkafka 2.16's consumer was seen to stop fetching for
-# good once the broker froze: its partitions went to the "internal" broker while their leader was unknown and
-# were never given back, and the node's covers waited for ten minutes. A reader reading moves every partition
-# it is behind on within milliseconds; a node frozen longer than this finds its frames waiting when it thaws.
+# ingest takes its reader for stuck and replaces it. A librdkafka client can stop using partitions for good
+# once their leader was briefly unknown (a broker frozen, then back: librdkafka issue 5430, open in 2.16): they
+# stay with its "internal" broker, and a node's covers waited ten minutes in a soak. A reader reading moves every
+# partition it is behind on within milliseconds; a node frozen longer than this finds its frames waiting when it
+# thaws; a consumer reconnecting after a broker restart backs off at most 10 s (reconnect.backoff.max.ms).
 READER_STUCK_S = 15.0
 # How often a node with malformed records waiting asks the ledger which ones the master has dead-lettered.
 LEDGER_CHECK_S = 5.0

@@ -285,8 +285,8 @@ def test_a_reader_given_other_shards_reads_on_after_the_broker_froze(stack, name
     """A node that took or dropped a shard keeps its reader process; each freeze of the broker after that must
     cost ingest the freeze, not the minutes until the next shard moves.
 
-    The soak's kafka_pause after a shard moved: with librdkafka 2.16 a consumer assigned a second time kept its
-    positions still once the broker thawed, while records came (in a 30-minute soak a node's ingest stood ten
+    The soak's kafka_pause after a shard moved: a consumer assigned a second time kept its positions still once
+    the broker thawed, while records came (librdkafka issue 5430; in a 30-minute soak a node's ingest stood ten
     minutes; a script doing what this test does caught it in 4 runs of 9, this test in none of 4: it depends on
     when the freeze lands). Judged by the producers' acks: every put acked is in its shard's store.
     """
