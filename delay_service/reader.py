@@ -23,9 +23,9 @@ When the node takes or drops a shard, the same reader is told the partitions to 
 then on, and from which offsets (the stores'), over a second pipe (:meth:`BufferReader.reassign`),
 and reads them with a new consumer (:class:`Assignment`): starting another process would
 cost an interpreter start and imports, during which none of the node's shards is ingested
-and a master that just took one waits (its cover needs ingest). Each assignment has a number, the generation, that every
-frame carries: the node drops the frames of an older one, whose records the new assignment
-reads again from the stores' offsets.
+and a master that just took one waits (its cover needs ingest). Each assignment has a
+number, the generation, that every frame carries: the node drops the frames of an older
+one, whose records the new assignment reads again from the stores' offsets.
 
 Frames are ``marshal`` data over a pipe (:class:`multiprocessing.connection.Connection`
 on a file descriptor the node passed): both ends are the same delayq, started together.

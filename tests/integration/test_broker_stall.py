@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import KafkaException
 from support.kafka_testing import create_topics, read_topic
 from support.process_testing import wait_until
-from support.service_testing import Cluster, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
+from support.service_testing import Cluster, Feeder, freeze, kafka_pid, now_ms, start_private_stack, thaw, zookeeper_pid
 from support.traffic_testing import readme_producer, while_writing
 
 from delayq import Settings, wire
@@ -291,7 +291,6 @@ def test_a_reader_given_other_shards_reads_on_after_the_broker_froze(stack, name
     when the freeze lands). Judged by the producers' acks: every put acked is in its shard's store.
     """
     from confluent_kafka import Producer
-    from support.service_testing import Feeder
 
     from delayq.delay_service.ingest import Ingest
     from delayq.delay_service.metrics import NodeMetrics
@@ -323,7 +322,7 @@ def test_a_reader_given_other_shards_reads_on_after_the_broker_froze(stack, name
                 in_transactions.producer.abort_transaction(60)
             plain.flush()
             for delay_id in ids:
-                acked[wire.shard_of(wire.buffer_partition(delay_id, 6), shards)].add(delay_id)
+                acked[wire.shard_of(wire.buffer_partition(delay_id, settings.buffer_partitions), shards)].add(delay_id)
             time.sleep(0.05)
 
     stores = {k: TimeIndex(tmp_path / f"shard-{k}") for k in range(shards)}
@@ -338,11 +337,8 @@ def test_a_reader_given_other_shards_reads_on_after_the_broker_froze(stack, name
 
     def all_acked_stored(held: list[int], within_s: float, what: str) -> None:
         acked_now = {k: set(acked[k]) for k in held}
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            if all(stores[k].pending_count() >= len(acked_now[k]) for k in held):
-                return
-            time.sleep(0.2)
+        if wait_until(lambda: all(stores[k].pending_count() >= len(acked_now[k]) for k in held), within_s, 0.2):
+            return
         behind = {k: len(acked_now[k]) - stores[k].pending_count() for k in held}
         raise AssertionError(f"{what}: puts acked {within_s:.0f} s before and not stored yet, by shard: {behind}")
 
