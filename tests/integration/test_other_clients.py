@@ -229,7 +229,8 @@ def test_the_java_example_puts_and_cancels(cluster, settings, names, java_exampl
     create_topics(settings.bootstrap_servers, [target], partitions=3)
     node = cluster.start("node-a")
     bootstrap, buffer = settings.bootstrap_servers, settings.buffer_topic
-    cancelled = java(java_example, bootstrap, buffer, target, "6000", "cancelled", "order-9")
+    # 15 s: each java() starts a JVM, which on a busy 2-core CI machine has taken over 5 s.
+    cancelled = java(java_example, bootstrap, buffer, target, "15000", "cancelled", "order-9")
     due = pending_due(node, cancelled)
     assert java(java_example, "--cancel", bootstrap, buffer, cancelled) == cancelled
     assert now_ms() < due, "the cancel was not acknowledged before the due time: the test proves nothing"
