@@ -68,6 +68,12 @@ SERVICES = ("zookeeper", "kafka")
 CONTROLLERS = 3
 CONTROLLER_ID_BASE = 100
 MAX_BROKERS = 9
+# How long the controller of a one-broker stack waits for its broker's heartbeat before fencing it (Kafka's
+# default: 9 s): above the soak's longest freeze (10 s) and a heartbeat interval (2 s), see kafka_properties.
+# Not longer: a restarted broker cannot register until its previous registration's session has expired
+# ("DuplicateBrokerRegistrationException"), so every restart waits this long, and with 60 s the broker gave
+# up registering (initial.broker.registration.timeout.ms, 60 s) and exited.
+LONE_BROKER_SESSION_MS = 15_000
 # Where `up` records the ports it was asked for, in the state folder.
 RECORD = "stack.json"
 # Each service's log rolls at this size, and this many rolled files are kept beside it (<name>.log.1, ...): a
@@ -900,6 +906,15 @@ class DevStack:
             # was fenced 21 s after it died instead of 9.
             settings["controller.quorum.fetch.timeout.ms"] = "8000"
             settings["controller.quorum.election.timeout.ms"] = "2000"
+        else:
+            # One process is both the broker and its controller. Frozen past Kafka's 9 s broker session (a long GC
+            # pause, the soak's kafka_pause), it woke up and its controller fenced its own broker before the
+            # broker's next heartbeat: every partition was leaderless for a moment, and the transaction
+            # coordinator dropped the commit markers of those partitions (kafka-4.3.1: "Couldn't find leader
+            # endpoint ... likely deleted already"), leaving committed records open for good (docs/DESIGN.md,
+            # "Transactions Kafka leaves open for good"). There is no other broker to lead, so fencing the only
+            # one never helps a client; a process that really dies takes its controller with it.
+            settings["broker.session.timeout.ms"] = str(LONE_BROKER_SESSION_MS)
         if node.broker_port is not None:
             settings.update({
                 "advertised.listeners": f"{client}://{HOST}:{node.broker_port}",

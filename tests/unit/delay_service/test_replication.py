@@ -123,6 +123,21 @@ def test_a_broker_properties_carry_the_quorum_and_the_replication_of_internal_to
     assert "advertised.listeners" not in controller
 
 
+def test_only_a_lone_broker_outwaits_a_long_pause_before_its_own_controller_fences_it(tmp_path):
+    lone = DevStack(tmp_path / "one", kafka_port=19092, zk_port=12181)
+    replicated = DevStack(tmp_path / "three", kafka_port=19092, zk_port=12181, brokers=3)
+
+    def properties(stack, name):
+        return dict(line.split("=", 1) for line in stack.kafka_properties(
+            stack.kafka_node(name), tmp_path / "d").splitlines())
+
+    assert properties(lone, "kafka")["process.roles"] == "broker,controller"
+    assert properties(lone, "kafka")["broker.session.timeout.ms"] == "15000"
+    # Where another broker can lead, a dead one is fenced after Kafka's default 9 s.
+    assert "broker.session.timeout.ms" not in properties(replicated, "controller-1")
+    assert "broker.session.timeout.ms" not in properties(replicated, "kafka-1")
+
+
 def test_the_broker_count_is_recorded_and_a_later_call_uses_it(tmp_path):
     DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3).record_ports()
 
