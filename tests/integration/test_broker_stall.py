@@ -372,11 +372,11 @@ def test_a_reader_given_other_shards_reads_on_after_the_broker_froze(stack, name
 def test_a_lone_broker_frozen_past_kafkas_default_session_is_not_fenced_and_its_commits_stay_whole(stack, names):
     """The soak's kafka_pause on one broker: its controller woke up and fenced its own broker (Kafka's 9 s
     session), each partition was leaderless for a moment, and the transaction coordinator dropped the commit
-    markers of those partitions: committed records stayed invisible to read_committed readers for good (seed 4242:
-    19 duplicated, 9 missing). The stack's one broker now outwaits any such pause. Judged by the broker's own
-    log and by what a read_committed reader sees. Who wins after SIGCONT, the controller's fencing check or the
-    broker's heartbeat, is a race (with Kafka's 9 s the soak's broker was fenced, this test's was not in a run here), so the
-    broker's own account of the session it grants comes first."""
+    markers of those partitions: committed records stayed invisible to read_committed readers for good (seed
+    4242: 19 duplicated, 9 missing). The stack's one broker now outwaits any such pause. Judged by the broker's
+    own log and by what a read_committed reader sees. Who wins after SIGCONT, the controller's fencing check or
+    the broker's heartbeat, is a race (with Kafka's 9 s the soak's broker was fenced, this test's was not in a
+    run here), so the broker's own account of the session it grants comes first."""
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     [described] = admin.describe_configs([ConfigResource(ResourceType.BROKER, "1")]).values()
     session_ms = int(described.result(30)["broker.session.timeout.ms"].value)
