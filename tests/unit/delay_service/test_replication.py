@@ -105,12 +105,16 @@ def test_a_replicated_stack_names_every_service_and_bootstraps_from_every_broker
         stack.kill("kafka")
 
 
+def properties(stack: DevStack, name: str) -> dict[str, str]:
+    """The ``server.properties`` that ``stack`` writes for its Kafka process ``name``."""
+    return dict(line.split("=", 1) for line in stack.kafka_properties(
+        stack.kafka_node(name), stack.folder / "d").splitlines())
+
+
 def test_a_broker_properties_carry_the_quorum_and_the_replication_of_internal_topics(tmp_path):
     stack = DevStack(tmp_path, kafka_port=19092, zk_port=12181, brokers=3)
-    broker = dict(line.split("=", 1) for line in stack.kafka_properties(
-        stack.kafka_node("kafka-2"), tmp_path / "d").splitlines())
-    controller = dict(line.split("=", 1) for line in stack.kafka_properties(
-        stack.kafka_node("controller-1"), tmp_path / "d").splitlines())
+    broker = properties(stack, "kafka-2")
+    controller = properties(stack, "controller-1")
 
     voters = "101@127.0.0.1:19095,102@127.0.0.1:19096,103@127.0.0.1:19097"
     assert (broker["process.roles"], broker["node.id"], broker["controller.quorum.voters"]) == ("broker", "2", voters)
@@ -126,10 +130,6 @@ def test_a_broker_properties_carry_the_quorum_and_the_replication_of_internal_to
 def test_only_a_lone_broker_outwaits_a_long_pause_before_its_own_controller_fences_it(tmp_path):
     lone = DevStack(tmp_path / "one", kafka_port=19092, zk_port=12181)
     replicated = DevStack(tmp_path / "three", kafka_port=19092, zk_port=12181, brokers=3)
-
-    def properties(stack, name):
-        return dict(line.split("=", 1) for line in stack.kafka_properties(
-            stack.kafka_node(name), tmp_path / "d").splitlines())
 
     assert properties(lone, "kafka")["process.roles"] == "broker,controller"
     assert properties(lone, "kafka")["broker.session.timeout.ms"] == "15000"
