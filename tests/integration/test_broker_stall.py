@@ -384,7 +384,7 @@ def test_a_lone_broker_frozen_past_kafkas_default_session_is_not_fenced_and_its_
         f"the broker fences itself after {session_ms} ms without a heartbeat: a long GC pause outlasts that"
     topic = names.topic("txn")
     create_topics(stack.bootstrap_servers, [topic], partitions=3)
-    log = stack.folder / "kafka" / "kafka.log"
+    [log] = [service.log for service in stack.status() if service.name == "kafka"]
     assert log.is_file(), f"the broker's log is not at {log}"
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": names.topic("tx"),
                          "transaction.timeout.ms": 60_000})
