@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import collector
+
 LATENESS_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 # What a shard's master delivered lately (RecentDeliveries, the console's "now"): the window, and how many
 # lateness values it keeps at most over the window (a systematic sample above that, each value standing for
@@ -114,7 +116,7 @@ class CollectorPauses(Collector):
             pauses.add_metric([str(generation)], buckets, self._sums[generation])
         yield pauses
         yield GaugeMetricFamily("delayq_gc_frozen_objects", "objects this process froze once started: no "
-                                "collection walks them (collector.py)", value=gc.get_freeze_count())
+                                "collection walks them (collector.py)", value=collector.frozen_at_start())
 
 
 @dataclass(frozen=True)
