@@ -2,7 +2,8 @@
 
 kcat runs docs/examples/delayq-kcat.sh (the DESIGN's kcat example, runnable); the plain Java
 KafkaProducer runs docs/examples/DelayqProducer.java, compiled here against the cached
-kafka-clients jar. Neither may be skipped: if kcat or javac cannot be had, the tests fail and say why.
+kafka-clients jar; franz-go, a pure-Go client, runs docs/examples/go, built with `go build`. None may be
+skipped: if kcat, javac or go cannot be had, the tests fail and say why.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import delayq
 from delayq import wire
 from delayq.delay_service.partitioners import partition_for
 from delayq.dev import StackError
+from delayq.dev.go_client import build_go
 from delayq.dev.java_client import compile_java, run_java
 from delayq.dev.kcat import KcatError, ensure_kcat
 
@@ -75,6 +77,22 @@ def kcat_example(kcat: Path, *args: str, env: dict[str, str] | None = None) -> s
     result = subprocess.run(["bash", str(KCAT_EXAMPLE), *args], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "KCAT": str(kcat), **(env or {})})
     assert result.returncode == 0, f"delayq-kcat.sh {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def go_example(request, tmp_path_factory) -> Path:
+    """The Go example (docs/examples/go, franz-go) built."""
+    try:
+        return build_go(EXAMPLES / "go", tmp_path_factory.mktemp("go-example") / "delayq-producer", say=live(request))
+    except StackError as err:
+        problem = str(err)
+    pytest.fail(f"the Go example could not be built: {problem}", pytrace=False)
+
+
+def go(executable: Path, *args: str) -> str:
+    result = subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"delayq-producer {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
     return result.stdout.strip().splitlines()[-1]
 
 
@@ -224,29 +242,36 @@ def test_a_kcat_cancel_on_the_wrong_partition_is_dead_lettered_once_and_cancels_
     assert dead[0].value() is None and headers(dead[0])[wire.OP] == b"cancel"
 
 
-def test_the_java_example_puts_and_cancels(cluster, settings, names, java_example):
+def test_the_java_and_go_examples_put_and_cancel(cluster, settings, names, java_example, go_example):
     target = names.topic("target")
     create_topics(settings.bootstrap_servers, [target], partitions=3)
     node = cluster.start("node-a")
     bootstrap, buffer = settings.bootstrap_servers, settings.buffer_topic
-    # 15 s: each java() starts a JVM, which on a busy 2-core CI machine has taken over 5 s.
-    cancelled = java(java_example, bootstrap, buffer, target, "15000", "cancelled", "order-9")
-    due = pending_due(node, cancelled)
-    assert java(java_example, "--cancel", bootstrap, buffer, cancelled) == cancelled
-    assert now_ms() < due, "the cancel was not acknowledged before the due time: the test proves nothing"
-    kept_at = now_ms()
-    kept = java(java_example, bootstrap, buffer, target, "1000", "from java", "order-9")
+    clients = {"java": lambda *args: java(java_example, *args), "go": lambda *args: go(go_example, *args)}
+    keys = {"java": b"order-9", "go": b"order-7"}
+    cancelled, cancelled_due, kept, kept_at = {}, {}, {}, {}
+    for name, client in clients.items():
+        # 15 s: each java() starts a JVM, which on a busy 2-core CI machine has taken over 5 s.
+        cancelled[name] = client(bootstrap, buffer, target, "15000", "cancelled", keys[name].decode())
+        cancelled_due[name] = pending_due(node, cancelled[name])
+        assert client("--cancel", bootstrap, buffer, cancelled[name]) == cancelled[name]
+        assert now_ms() < cancelled_due[name], (f"{name}: the cancel was not acknowledged before the due time: the "
+                                                "test proves nothing")
+        kept_at[name] = now_ms()
+        kept[name] = client(bootstrap, buffer, target, "1000", f"from {name}", keys[name].decode())
 
-    records = read_topic(bootstrap, target, expect=1, timeout_s=20, idle_s=0.5)
-    time.sleep(max(0.0, (due + 1500 - now_ms()) / 1000))  # well past the cancelled one's due time
+    read_topic(bootstrap, target, expect=len(clients), timeout_s=20, idle_s=0.5)
+    time.sleep(max(0.0, (max(cancelled_due.values()) + 1500 - now_ms()) / 1000))  # well past the cancelled ones' due
     records = read_topic(bootstrap, target, idle_s=1, timeout_s=15)
 
-    assert [(headers(r)[wire.ID].decode(), r.key(), r.value()) for r in records] == [(kept, b"order-9", b"from java")]
-    record = records[0]
-    due = int(headers(record)[wire.DELIVER_AT])
-    assert kept_at + 1000 <= due and record.timestamp()[1] >= due
-    # Beside the Java client's immediate messages of the same key: its murmur2 partition.
-    assert record.partition() == partition_for(b"order-9", 3, "murmur2_random")
-    for delay_id in (kept, cancelled):
+    assert sorted((headers(r)[wire.ID].decode(), r.key(), r.value()) for r in records) == sorted(
+        (kept[name], keys[name], f"from {name}".encode()) for name in clients)
+    for record in records:
+        name = record.value().decode().removeprefix("from ")
+        due = int(headers(record)[wire.DELIVER_AT])
+        assert kept_at[name] + 1000 <= due and record.timestamp()[1] >= due
+        # Beside the client's immediate messages of the same key: Java's and franz-go's partitioner, murmur2.
+        assert record.partition() == partition_for(keys[name], 3, "murmur2_random"), name
+    for delay_id in [*kept.values(), *cancelled.values()]:
         assert {r.partition() for r in buffer_records(settings, delay_id)} == {
             wire.buffer_partition(delay_id, settings.buffer_partitions)}
