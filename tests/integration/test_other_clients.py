@@ -72,12 +72,17 @@ def java_example(request, tmp_path_factory) -> list[Path]:
     pytest.fail(f"the Java example could not be compiled: {problem}", pytrace=False)
 
 
+def printed_id(result: subprocess.CompletedProcess, command: str, args: tuple[str, ...]) -> str:
+    """The delay id an example client printed last, once it succeeded."""
+    assert result.returncode == 0, f"{command} {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+    return result.stdout.strip().splitlines()[-1]
+
+
 def kcat_example(kcat: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """Run docs/examples/delayq-kcat.sh ARGS with this kcat; the delay id it prints."""
     result = subprocess.run(["bash", str(KCAT_EXAMPLE), *args], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "KCAT": str(kcat), **(env or {})})
-    assert result.returncode == 0, f"delayq-kcat.sh {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
-    return result.stdout.strip().splitlines()[-1]
+    return printed_id(result, "delayq-kcat.sh", args)
 
 
 @pytest.fixture(scope="session")
@@ -91,15 +96,12 @@ def go_example(request, tmp_path_factory) -> Path:
 
 
 def go(executable: Path, *args: str) -> str:
-    result = subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, f"delayq-producer {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
-    return result.stdout.strip().splitlines()[-1]
+    return printed_id(subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=60),
+                      "delayq-producer", args)
 
 
 def java(classpath: list[Path], *args: str) -> str:
-    result = run_java(classpath, "DelayqProducer", *args)
-    assert result.returncode == 0, f"DelayqProducer {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
-    return result.stdout.strip().splitlines()[-1]
+    return printed_id(run_java(classpath, "DelayqProducer", *args), "DelayqProducer", args)
 
 
 def pending_due(node, delay_id: str) -> int:
