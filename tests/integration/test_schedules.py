@@ -254,13 +254,19 @@ def test_the_command_line_sends_levels_and_series_and_shows_the_next_occurrence(
     create_topics(settings.bootstrap_servers, [target])
     node = cluster.start("node-a")
     urls = {"DELAYQ_LOOKUP_URLS": f'["{node.url}"]'}
-    series = run_delayq("produce", "--topic", target, "--every", "1s", "--times", "3", "--delay", "0.5", "tick",
+    # First due 3 s out: the series is pending for 5 s, while the node applies the put on its own time (a busy
+    # host took longer than the commands between the produce and the get).
+    series = run_delayq("produce", "--topic", target, "--every", "1s", "--times", "3", "--delay", "3", "tick",
                         settings=settings)
     assert series.returncode == 0, series.stderr
     series_id = series.stdout.strip()
     level = run_delayq("produce", "--topic", target, "--level", "1", "once", settings=settings)
     assert level.returncode == 0, level.stderr
-    got = run_delayq("get", "--json", series_id, settings=settings, env=urls)
+    for _ in range(3):  # a put the node has not read yet: the get says it is not pending and exits 1
+        got = run_delayq("get", "--json", series_id, settings=settings, env=urls)
+        if got.returncode == 0:
+            break
+        time.sleep(0.5)
     assert got.returncode == 0 and json.loads(got.stdout)["repeat"] == "every=1000 times=3", got.stdout
     records = occurrences(settings, target, 4)
     assert sorted((r.value(), header(r, wire.OCCURRENCE)) for r in records) == [

@@ -108,7 +108,8 @@ def test_delay_ids_are_uuid7_and_sort_by_time():
 
 
 @pytest.mark.parametrize("bad,error", [(42, TypeError), ("not-an-id", ValueError),
-                                       (str(uuid.uuid4()).upper(), ValueError)])
+                                       (str(uuid.uuid4()).upper(), ValueError)],
+                         ids=["an-int", "not-an-id", "an-upper-case-uuid4"])  # the same ids in every collection
 def test_check_delay_id_refuses_what_is_not_an_id(bad, error):
     with pytest.raises(error, match="delay_id"):
         check_delay_id(bad)
