@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -13,3 +16,17 @@ def cache_dir() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "delayq"
+
+
+@contextmanager
+def cache_lock(entry: Path) -> Iterator[None]:
+    """Hold the lock of the cache entry ``entry`` (a folder) while filling it: processes filling it take turns.
+
+    Without it, two that found the entry missing at once (two ``delayq dev up``, a test session's
+    workers) each cleared and refilled the same folder under the other. The lock is an ``flock`` on
+    ``.<name>.lock`` beside the entry, which the system releases when its holder dies.
+    """
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f".{entry.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from delayq.errors import DelayqError
+from delayq.paths import cache_lock
 
 MARKER = ".complete"
 # The tree the packages are unpacked into, inside the target folder; wrappers sit beside it.
@@ -118,7 +119,14 @@ def ensure_tools(wanted: Wanted, target: Path, tools: Sequence[Tool], say: Calla
     """
     if _ready(target, tools):
         return target
-    apt = apt or Apt()
+    with cache_lock(target):
+        if _ready(target, tools):
+            return target  # fetched meanwhile by another process
+        return _fetch(wanted, target, tools, say, apt or Apt())
+
+
+def _fetch(wanted: Wanted, target: Path, tools: Sequence[Tool], say: Callable[[str], None], apt: Apt) -> Path:
+    """Fetch ``wanted``'s packages into ``target`` and wrap ``tools`` (the caller holds the entry's lock)."""
     for program in _APT_TOOLS:
         if shutil.which(program) is None:
             raise DebianError(f"{wanted.what} is not on PATH and there is no {program} to fetch Debian's "
@@ -139,9 +147,7 @@ def ensure_tools(wanted: Wanted, target: Path, tools: Sequence[Tool], say: Calla
         _wrap(wanted, tree, tools)
         (tree / MARKER).write_text("\n".join(sorted(deb.name for deb in debs.glob("*.deb"))) + "\n")
         if target.exists():
-            if _ready(target, tools):
-                return target  # fetched meanwhile by another process
-            shutil.rmtree(target)
+            shutil.rmtree(target)  # an unfinished or broken fetch: no process uses it (they check _ready)
         os.replace(tree, target)
     say(f"{wanted.what} ready: {', '.join(str(target / tool.name) for tool in tools)}")
     return target

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from delayq.errors import DelayqError
-from delayq.paths import cache_dir
+from delayq.paths import cache_dir, cache_lock
 
 KAFKA_VERSION = "4.3.1"
 ZOOKEEPER_VERSION = "3.9.4"
@@ -123,6 +123,16 @@ def ensure_runtime(runtime: Runtime, *, say=print) -> Path:
     wanted = " ".join(a.xml() for a in runtime.artifacts)
     if marker.exists() and marker.read_text() == wanted:
         return libs
+    with cache_lock(target):
+        if marker.exists() and marker.read_text() == wanted:
+            return libs  # filled meanwhile by another process
+        _download(runtime, target, say)
+        marker.write_text(wanted)
+    return libs
+
+
+def _download(runtime: Runtime, target: Path, say) -> None:
+    """Fill ``target/libs`` with ``runtime``'s jars from Maven Central (its marker is the caller's)."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise StackError(
@@ -149,9 +159,7 @@ def ensure_runtime(runtime: Runtime, *, say=print) -> Path:
         if target.exists():
             shutil.rmtree(target)
         target.mkdir()
-        staged.rename(libs)
-    marker.write_text(wanted)
-    return libs
+        staged.rename(target / "libs")
 
 
 def maven_says(output: str, limit: int = 300) -> str:

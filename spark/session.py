@@ -20,12 +20,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from delayq.errors import DelayqError, UsageError
-from delayq.paths import cache_dir
+from delayq.paths import cache_dir, cache_lock
 
 from .options import MAVEN_CENTRAL
 
@@ -243,7 +243,9 @@ def spark_session(master: str | None = "local[*]", *, maven_repository: str = MA
     global _started_log
     _started_log = log
     try:
-        with _output_to(log):
+        # Ivy keeps no lock on its cache: two JVMs resolving the Kafka source into it at once (two
+        # reconciliations starting together on a fresh machine) could each find the other's half-written files.
+        with _output_to(log), cache_lock(home / "ivy") if launching else nullcontext():
             session = builder.getOrCreate()
     except Exception as err:
         raise ReconcileError(f"Spark did not start with the Kafka source {kafka_package()} "

@@ -171,7 +171,7 @@ def test_a_fetch_unpacks_each_package_and_wraps_the_tool_with_its_libraries(tmp_
     assert [re.sub(r"\(\d+ kB\)", "(N kB)", line) for line in said[1:3]] == [
         "  [1/2] hello_1.0_all.deb (N kB)", "  [2/2] libhello_1.0_all.deb (N kB)"]
     assert said[3] == f"hello ready: {target / 'hello'}"
-    assert [p.name for p in target.parent.iterdir()] == ["hello"], "scratch folders left behind"
+    assert sorted(p.name for p in target.parent.iterdir()) == [".hello.lock", "hello"], "scratch folders left behind"
 
 
 def test_a_finished_fetch_is_used_again_and_an_unfinished_one_is_redone(tmp_path, archive):
@@ -202,7 +202,7 @@ def test_a_tool_the_packages_lack_fails_in_one_line_and_leaves_nothing(tmp_path,
         ensure_tools(HELLO, target, [Tool("hello", "usr/bin/goodbye", says_hello)], say=lambda _: None, apt=archive)
 
     assert str(caught.value) == "Debian's hello packages hold no usr/bin/goodbye; install hello"
-    assert list(target.parent.iterdir()) == []
+    assert [p.name for p in target.parent.iterdir()] == [".hello.lock"], "only the lock of the failed fetch is left"
 
 
 def test_a_package_that_cannot_be_downloaded_says_what_apt_said(tmp_path, archive, monkeypatch):
