@@ -163,7 +163,8 @@ def test_one_master_and_a_stopped_master_hands_over_at_once(zk, names):
     a, thread_a = run_contender(zk(), names.zk_root, "node-a", log, in_line)
     assert wait_until(lambda: len(log) == 1, timeout_s=15)
     b, thread_b = run_contender(zk(), names.zk_root, "node-b", log, in_line)
-    time.sleep(0.5)
+    assert wait_until(lambda: len(in_line) == 2, timeout_s=15), in_line
+    time.sleep(0.5)  # node-b waits in line: nothing more happens
     assert log == [("node-a", 1)]
     # Each was told once as it got in line, node-b while it waits (a node makes its term's producer then).
     assert in_line == ["node-a", "node-b"]
