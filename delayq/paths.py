@@ -22,8 +22,8 @@ def cache_dir() -> Path:
 def cache_lock(entry: Path) -> Iterator[None]:
     """Hold the lock of the cache entry ``entry`` (a folder) while filling it: processes filling it take turns.
 
-    Without it, two that found the entry missing at once (two ``delayq dev up``, a test session's
-    workers) each cleared and refilled the same folder under the other. The lock is an ``flock`` on
+    Without it, two that found the entry missing at once (two ``delayq dev up``, two reconciliations
+    starting together) each cleared and refilled the same folder under the other. The lock is an ``flock`` on
     ``.<name>.lock`` beside the entry, which the system releases when its holder dies.
     """
     entry.parent.mkdir(parents=True, exist_ok=True)
