@@ -34,7 +34,6 @@ import logging
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from delayq.errors import DelayqError
 from delayq.release_env import ensure_release_env
 from delayq.releases import find_release
 from delayq.settings import Settings
+from delayq.signals import sigterm_interrupts
 from delayq.testing import InitError, LocalCluster, NodeError, free_stack_ports, init_cluster, settings_env
 
 from .soak_brokers import LeaderMover
@@ -191,17 +191,9 @@ def run_soak(options: SoakOptions, *, as_json: bool = False, out: Console | None
         SoakError, StackError: the soak could not run (a port taken, no Java, a node that never started).
     """
     soak = Soak(options, out or Console(), err or Console(stderr=True), as_json)
-    previous = signal.getsignal(signal.SIGTERM)
     # SIGTERM tears down like Ctrl-C: the stack and nodes this run started must not outlive it.
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
+    with sigterm_interrupts():
         return soak.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(*_args: Any) -> None:
-    raise KeyboardInterrupt
 
 
 class Soak:

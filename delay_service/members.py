@@ -62,6 +62,7 @@ from delayq.election import Features, Layout, connect_for, evict
 from delayq.errors import ConfigurationError, UnavailableError
 from delayq.features import MEMBERS_LEVEL, introduced_by
 from delayq.settings import Settings
+from delayq.signals import StopSignals
 from delayq.store import StoredEntry
 
 from .console.wsgi import MAX_BODY
@@ -160,18 +161,18 @@ class MemberProcesses:
         self.command = command or [sys.executable, "-m", "delayq", "node"]
         self.members = [Member(i, member_id(settings.node_id, i), member_port(settings, i) or free_port())
                         for i in range(settings.processes)]
-        self.stopping = threading.Event()
-        # Set when a child exits (SIGCHLD) or the node is told to stop: the watch looks now.
-        self._look = threading.Event()
+        self.stopping = threading.Event()  # set once the node is told to stop (its /readyz says so)
+        # A member that exits (SIGCHLD) is seen at once, not at the next look: its shards wait for its eviction.
+        self._signals = StopSignals(wake=(signal.SIGCHLD,))
         self._zk: KazooClient | None = None
         self.http: NodeHTTPServer | None = None
 
     def run(self) -> int:
         """Start the members, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
-        signal.signal(signal.SIGTERM, lambda *_: self._stop())
-        signal.signal(signal.SIGINT, lambda *_: self._stop())
-        # A member that exits is seen at once, not at the next look: its shards wait for its eviction.
-        signal.signal(signal.SIGCHLD, lambda *_: self._look.set())
+        with self._signals:
+            return self._run()
+
+    def _run(self) -> int:
         s = self.settings
         self._check_level()
         self._forget_other_shapes()
@@ -185,16 +186,13 @@ class MemberProcesses:
             self._start(member)
         code = 0
         try:
-            while not self.stopping.is_set():
-                self._look.wait(WATCH_EVERY_S)
-                self._look.clear()
-                if self.stopping.is_set():
-                    break
+            while not self._signals.sleep(WATCH_EVERY_S):
                 failed = self._watch()
                 if failed is not None:
                     code = failed
                     break
         finally:
+            self.stopping.set()
             self._stop_all()
             if self.http is not None:
                 self.http.stop()
@@ -202,10 +200,6 @@ class MemberProcesses:
                 self._zk.stop()
                 self._zk.close()
         return code
-
-    def _stop(self) -> None:
-        self.stopping.set()
-        self._look.set()
 
     def _zookeeper(self) -> KazooClient:
         if self._zk is None:
@@ -280,11 +274,18 @@ class MemberProcesses:
             self._evict(member)
             now = time.monotonic()
             member.restarts = [t for t in member.restarts if now - t < RESTART_WINDOW_S] + [now]
-            if len(member.restarts) > RESTARTS_BEFORE_BACKOFF and self.stopping.wait(RESTART_BACKOFF_S):
+            if len(member.restarts) > RESTARTS_BEFORE_BACKOFF and self._stopped_within(RESTART_BACKOFF_S):
                 member.process = None
                 return None
             self._start(member)
         return None
+
+    def _stopped_within(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless told to stop first (a member exiting meanwhile does not cut it short)."""
+        deadline = time.monotonic() + seconds
+        while not self._signals.sleep(max(0.0, deadline - time.monotonic())) and time.monotonic() < deadline:
+            pass
+        return self._signals.stopped
 
     def _evict(self, member: Member) -> None:
         """Its shards move now, not a session timeout later (its process is reaped: nothing of it can act)."""

@@ -16,7 +16,6 @@ registration, :class:`~.loops.Loops` the threads and the node's failure.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +34,7 @@ from delayq.election import (
     ensure_cluster_root,
 )
 from delayq.settings import Settings
+from delayq.signals import StopSignals
 from delayq.store import StoredEntry
 
 from . import collector
@@ -182,18 +182,17 @@ class Node:
 
     def run(self) -> int:
         """Start, serve until SIGTERM/SIGINT, stop; the exit code (0 on a clean stop)."""
-        signal.signal(signal.SIGTERM, lambda *_: self.loops.stop_requested.set())
-        signal.signal(signal.SIGINT, lambda *_: self.loops.stop_requested.set())
-        if self.settings.gc_tuned:
-            collector.tune()
-        self.metrics.gc_pauses.watch()
-        self.start()
-        if self.settings.gc_tuned:
-            collector.freeze_started()
-        while not self.loops.stop_requested.wait(0.2):
-            if self.loops.failure is not None:
-                break
-        self.stop()
+        with StopSignals() as signals:
+            if self.settings.gc_tuned:
+                collector.tune()
+            self.metrics.gc_pauses.watch()
+            self.start()
+            if self.settings.gc_tuned:
+                collector.freeze_started()
+            while not signals.sleep(0.2, until=self.loops.stop_requested.is_set):
+                if self.loops.stop_requested.is_set() or self.loops.failure is not None:
+                    break
+            self.stop()
         self.metrics.gc_pauses.unwatch()
         return 0 if self.loops.failure is None else 1
 

@@ -44,6 +44,7 @@ from delayq.clock import now_ms
 from delayq.dev import DevStack, StackError
 from delayq.errors import ConfigurationError, DelayqError, UnavailableError
 from delayq.settings import Settings
+from delayq.signals import sigterm_interrupts
 from delayq.testing import LocalCluster, NodeError, NodeProcess, drop_cluster
 
 from .options import DemoOptions
@@ -511,12 +512,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
     """Tell the story; return 0 when every unpaid order timed out exactly once, on time."""
     console = console or Console()
     story = Story(options, console)
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
+    with sigterm_interrupts():
         return story.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def clean_runs(out_dir: Path, keep: int = 3) -> None:

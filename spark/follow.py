@@ -40,13 +40,14 @@ import json
 import logging
 import math
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from delayq.signals import StopSignals
 
 from .job import dead_letter_rows, delivery_rows, judge, per_id, per_version, topics_with_the_buffer
 from .options import MAVEN_CENTRAL, ReconcileOptions
@@ -592,18 +593,17 @@ def follow(settings: Settings, options: FollowOptions, *, say: Callable[[BatchSu
                              .queryName("delayq-reconcile-follow")
                              .start())
     stop = stop or threading.Event()
-    restore = _stop_on_signals(stop)
     # A micro-batch interrupted by the stop is no error to print: py4j would log its Java trace at ERROR.
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
     try:
-        while not stop.is_set() and query.isActive:
-            stop.wait(0.5)
+        with StopSignals() as signals:  # a pod's termination stops the query cleanly
+            while not signals.sleep(0.5, until=stop.is_set) and not stop.is_set() and query.isActive:
+                pass
         failure = query.exception()
         if failure is not None:
             raise ReconcileError(f"the continuous reconciliation stopped: {_first_line(str(failure))}")
     finally:
         query.stop()
-        restore()
         findings.producer.flush(10)
         if metrics is not None:
             metrics.close()
@@ -617,19 +617,6 @@ def _digest(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(str(path).encode()).hexdigest()[:12]
-
-
-def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
-    """SIGTERM and SIGINT set ``stop`` (a pod's termination stops the query cleanly); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    before = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 def lag_text(lag_s: float | None) -> str:

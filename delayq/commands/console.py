@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from pathlib import Path
 
 from delayq.errors import ConfigurationError
+from delayq.signals import StopSignals
 
 log = logging.getLogger("delayq.console")
 
@@ -45,14 +44,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigurationError(f"the console cannot listen on {settings.console_host}:"
                                      f"{settings.console_port} ({err.strerror or err}): give another --port "
                                      "(DELAYQ_CONSOLE_PORT) or --host, or stop what listens there") from None
-        stopping = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-        signal.signal(signal.SIGINT, lambda *_: stopping.set())
-        server.start()
-        log.info("console of cluster %s: http://%s:%d/console/ (actions %s)", settings.cluster,
-                 _url_host(settings.console_host), server.port, "on" if settings.console_actions else "off")
-        stopping.wait()
-        server.stop()
+        with StopSignals() as signals:
+            server.start()
+            log.info("console of cluster %s: http://%s:%d/console/ (actions %s)", settings.cluster,
+                     _url_host(settings.console_host), server.port, "on" if settings.console_actions else "off")
+            while not signals.sleep(3600):
+                pass
+            server.stop()
     finally:
         console.close()
     log.info("console stopped")

@@ -148,3 +148,17 @@ def test_only_user_facing_code_imports_the_producer_proxy():
     importers = {name for name, targets in import_graph().items()
                  if any(t == "delayq.proxy" or t.startswith("delayq.proxy.") for t in targets)}
     assert {name for name in importers if not name.startswith(users)} == set()
+
+
+# Modules that install a signal handler of their own: the buffer reader, whose SIGTERM raises SystemExit (which
+# takes no lock) so that its consumer closes on the way out.
+OWN_SIGNAL_HANDLERS = {"delayq.signals", "delayq.delay_service.reader"}
+
+
+def test_signal_handlers_live_in_delayq_signals():
+    # A handler that sets a threading.Event can deadlock the main thread waiting on it (delayq.signals says how):
+    # every long-running command catches SIGTERM through delayq.signals, which takes no lock.
+    installers = {name for name, path in modules().items()
+                  if any(isinstance(node, ast.Call) and ast.unparse(node.func) == "signal.signal"
+                         for node in ast.walk(ast.parse(path.read_text())))}
+    assert installers - OWN_SIGNAL_HANDLERS == set()
